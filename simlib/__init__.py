@@ -1,0 +1,58 @@
+"""simlib: differentiable physics simulation on JAX.
+
+Integrate a vector field ``f(t, y, args)`` written in ``jax.numpy`` with
+:func:`solve`, under ``jax.jit``, ``jax.vmap`` and ``jax.grad``.
+simlib never changes JAX's global configuration: enable float64 yourself with
+``jax.config.update("jax_enable_x64", True)`` when you need it.
+"""
+
+from . import systems
+from ._errors import Result, SolverError
+from ._solve import SaveAt, Solution, solve
+from ._solver import (
+    PEFRL,
+    RK4,
+    AbstractSolver,
+    Bosh3,
+    ButcherTableau,
+    Dopri5,
+    Dopri8,
+    Euler,
+    ExplicitRungeKutta,
+    Heun,
+    Leapfrog,
+    Midpoint,
+    SemiImplicitEuler,
+    SymplecticSplitting,
+    Tsit5,
+    VelocityVerlet,
+    Yoshida4,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AbstractSolver",
+    "Bosh3",
+    "ButcherTableau",
+    "Dopri5",
+    "Dopri8",
+    "Euler",
+    "ExplicitRungeKutta",
+    "Heun",
+    "Leapfrog",
+    "Midpoint",
+    "PEFRL",
+    "RK4",
+    "Result",
+    "SaveAt",
+    "SemiImplicitEuler",
+    "Solution",
+    "SolverError",
+    "SymplecticSplitting",
+    "Tsit5",
+    "VelocityVerlet",
+    "Yoshida4",
+    "solve",
+    "systems",
+]

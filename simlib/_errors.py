@@ -1,0 +1,68 @@
+"""Status codes returned in ``Solution.result``, and the error raised for them."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+
+class Result(IntEnum):
+    """Why an integration stopped. ``SUCCESSFUL`` is zero; every other code is a failure."""
+
+    SUCCESSFUL = 0
+    MAX_STEPS_REACHED = 1
+    NONFINITE_STATE = 2
+    STEP_SIZE_TOO_SMALL = 3
+
+
+_MESSAGES = {
+    Result.SUCCESSFUL: "the integration reached t1",
+    Result.MAX_STEPS_REACHED: (
+        "the step budget max_steps={max_steps} was exhausted at t={t:.17g} (step {step}) "
+        "before reaching t1={t1:.17g}; raise max_steps, or loosen rtol/atol"
+    ),
+    Result.NONFINITE_STATE: (
+        "the state became non-finite (nan or inf) at t={t:.17g} (step {step}); "
+        "the problem may blow up there, or dt is too large for it"
+    ),
+    Result.STEP_SIZE_TOO_SMALL: (
+        "the step size fell below the floating-point resolution of t at t={t:.17g} "
+        "(step {step}); the problem may be stiff or singular there"
+    ),
+}
+
+
+class SolverError(RuntimeError):
+    """Raised by ``solve(..., throw=True)`` when an integration fails.
+
+    Attributes:
+        result: The :class:`Result` code.
+        solution: The partial :class:`~simlib.Solution` (eager calls only), so
+            nothing computed is lost.
+    """
+
+    def __init__(self, message: str, result: Result, solution=None):
+        super().__init__(message)
+        self.result = result
+        self.solution = solution
+
+
+def result_message(code: int, *, t: float, step: int, t1: float, max_steps: int) -> str:
+    """The human-readable message for a status ``code``."""
+    return _MESSAGES[Result(int(code))].format(t=t, step=step, t1=t1, max_steps=max_steps)
+
+
+def first_failure(result, t, step, t1) -> tuple[int, float, int, float] | None:
+    """The first failing member of a (possibly batched) result, or ``None``."""
+    result = np.asarray(result)
+    bad = np.flatnonzero(result.ravel() != 0)
+    if bad.size == 0:
+        return None
+    i = int(bad[0])
+
+    def pick(x):
+        x = np.asarray(x)
+        return x.ravel()[i] if x.size == result.size else x.ravel()[0]
+
+    return int(pick(result)), float(pick(t)), int(pick(step)), float(pick(t1))

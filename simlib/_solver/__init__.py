@@ -1,0 +1,43 @@
+"""Solvers: explicit Runge-Kutta tableaus and symplectic splittings."""
+
+from ._base import AbstractSolver
+from ._explicit_rk import (
+    RK4,
+    Bosh3,
+    Dopri5,
+    Dopri8,
+    Euler,
+    ExplicitRungeKutta,
+    Heun,
+    Midpoint,
+    Tsit5,
+)
+from ._symplectic import (
+    PEFRL,
+    Leapfrog,
+    SemiImplicitEuler,
+    SymplecticSplitting,
+    VelocityVerlet,
+    Yoshida4,
+)
+from ._tableau import ButcherTableau
+
+__all__ = [
+    "AbstractSolver",
+    "ButcherTableau",
+    "Bosh3",
+    "Dopri5",
+    "Dopri8",
+    "Euler",
+    "ExplicitRungeKutta",
+    "Heun",
+    "Leapfrog",
+    "Midpoint",
+    "PEFRL",
+    "RK4",
+    "SemiImplicitEuler",
+    "SymplecticSplitting",
+    "Tsit5",
+    "VelocityVerlet",
+    "Yoshida4",
+]

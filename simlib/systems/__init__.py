@@ -1,0 +1,81 @@
+"""Standard ODE systems as pure ``jax.numpy`` vector fields, plus ready-made problems.
+
+Every vector field has the signature ``f(t, y, args)``: ``y`` is an array (or a
+tuple ``(q, p)`` of arrays for the separable Hamiltonian systems) of float32 or
+float64, whose precision is kept; ``args`` is a tuple of scalar parameters in
+the documented order, and ``args=None`` selects the defaults (also available as
+the ``*_DEFAULT_ARGS`` constants). The functions are ``jit``/``vmap``/``grad``
+friendly.
+
+Systems:
+    * :func:`harmonic_oscillator` (with :func:`harmonic_oscillator_energy`,
+      :func:`harmonic_oscillator_exact`)
+    * :func:`damped_driven_pendulum`
+    * :func:`lotka_volterra` (with :func:`lotka_volterra_invariant`)
+    * :func:`lorenz`
+    * :func:`van_der_pol`
+    * :func:`kepler` (with :func:`kepler_energy`, :func:`kepler_angular_momentum`,
+      :func:`kepler_exact`, :func:`kepler_elements`, :func:`solve_kepler_equation`)
+    * :func:`double_pendulum` (with :func:`double_pendulum_energy`)
+
+Problems:
+    :class:`Problem` describes a standard set-up; :data:`PROBLEMS` holds one per
+    system and :func:`get_problem` looks one up by name.
+"""
+
+from ._biology import LOTKA_VOLTERRA_DEFAULT_ARGS, lotka_volterra, lotka_volterra_invariant
+from ._chaos import LORENZ_DEFAULT_ARGS, VAN_DER_POL_DEFAULT_ARGS, lorenz, van_der_pol
+from ._kepler import (
+    KEPLER_DEFAULT_ARGS,
+    KEPLER_NEWTON_ITERATIONS,
+    KeplerElements,
+    kepler,
+    kepler_angular_momentum,
+    kepler_elements,
+    kepler_energy,
+    kepler_exact,
+    solve_kepler_equation,
+)
+from ._mechanics import (
+    DAMPED_DRIVEN_PENDULUM_DEFAULT_ARGS,
+    DOUBLE_PENDULUM_DEFAULT_ARGS,
+    HARMONIC_OSCILLATOR_DEFAULT_ARGS,
+    damped_driven_pendulum,
+    double_pendulum,
+    double_pendulum_energy,
+    harmonic_oscillator,
+    harmonic_oscillator_energy,
+    harmonic_oscillator_exact,
+)
+from ._problem import PROBLEMS, Problem, get_problem
+
+__all__ = [
+    "DAMPED_DRIVEN_PENDULUM_DEFAULT_ARGS",
+    "DOUBLE_PENDULUM_DEFAULT_ARGS",
+    "HARMONIC_OSCILLATOR_DEFAULT_ARGS",
+    "KEPLER_DEFAULT_ARGS",
+    "KEPLER_NEWTON_ITERATIONS",
+    "LORENZ_DEFAULT_ARGS",
+    "LOTKA_VOLTERRA_DEFAULT_ARGS",
+    "PROBLEMS",
+    "VAN_DER_POL_DEFAULT_ARGS",
+    "KeplerElements",
+    "Problem",
+    "damped_driven_pendulum",
+    "double_pendulum",
+    "double_pendulum_energy",
+    "get_problem",
+    "harmonic_oscillator",
+    "harmonic_oscillator_energy",
+    "harmonic_oscillator_exact",
+    "kepler",
+    "kepler_angular_momentum",
+    "kepler_elements",
+    "kepler_energy",
+    "kepler_exact",
+    "lorenz",
+    "lotka_volterra",
+    "lotka_volterra_invariant",
+    "solve_kepler_equation",
+    "van_der_pol",
+]
