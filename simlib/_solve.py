@@ -675,7 +675,7 @@ def solve(
         )
     y0 = _as_array_tree(y0, "y0")
     for leaf in jax.tree_util.tree_leaves(y0):
-        if not _is_tracer(leaf) and not bool(jnp.all(jnp.isfinite(leaf))):
+        if not _is_tracer(leaf) and not np.all(np.isfinite(np.asarray(leaf))):
             raise ValueError(f"y0 must be finite, but it contains nan or inf: {y0!r}")
     _check_finite_scalar(t0, "t0")
     _check_finite_scalar(t1, "t1")
