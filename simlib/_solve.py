@@ -341,40 +341,53 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
     tdtype = t0.dtype
     ts_arr = None if ts is None else jnp.asarray(ts, tdtype)
 
-    def save_dense(i, buf, t, y, h, y1, ks, t_new):
-        def cond(s):
-            i, _ = s
-            return (i < n_save) & (direction * (ts_arr[jnp.minimum(i, n_save - 1)] - t_new) <= 0)
+    def attempt(c):
+        return _attempt(f, solver, k_exp, c, t1, direction, rtol, atol, args)
 
-        def body(s):
-            i, buf = s
-            theta = (ts_arr[i] - t) / jnp.where(h == 0, 1.0, h)
-            yi = solver.interpolate(f, args, t, y, h, y1, ks, theta)
-            return i + 1, _write(buf, i, yi)
+    def until(stop):
+        return lambda s: _not_done(s[0], t1, direction, max_steps) & stop(s)
 
-        return lax.while_loop(cond, body, (i, buf))
+    if mode == "ts":
+        # A scan over save times, each running the while loop until a step covers it, then
+        # evaluating the dense output of the last accepted step. Nothing large is carried
+        # through the while loop: under vmap a batched while loop selects its whole carry
+        # at every iteration.
+        def follow(s):
+            c, last = s
+            new, (t, y, h, accept, y1, ks) = attempt(c)
+            return new, _tree_where(accept, (t, y, h, y1, ks), last)
+
+        def save(s, t_save):
+            s = lax.while_loop(until(lambda s: direction * (t_save - s[0].t) > 0), follow, s)
+            c, (t, y, h, y1, ks) = s
+            theta = (t_save - t) / jnp.where(h == 0, 1.0, h)
+            value = solver.interpolate(f, args, t, y, h, y1, ks, theta)
+            reached = direction * (t_save - c.t) <= 0
+            return s, _tree_where(reached, value, jax.tree_util.tree_map(jnp.full_like, value,
+                                                                         jnp.nan))
+
+        f0 = f(t0, y0, args)
+        stages = solver.tableau.stages
+        last = (t0, y0, jnp.zeros_like(t0), y0, [f0] * stages)
+        (carry, _), saved = lax.scan(save, (carry, last), ts_arr)
+        c = lax.while_loop(until(lambda s: True), lambda s: (attempt(s[0])[0],), (carry,))[0]
+        buf = jax.tree_util.tree_map(
+            lambda v: jnp.concatenate([v, jnp.full((1,) + v.shape[1:], jnp.nan, v.dtype)]), saved)
+        return c, buf, (None, None)
 
     def body(state):
-        c, i, buf, sts, sys_ = state
-        new, (t, y, h, accept, y1, ks) = _attempt(f, solver, k_exp, c, t1, direction,
-                                                  rtol, atol, args)
-        if mode == "ts":
-            i, buf = lax.cond(accept, lambda: save_dense(i, buf, t, y, h, y1, ks, new.t),
-                              lambda: (i, buf))
-        elif mode == "steps":
+        c, sts, sys_ = state
+        new, (_, _, _, accept, _, _) = attempt(c)
+        if mode == "steps":
             idx = jnp.where(accept, c.n_accepted, max_steps)
             sts = lax.dynamic_update_index_in_dim(sts, new.t, idx, 0)
             sys_ = _write(sys_, idx, new.y)
-        return new, i, buf, sts, sys_
+        return new, sts, sys_
 
-    zero = jnp.array(0, jnp.int32)
-    buf = _buffer(y0, n_save + 1, jnp.nan) if mode == "ts" else None
     sts = jnp.full((max_steps + 1,), jnp.inf, tdtype) if mode == "steps" else None
     sys_ = _buffer(y0, max_steps + 1, jnp.inf) if mode == "steps" else None
-    c, i, buf, sts, sys_ = lax.while_loop(
-        lambda s: _not_done(s[0], t1, direction, max_steps), body, (carry, zero, buf, sts, sys_)
-    )
-    return c, buf, (sts, sys_)
+    c, sts, sys_ = lax.while_loop(until(lambda s: True), body, (carry, sts, sys_))
+    return c, None, (sts, sys_)
 
 
 def _adaptive_replay(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol, atol, ts,
