@@ -102,6 +102,17 @@ def _tree_where(pred, a: PyTree, b: PyTree) -> PyTree:
     return jax.tree_util.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)
 
 
+def _where_rows(mask: jax.Array, tree: PyTree, other) -> PyTree:
+    """Per row ``i`` of every leaf: ``tree[i]`` where ``mask[i]``, else ``other`` (a scalar or a
+    pytree like one row of ``tree``)."""
+    if not isinstance(other, float):
+        return jax.tree_util.tree_map(
+            lambda v, o: jnp.where(mask.reshape((-1,) + (1,) * (v.ndim - 1)), v, o[None]),
+            tree, other)
+    return jax.tree_util.tree_map(
+        lambda v: jnp.where(mask.reshape((-1,) + (1,) * (v.ndim - 1)), v, other), tree)
+
+
 def _all_finite(tree: PyTree) -> jax.Array:
     leaves = jax.tree_util.tree_leaves(tree)
     out = jnp.array(True)
@@ -371,17 +382,15 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
             theta = (t_save - t) / jnp.where(h == 0, 1.0, h)
             value = solver.interpolate(f, args, t, y, h, y1, ks, theta)
             reached = direction * (t_save - c.t) <= 0
-            return s, _tree_where(reached, value, jax.tree_util.tree_map(jnp.full_like, value,
-                                                                         jnp.nan))
+            return s, _tree_where(reached, value, jax.tree_util.tree_map(
+                lambda v: jnp.full_like(v, jnp.nan), value))
 
         f0 = f(t0, y0, args)
         stages = solver.tableau.stages
         last = (t0, y0, jnp.zeros_like(t0), y0, [f0] * stages)
         (carry, _), saved = lax.scan(save, (carry, last), ts_arr)
         c = lax.while_loop(until(lambda s: True), lambda s: (attempt(s[0])[0],), (carry,))[0]
-        buf = jax.tree_util.tree_map(
-            lambda v: jnp.concatenate([v, jnp.full((1,) + v.shape[1:], jnp.nan, v.dtype)]), saved)
-        return c, buf, (None, None)
+        return c, saved, (None, None)
 
     def body(state):
         c, sts, sys_ = state
@@ -395,6 +404,8 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
     sts = jnp.full((max_steps + 1,), jnp.inf, tdtype) if mode == "steps" else None
     sys_ = _buffer(y0, max_steps + 1, jnp.inf) if mode == "steps" else None
     c, sts, sys_ = lax.while_loop(until(lambda s: True), body, (carry, sts, sys_))
+    if mode == "steps":  # drop the row that rejected attempts wrote to
+        sts, sys_ = sts[:max_steps], jax.tree_util.tree_map(lambda b: b[:max_steps], sys_)
     return c, None, (sts, sys_)
 
 
@@ -453,27 +464,15 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol, 
             return solver.interpolate(f, args, t, y, h, y1, ks, theta)
 
         saved = jax.vmap(interp)(ts_arr, src)
-        at_start = ts_arr == t0
-        saved = jax.tree_util.tree_map(
-            lambda v, y0l: jnp.where(
-                at_start.reshape((-1,) + (1,) * y0l.ndim), y0l[None], v), saved, y0)
-        reached = direction * (ts_arr - c.t) <= 0
-        saved = jax.tree_util.tree_map(
-            lambda v: jnp.where(reached.reshape((-1,) + (1,) * (v.ndim - 1)), v, jnp.nan), saved)
+        # Save times at t0 take y0 (there may be no accepted step, if t0 == t1).
+        saved = _where_rows(ts_arr != t0, saved, jax.tree_util.tree_map(
+            lambda v, y: jnp.broadcast_to(y, v.shape[1:]), saved, y0))
+        saved = _where_rows(direction * (ts_arr - c.t) <= 0, saved, jnp.nan)
     elif mode == "steps":
         valid = jnp.arange(max_steps) < c.n_accepted
-        sts = jnp.where(valid, tnew_rec[order], jnp.inf)
-        sys_ = jax.tree_util.tree_map(
-            lambda r: jnp.where(valid.reshape((-1,) + (1,) * (r.ndim - 1)), r[order], jnp.inf),
-            ynew_rec)
-        steps_out = (jnp.concatenate([sts, jnp.full((1,), jnp.inf, tdtype)]),
-                     jax.tree_util.tree_map(
-                         lambda r: jnp.concatenate([r, jnp.full((1,) + r.shape[1:], jnp.inf,
-                                                                r.dtype)]), sys_))
-    if mode == "ts":
-        saved = jax.tree_util.tree_map(
-            lambda v: jnp.concatenate([v, jnp.full((1,) + v.shape[1:], jnp.nan, v.dtype)]),
-            saved)
+        steps_out = (jnp.where(valid, tnew_rec[order], jnp.inf),
+                     _where_rows(valid, jax.tree_util.tree_map(lambda r: r[order], ynew_rec),
+                                 jnp.inf))
     return c, saved, steps_out
 
 
@@ -536,11 +535,9 @@ def _adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps,
     if mode == "t1":
         ts_out, ys_out = t_end[None], jax.tree_util.tree_map(lambda x: x[None], y_end)
     elif mode == "ts":
-        ts_out = inputs["ts"]
-        ys_out = jax.tree_util.tree_map(lambda b: b[:n_save], saved)
+        ts_out, ys_out = inputs["ts"], saved
     else:
-        ts_out = sts[:max_steps]
-        ys_out = jax.tree_util.tree_map(lambda b: b[:max_steps], sys_)
+        ts_out, ys_out = sts, sys_
     if save_t0:
         ts_out = jnp.concatenate([t0a[None], ts_out])
         ys_out = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b]), y0, ys_out)
