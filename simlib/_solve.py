@@ -269,8 +269,8 @@ def _fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_st
         t_final=t_final,
     )
     if in_graph_check:
-        ts_out, ys_out = _check_in_graph((ts_out, ys_out), result, t_final, step_final, t1,
-                                         max_steps)
+        ts_out, ys_out, stats, result = _check_in_graph(
+            (ts_out, ys_out, stats, result), result, t_final, step_final, t1, max_steps)
     return Solution(ts_out, ys_out, stats, result)
 
 
@@ -550,8 +550,8 @@ def _adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps,
         t_final=t_end,
     )
     if in_graph_check:
-        ts_out, ys_out = _check_in_graph((ts_out, ys_out), result, t_end, n_steps, t1a,
-                                         max_steps)
+        ts_out, ys_out, stats, result = _check_in_graph(
+            (ts_out, ys_out, stats, result), result, t_end, n_steps, t1a, max_steps)
     return Solution(ts_out, ys_out, stats, result)
 
 
@@ -569,7 +569,7 @@ def _raise_on_failure(result, t, step, t1, max_steps):
         )
 
 
-def _check_in_graph(outputs, result, t, step, t1, max_steps):
+def _check_in_graph(outputs, result, t, step, t1, max_steps):  # noqa: D417
     """Raise from inside a traced computation when ``result`` reports a failure.
 
     A ``pure_callback`` that sees the whole (possibly batched) result at once — under
@@ -618,6 +618,23 @@ def _check_finite_scalar(x, name: str):
         raise ValueError(f"{name} must be a scalar, got shape {arr.shape}")
     if not np.isfinite(arr):
         raise ValueError(f"{name} must be finite, got {float(arr)!r}")
+
+
+class _CastToState:
+    """``f`` with its output cast to the state's dtypes (a float32 state stays float32 when
+    float64 parameters promote ``f``'s result). Hashes like ``f``, so jit caches still hit."""
+
+    def __init__(self, f: VectorField):
+        self.f = f
+
+    def __call__(self, t, y, args):
+        return jax.tree_util.tree_map(lambda o, x: o.astype(x.dtype), self.f(t, y, args), y)
+
+    def __hash__(self) -> int:
+        return hash((_CastToState, self.f))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _CastToState) and other.f == self.f
 
 
 def _describe(tree) -> str:
@@ -731,6 +748,9 @@ def solve(
                 f"f must return arrays shaped like y0: y0 is {_describe(y0)}, "
                 f"f returned {_describe(out)}"
             )
+    if any(a.dtype != b.dtype for a, b in zip(jax.tree_util.tree_leaves(y0),
+                                               jax.tree_util.tree_leaves(out), strict=True)):
+        f = _CastToState(f)
 
     adaptive = rtol is not None or atol is not None
     concrete_span = not _is_tracer((t0, t1))

@@ -619,8 +619,8 @@ def test_float32_kepler_exact_accuracy():
         jnp.asarray(ts, jnp.float32), _as(jnp.float32, problem.y0), problem.args
     )
     q64, p64 = kepler_exact(jnp.asarray(ts), _as(jnp.float64, problem.y0), problem.args)
-    np.testing.assert_allclose(q32, q64, atol=5e-5)
-    np.testing.assert_allclose(p32, p64, atol=5e-5)
+    np.testing.assert_allclose(q32, q64, atol=1e-5)
+    np.testing.assert_allclose(p32, p64, atol=1e-5)
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.name)

@@ -1,0 +1,127 @@
+"""The public surface of simlib, pinned."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import simlib as sl
+
+PUBLIC = [
+    "AbstractSolver",
+    "Bosh3",
+    "ButcherTableau",
+    "Dopri5",
+    "Dopri8",
+    "Euler",
+    "ExplicitRungeKutta",
+    "Heun",
+    "Leapfrog",
+    "Midpoint",
+    "PEFRL",
+    "RK4",
+    "Result",
+    "SaveAt",
+    "SemiImplicitEuler",
+    "Solution",
+    "SolverError",
+    "SymplecticSplitting",
+    "Tsit5",
+    "VelocityVerlet",
+    "Yoshida4",
+    "solve",
+    "systems",
+]
+
+# Concrete solvers and the orders the literature gives them.
+SOLVER_ORDERS = {
+    "Euler": 1,
+    "Midpoint": 2,
+    "Heun": 2,
+    "RK4": 4,
+    "Bosh3": 3,
+    "Tsit5": 5,
+    "Dopri5": 5,
+    "Dopri8": 8,
+    "SemiImplicitEuler": 1,
+    "VelocityVerlet": 2,
+    "Leapfrog": 2,
+    "Yoshida4": 4,
+    "PEFRL": 4,
+}
+ADAPTIVE = {"Heun", "Bosh3", "Tsit5", "Dopri5", "Dopri8"}
+SYMPLECTIC = {"SemiImplicitEuler", "VelocityVerlet", "Leapfrog", "Yoshida4", "PEFRL"}
+
+
+def test_all_is_pinned():
+    assert sorted(sl.__all__) == sorted(PUBLIC)
+    assert len(set(sl.__all__)) == len(sl.__all__)
+    for name in sl.__all__:
+        assert hasattr(sl, name), name
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_public_name_has_a_docstring(name):
+    doc = inspect.getdoc(getattr(sl, name))
+    assert doc and len(doc.strip()) > 10, name
+
+
+def test_solver_classes_are_exactly_the_known_ones():
+    concrete = {
+        name for name in sl.__all__
+        if inspect.isclass(getattr(sl, name))
+        and issubclass(getattr(sl, name), sl.AbstractSolver)
+        and name not in ("AbstractSolver", "ExplicitRungeKutta", "SymplecticSplitting")
+    }
+    assert concrete == set(SOLVER_ORDERS)
+
+
+@pytest.mark.parametrize("name", sorted(SOLVER_ORDERS))
+def test_solver_order_and_reference(name):
+    cls = getattr(sl, name)
+    solver = cls()
+    assert isinstance(solver, sl.AbstractSolver)
+    assert solver.order == SOLVER_ORDERS[name]
+    assert isinstance(solver.reference, str) and len(solver.reference) > 15
+    assert any(ch.isdigit() for ch in solver.reference)  # cites a year or a volume
+    assert solver.adaptive == (name in ADAPTIVE)
+    assert solver.symplectic == (name in SYMPLECTIC)
+    # Solvers are stateless values: equal and hashable by type, usable as static args.
+    assert solver == cls() and hash(solver) == hash(cls())
+    assert repr(solver) == f"{cls.__name__}()"
+
+
+def test_result_codes():
+    assert sl.Result.SUCCESSFUL == 0
+    assert {r.name for r in sl.Result} == {
+        "SUCCESSFUL", "MAX_STEPS_REACHED", "NONFINITE_STATE", "STEP_SIZE_TOO_SMALL"
+    }
+    assert issubclass(sl.SolverError, RuntimeError)
+
+
+def test_solve_signature():
+    params = inspect.signature(sl.solve).parameters
+    assert list(params)[:4] == ["f", "y0", "t0", "t1"]
+    for kw in ("solver", "dt", "rtol", "atol", "args", "saveat", "max_steps", "throw"):
+        assert params[kw].kind is inspect.Parameter.KEYWORD_ONLY, kw
+    assert params["throw"].default is True
+    assert params["saveat"].default == sl.SaveAt(t1=True)
+    assert set(sl.Solution._fields) == {"ts", "ys", "stats", "result"}
+
+
+@pytest.mark.parametrize("kw", [{"solver": sl.Tsit5(), "rtol": 1e-8, "atol": 1e-10},
+                                {"solver": sl.RK4(), "dt": 0.05}], ids=["adaptive", "fixed"])
+def test_default_saveat_is_t1_only(kw):
+    sol = sl.solve(lambda t, y, a: -y, jnp.array([1.0, 3.0]), 0.0, 1.5, **kw)
+    assert sol.ts.shape == (1,)
+    assert sol.ys.shape == (1, 2)
+    assert float(sol.ts[0]) == 1.5
+    np.testing.assert_allclose(np.asarray(sol.ys[0]), math.exp(-1.5) * np.array([1.0, 3.0]),
+                               rtol=1e-6)
+    assert int(sol.result) == 0
+    assert set(sol.stats) == {"num_steps", "num_accepted", "num_rejected", "num_fevals",
+                              "t_final"}
