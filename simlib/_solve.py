@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._control import initial_step, pi_factor
+from ._control import initial_step, log_error_ratio, pi_factor
 from ._errors import Result, SolverError, first_failure, result_message
 from ._solver._base import AbstractSolver, PyTree, VectorField
 
@@ -278,11 +278,14 @@ def _fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_st
 # adaptive
 
 
+_LOG_RATIO_FLOOR = math.log(1e-4)  # r_prev is floored at 1e-4 (Hairer's DOPRI5 does too)
+
+
 class _Attempt(NamedTuple):
     t: jax.Array
     y: PyTree
     h: jax.Array
-    ratio_prev: jax.Array
+    log_ratio_prev: jax.Array
     fsal: PyTree
     n_steps: jax.Array
     n_accepted: jax.Array
@@ -302,7 +305,8 @@ def _attempt(f, solver, k_exp, carry: _Attempt, t1, direction, rtol, atol, args)
     finite = jnp.isfinite(ratio) & _all_finite(y1)
     ratio = jnp.where(finite, ratio, jnp.inf)
     accept = ratio <= 1.0
-    factor = pi_factor(ratio, carry.ratio_prev, k_exp)
+    log_ratio = log_error_ratio(ratio)
+    factor = pi_factor(log_ratio, carry.log_ratio_prev, k_exp)
     h_next = h * factor
     t_new = jnp.where(accept, jnp.where(last, t1, t + h), t)
     tiny = 10 * jnp.finfo(jnp.result_type(t)).eps * jnp.maximum(jnp.abs(t), 1.0)
@@ -317,7 +321,8 @@ def _attempt(f, solver, k_exp, carry: _Attempt, t1, direction, rtol, atol, args)
         t=t_new,
         y=_tree_where(accept, y1, y),
         h=h_next,
-        ratio_prev=jnp.where(accept, jnp.maximum(ratio, 1e-4), carry.ratio_prev),
+        log_ratio_prev=jnp.where(accept, jnp.maximum(log_ratio, _LOG_RATIO_FLOOR),
+                                 carry.log_ratio_prev),
         fsal=None if carry.fsal is None else _tree_where(accept, fsal1, carry.fsal),
         n_steps=carry.n_steps + 1,
         n_accepted=carry.n_accepted + accept.astype(jnp.int32),
@@ -340,7 +345,7 @@ def _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args):
         init_fevals = 1
     fsal = f0 if getattr(solver, "tableau", None) is not None and solver.tableau.fsal else None
     zero = jnp.array(0, jnp.int32)
-    carry = _Attempt(t0, y0, h0.astype(tdtype), jnp.asarray(1.0, tdtype), fsal, zero, zero, zero)
+    carry = _Attempt(t0, y0, h0.astype(tdtype), jnp.asarray(0.0, tdtype), fsal, zero, zero, zero)
     return carry, t0, t1, direction, init_fevals
 
 
