@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 
 class Result(IntEnum):
@@ -66,3 +69,33 @@ def first_failure(result, t, step, t1) -> tuple[int, float, int, float] | None:
         return x.ravel()[i] if x.size == result.size else x.ravel()[0]
 
     return int(pick(result)), float(pick(t)), int(pick(step)), float(pick(t1))
+
+
+
+
+def raise_on_failure(result, t, step, t1, max_steps):
+    failure = first_failure(result, t, step, t1)
+    if failure is not None:
+        code, t, step, t1 = failure
+        raise SolverError(
+            "solve: " + result_message(code, t=t, step=step, t1=t1, max_steps=max_steps),
+            Result(code),
+        )
+
+
+def check_in_graph(outputs, result, t, step, t1, max_steps):  # noqa: D417
+    """Raise from inside a traced computation when ``result`` reports a failure.
+
+    A ``pure_callback`` that sees the whole (possibly batched) result at once — under
+    ``vmap`` it is called once, not once per member — and whose (zero) output is added
+    to every output array, so that it runs whenever any output is used.
+    """
+
+    def callback(result, t, step, t1):
+        raise_on_failure(result, t, step, t1, max_steps)
+        return np.zeros(np.shape(result), np.int32)
+
+    args = [lax.stop_gradient(x) for x in (result, t, step, t1)]
+    zero = jax.pure_callback(callback, jax.ShapeDtypeStruct(jnp.shape(result), jnp.int32),
+                             *args, vmap_method="broadcast_all")
+    return jax.tree_util.tree_map(lambda x: x + zero.astype(x.dtype), outputs)

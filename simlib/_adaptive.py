@@ -1,0 +1,311 @@
+"""Adaptive integration: a bounded loop of step attempts under an embedded error estimate.
+
+The forward pass is a ``while_loop``; its reverse-mode derivative (a ``custom_vjp``)
+replays the same attempts in a bounded ``lax.scan`` and differentiates that, so
+``jax.grad`` sees the whole computation, the step-size controller included.
+See docs/design.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ._control import initial_step, log_error_ratio, pi_factor
+from ._errors import Result, check_in_graph
+from ._solution import Solution
+from ._solver._base import PyTree
+from ._util import all_finite, buffer, fevals_per_step, time_dtype, tree_where, where_rows, write
+
+_CHUNK = 16  # attempts per chunk in the differentiable replay of adaptive runs
+
+
+
+_LOG_RATIO_FLOOR = math.log(1e-4)  # r_prev is floored at 1e-4 (Hairer's DOPRI5 does too)
+
+
+class _Attempt(NamedTuple):
+    t: jax.Array
+    y: PyTree
+    h: jax.Array
+    log_ratio_prev: jax.Array
+    fsal: PyTree
+    n_steps: jax.Array
+    n_accepted: jax.Array
+    result: jax.Array
+
+
+def _attempt(f, solver, k_exp, carry: _Attempt, t1, direction, rtol, atol, args):
+    """One step attempt: take a step, accept or reject it, propose the next step size.
+
+    Returns the new carry and the data of the attempt: ``(t, y, h, accepted, y1, ks)``.
+    """
+    t, y, h = carry.t, carry.y, carry.h
+    last = direction * (t + h - t1) >= 0
+    h = jnp.where(last, t1 - t, h)
+    y1, err, ks, fsal1 = solver.step(f, t, y, h, args, carry.fsal)
+    ratio = solver.error_ratio(y, y1, err, h, rtol, atol)
+    finite = jnp.isfinite(ratio) & all_finite(y1)
+    ratio = jnp.where(finite, ratio, jnp.inf)
+    accept = ratio <= 1.0
+    log_ratio = log_error_ratio(ratio)
+    factor = pi_factor(log_ratio, carry.log_ratio_prev, k_exp)
+    h_next = h * factor
+    t_new = jnp.where(accept, jnp.where(last, t1, t + h), t)
+    tiny = 10 * jnp.finfo(jnp.result_type(t)).eps * jnp.maximum(jnp.abs(t), 1.0)
+    reached = direction * (t1 - t_new) <= 0
+    underflow = ~reached & (jnp.abs(h_next) < tiny)
+    result = jnp.where(
+        (carry.result == 0) & underflow,
+        jnp.where(finite, Result.STEP_SIZE_TOO_SMALL.value, Result.NONFINITE_STATE.value),
+        carry.result,
+    )
+    new = _Attempt(
+        t=t_new,
+        y=tree_where(accept, y1, y),
+        h=h_next,
+        log_ratio_prev=jnp.where(accept, jnp.maximum(log_ratio, _LOG_RATIO_FLOOR),
+                                 carry.log_ratio_prev),
+        fsal=None if carry.fsal is None else tree_where(accept, fsal1, carry.fsal),
+        n_steps=carry.n_steps + 1,
+        n_accepted=carry.n_accepted + accept.astype(jnp.int32),
+        result=result,
+    )
+    return new, (t, y, h, accept, y1, ks)
+
+
+def _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args):
+    tdtype = time_dtype(y0)
+    t0 = jnp.asarray(t0, tdtype)
+    t1 = jnp.asarray(t1, tdtype)
+    direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(tdtype)
+    f0 = f(t0, y0, args)
+    if dt0 is None:
+        h0 = initial_step(f, t0, y0, f0, args, direction, solver.order, rtol, atol)
+        init_fevals = 2
+    else:
+        h0 = direction * jnp.abs(jnp.asarray(dt0, tdtype))
+        init_fevals = 1
+    fsal = f0 if getattr(solver, "tableau", None) is not None and solver.tableau.fsal else None
+    zero = jnp.array(0, jnp.int32)
+    carry = _Attempt(t0, y0, h0.astype(tdtype), jnp.asarray(0.0, tdtype), fsal, zero, zero, zero)
+    return carry, t0, t1, direction, init_fevals
+
+
+def _k_exponent(solver) -> int:
+    return (solver.error_order or solver.order - 1) + 1
+
+
+def _not_done(c: _Attempt, t1, direction, max_steps):
+    return (c.result == 0) & (direction * (t1 - c.t) > 0) & (c.n_steps < max_steps)
+
+
+def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol, atol, ts,
+                      args):
+    """The while-loop forward pass. Returns ``(final carry, saved, steps_out)``."""
+    carry, t0, t1, direction, _ = _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args)
+    k_exp = _k_exponent(solver)
+    tdtype = t0.dtype
+    ts_arr = None if ts is None else jnp.asarray(ts, tdtype)
+
+    def attempt(c):
+        return _attempt(f, solver, k_exp, c, t1, direction, rtol, atol, args)
+
+    def until(stop):
+        return lambda s: _not_done(s[0], t1, direction, max_steps) & stop(s)
+
+    if mode == "ts":
+        # A scan over save times, each running the while loop until a step covers it, then
+        # evaluating the dense output of the last accepted step. Nothing large is carried
+        # through the while loop: under vmap a batched while loop selects its whole carry
+        # at every iteration.
+        def follow(s):
+            c, last = s
+            new, (t, y, h, accept, y1, ks) = attempt(c)
+            return new, tree_where(accept, (t, y, h, y1, ks), last)
+
+        def save(s, t_save):
+            s = lax.while_loop(until(lambda s: direction * (t_save - s[0].t) > 0), follow, s)
+            c, (t, y, h, y1, ks) = s
+            theta = (t_save - t) / jnp.where(h == 0, 1.0, h)
+            value = solver.interpolate(f, args, t, y, h, y1, ks, theta)
+            reached = direction * (t_save - c.t) <= 0
+            return s, tree_where(reached, value, jax.tree_util.tree_map(
+                lambda v: jnp.full_like(v, jnp.nan), value))
+
+        f0 = f(t0, y0, args)
+        stages = solver.tableau.stages
+        last = (t0, y0, jnp.zeros_like(t0), y0, [f0] * stages)
+        (carry, _), saved = lax.scan(save, (carry, last), ts_arr)
+        c = lax.while_loop(until(lambda s: True), lambda s: (attempt(s[0])[0],), (carry,))[0]
+        return c, saved, (None, None)
+
+    def body(state):
+        c, sts, sys_ = state
+        new, (_, _, _, accept, _, _) = attempt(c)
+        if mode == "steps":
+            idx = jnp.where(accept, c.n_accepted, max_steps)
+            sts = lax.dynamic_update_index_in_dim(sts, new.t, idx, 0)
+            sys_ = write(sys_, idx, new.y)
+        return new, sts, sys_
+
+    sts = jnp.full((max_steps + 1,), jnp.inf, tdtype) if mode == "steps" else None
+    sys_ = buffer(y0, max_steps + 1, jnp.inf) if mode == "steps" else None
+    c, sts, sys_ = lax.while_loop(until(lambda s: True), body, (carry, sts, sys_))
+    if mode == "steps":  # drop the row that rejected attempts wrote to
+        sts, sys_ = sts[:max_steps], jax.tree_util.tree_map(lambda b: b[:max_steps], sys_)
+    return c, None, (sts, sys_)
+
+
+def _adaptive_replay(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol, atol, ts,
+                     args):
+    """The same computation as ``_adaptive_forward``, as a differentiable bounded scan.
+
+    Every attempt is recorded; saved values are then rebuilt from the recorded
+    accepted steps with the method's dense output.
+    """
+    carry, t0, t1, direction, _ = _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args)
+    k_exp = _k_exponent(solver)
+    tdtype = t0.dtype
+    n_chunks = -(-max_steps // _CHUNK)
+
+    def one(c, _):
+        active = _not_done(c, t1, direction, max_steps)
+        new, (t, y, h, accept, _, _) = _attempt(f, solver, k_exp, c, t1, direction,
+                                                rtol, atol, args)
+        new = jax.tree_util.tree_map(lambda a, b: jnp.where(active, a, b), new, c)
+        return new, (t, y, h, accept & active, new.t, new.y)
+
+    def skip(c):
+        rec = (jnp.zeros((_CHUNK,), tdtype), buffer(c.y, _CHUNK, 0.0),
+               jnp.zeros((_CHUNK,), tdtype), jnp.zeros((_CHUNK,), bool),
+               jnp.zeros((_CHUNK,), tdtype), buffer(c.y, _CHUNK, 0.0))
+        return c, rec
+
+    def chunk(c, _):
+        return lax.cond(
+            _not_done(c, t1, direction, max_steps),
+            lambda c: lax.scan(one, c, None, length=_CHUNK),
+            skip,
+            c,
+        )
+
+    c, recs = lax.scan(chunk, carry, None, length=n_chunks)
+    recs = jax.tree_util.tree_map(lambda r: r.reshape((-1,) + r.shape[2:]), recs)
+    t_rec, y_rec, h_rec, acc_rec, tnew_rec, ynew_rec = recs
+    order = jnp.argsort(~acc_rec, stable=True)  # accepted attempts first, in time order
+    saved = None
+    steps_out = (None, None)
+    if mode == "ts":
+        ts_arr = jnp.asarray(ts, tdtype)
+        starts = jnp.where(acc_rec, direction * t_rec, jnp.inf)[order]
+        idx = jnp.searchsorted(starts, direction * ts_arr, side="left") - 1
+        idx = jnp.clip(idx, 0, max_steps - 1)
+        src = order[idx]
+
+        def interp(s, m):
+            t, h = t_rec[m], h_rec[m]
+            y = jax.tree_util.tree_map(lambda r: r[m], y_rec)
+            fsal = solver.init(f, t, y, args)
+            y1, _, ks, _ = solver.step(f, t, y, h, args, fsal)
+            theta = (s - t) / jnp.where(h == 0, 1.0, h)
+            return solver.interpolate(f, args, t, y, h, y1, ks, theta)
+
+        saved = jax.vmap(interp)(ts_arr, src)
+        # Save times at t0 take y0 (there may be no accepted step, if t0 == t1).
+        saved = where_rows(ts_arr != t0, saved, jax.tree_util.tree_map(
+            lambda v, y: jnp.broadcast_to(y, v.shape[1:]), saved, y0))
+        saved = where_rows(direction * (ts_arr - c.t) <= 0, saved, jnp.nan)
+    elif mode == "steps":
+        valid = jnp.arange(max_steps) < c.n_accepted
+        steps_out = (jnp.where(valid, tnew_rec[order], jnp.inf),
+                     where_rows(valid, jax.tree_util.tree_map(lambda r: r[order], ynew_rec),
+                                 jnp.inf))
+    return c, saved, steps_out
+
+
+def _adaptive_diff_outputs(c, saved, steps_out):
+    return (c.t, c.y, saved, steps_out)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _adaptive_solve(f, solver, mode, n_save, max_steps, inputs):
+    c, saved, steps_out = _adaptive_forward(f, solver, mode, n_save, max_steps, **inputs)
+    return _adaptive_diff_outputs(c, saved, steps_out), _stats_of(c)
+
+
+def _stats_of(c: _Attempt):
+    return (c.n_steps, c.n_accepted, c.result)
+
+
+def _adaptive_fwd(f, solver, mode, n_save, max_steps, inputs):
+    out = _adaptive_solve(f, solver, mode, n_save, max_steps, inputs)
+    return out, inputs
+
+
+def _adaptive_bwd(f, solver, mode, n_save, max_steps, inputs, cotangent):
+    d_out, _ = cotangent
+
+    def replay(inputs):
+        c, saved, steps_out = _adaptive_replay(f, solver, mode, n_save, max_steps, **inputs)
+        return _adaptive_diff_outputs(c, saved, steps_out)
+
+    _, vjp = jax.vjp(replay, inputs)
+    (d_inputs,) = vjp(d_out)
+    return (d_inputs,)
+
+
+_adaptive_solve.defvjp(_adaptive_fwd, _adaptive_bwd)
+
+
+def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps,
+                   y0, t0, t1, dt0, rtol, atol, ts, args):
+    tdtype = time_dtype(y0)
+    f_conv, consts = jax.closure_convert(lambda t, y, a: f(t, y, a), t0, y0, args)
+    f_args = (args, tuple(consts))
+
+    def f_plain(t, y, fa):
+        return f_conv(t, y, fa[0], *fa[1])
+
+    inputs = dict(
+        y0=y0, t0=jnp.asarray(t0, tdtype), t1=jnp.asarray(t1, tdtype),
+        dt0=None if dt0 is None else jnp.asarray(dt0, tdtype),
+        rtol=jnp.asarray(rtol, tdtype), atol=jnp.asarray(atol, tdtype),
+        ts=None if ts is None else jnp.asarray(ts, tdtype), args=f_args,
+    )
+    (t_end, y_end, saved, (sts, sys_)), (n_steps, n_acc, result) = _adaptive_solve(
+        f_plain, solver, mode, n_save, max_steps, inputs
+    )
+    t0a, t1a = inputs["t0"], inputs["t1"]
+    direction = jnp.where(t1a >= t0a, 1.0, -1.0)
+    unfinished = (result == 0) & (direction * (t1a - t_end) > 0)
+    result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
+    if mode == "t1":
+        ts_out, ys_out = t_end[None], jax.tree_util.tree_map(lambda x: x[None], y_end)
+    elif mode == "ts":
+        ts_out, ys_out = inputs["ts"], saved
+    else:
+        ts_out, ys_out = sts, sys_
+    if save_t0:
+        ts_out = jnp.concatenate([t0a[None], ts_out])
+        ys_out = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b]), y0, ys_out)
+    init_fevals = 1 if dt0 is not None else 2  # f(t0, y0), and one Euler probe for h0
+    stats = dict(
+        num_steps=n_steps,
+        num_accepted=n_acc,
+        num_rejected=n_steps - n_acc,
+        num_fevals=n_steps * fevals_per_step(solver) + init_fevals,
+        t_final=t_end,
+    )
+    if in_graph_check:
+        ts_out, ys_out, stats, result = check_in_graph(
+            (ts_out, ys_out, stats, result), result, t_end, n_steps, t1a, max_steps)
+    return Solution(ts_out, ys_out, stats, result)
+
+
+adaptive_jit = jax.jit(adaptive_core, static_argnums=(0, 1, 2, 3, 4, 5, 6))

@@ -1,0 +1,143 @@
+"""Fixed-step integration: a ``lax.scan`` over a grid ``t0 + k dt`` ending exactly on ``t1``.
+
+Save times in ``SaveAt(ts=...)`` are inserted into the grid, so the values saved there are
+the method's own, not interpolants. See docs/design.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._errors import Result, check_in_graph
+from ._solution import Solution
+from ._util import all_finite, buffer, fevals_per_step, time_dtype, write
+
+
+def grid_count(t0: float, t1: float, dt: float) -> int:
+    """Number of grid steps of size ``|dt|`` covering ``[t0, t1]`` (the last may be short)."""
+    span = abs(t1 - t0)
+    if span == 0.0:
+        return 0
+    ratio = span / abs(dt)
+    return max(1, math.ceil(ratio * (1.0 - 1e-12)))
+
+
+def snap_tol(g, dt, dtype):
+    eps = jnp.finfo(dtype).eps
+    return 16 * eps * (jnp.abs(g) + jnp.abs(dt))
+
+
+def fixed_iterations(t0: float, t1: float, dt: float, ts: np.ndarray | None) -> int:
+    """Exact number of scan iterations the fixed-step walk needs (host side)."""
+    n_grid = grid_count(t0, t1, dt)
+    if ts is None or ts.size == 0:
+        return n_grid
+    direction = 1.0 if t1 >= t0 else -1.0
+    step = direction * abs(dt)
+    k = np.rint((ts - t0) / step).astype(np.int64)
+    g = np.where(k >= n_grid, t1, t0 + k * step)
+    tol = 16 * np.finfo(np.float64).eps * (np.abs(g) + abs(dt))
+    on_grid = (k >= 1) & (k <= n_grid) & (np.abs(g - ts) <= tol)
+    on = ts[on_grid]
+    return n_grid + int(np.sum(~on_grid)) + (on.size - np.unique(on).size) + 1
+
+
+def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_steps,
+                y0, t0, t1, dt, n_grid, ts, args):
+    tdtype = time_dtype(y0)
+    t0 = jnp.asarray(t0, tdtype)
+    t1 = jnp.asarray(t1, tdtype)
+    direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(tdtype)
+    step = direction * jnp.abs(jnp.asarray(dt, tdtype))
+    if n_grid is None:
+        span = jnp.abs(t1 - t0)
+        n_grid = jnp.where(
+            span == 0, 0, jnp.maximum(1, jnp.ceil(span / jnp.abs(step) * (1 - 1e-12)))
+        ).astype(jnp.int32)
+
+    def grid(k):
+        return jnp.where(k >= n_grid, t1, t0 + k.astype(tdtype) * step)
+
+    per_step = fevals_per_step(solver)
+    state0 = solver.init(f, t0, y0, args)
+    init_fevals = 1 if state0 is not None else 0
+    ts_arr = None if ts is None else jnp.asarray(ts, tdtype)
+
+    # The time, the grid index, the save index and the step count never depend on the
+    # state, so under vmap they stay unbatched scalars (one time per ensemble, and
+    # dynamic_update_slice rather than scatter for saves). Only the state and the
+    # failure record are per member.
+    def body(carry, _):
+        t, y, state, k, i, buf, result, fail_t, fail_step, count = carry
+        g = grid(k + 1)
+        if mode == "ts":
+            s = jnp.where(i < n_save, ts_arr[jnp.minimum(i, n_save - 1)], t1)
+            snap = jnp.abs(s - g) <= snap_tol(g, step, tdtype)
+            s_first = direction * (s - g) < 0
+            target = jnp.where(snap | s_first, s, g)
+            advance_grid = ~s_first | snap
+            save = (i < n_save) & (snap | s_first)
+        else:
+            target = g
+            advance_grid = jnp.array(True)
+        target = jnp.where(direction * (target - t1) > 0, t1, target)
+        h = target - t
+        count = count + (h != 0).astype(count.dtype)
+        y1, _, _, state1 = solver.step(f, t, y, h, args, state)
+        newly_bad = (result == 0) & ~all_finite(y1)
+        result = jnp.where(newly_bad, Result.NONFINITE_STATE.value, result)
+        fail_t = jnp.where(newly_bad, t, fail_t)
+        fail_step = jnp.where(newly_bad, count, fail_step)
+        # No select of the state on failure: it would cost 40% of a Lorenz ensemble step.
+        # The failure's time and step are recorded, values saved before it are kept, and
+        # the non-finite state propagates to the later outputs.
+        k = k + advance_grid.astype(k.dtype)
+        if mode == "ts":
+            buf = write(buf, jnp.where(save, i, n_save), y1)
+            i = i + save.astype(i.dtype)
+        out = (target, y1) if mode == "steps" else None
+        return (target, y1, state1, k, i, buf, result, fail_t, fail_step, count), out
+
+    buf0 = buffer(y0, n_save + 1, jnp.nan) if mode == "ts" else None
+    zero = jnp.array(0, jnp.int32)
+    carry0 = (t0, y0, state0, zero, zero, buf0, zero, t0, zero, zero)
+    carry, outs = lax.scan(body, carry0, None, length=n_iter)
+    t, y, _, k, i, buf, result, fail_t, fail_step, count = carry
+    unfinished = (result == 0) & ((t != t1) | (i < n_save if mode == "ts" else False))
+    result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
+    failed = result == Result.NONFINITE_STATE.value
+    t_final = jnp.where(failed, fail_t, t)
+    step_final = jnp.where(failed, fail_step, count)
+
+    if mode == "t1":
+        ts_out = t[None]
+        ys_out = jax.tree_util.tree_map(lambda x: x[None], y)
+    elif mode == "ts":
+        ts_out = ts_arr
+        ys_out = jax.tree_util.tree_map(lambda b: b[:n_save], buf)
+    else:
+        ts_out, ys_out = outs
+    if save_t0:
+        ts_out = jnp.concatenate([t0[None], ts_out])
+        ys_out = jax.tree_util.tree_map(
+            lambda a, b: jnp.concatenate([a[None], b]), y0, ys_out
+        )
+    stats = dict(
+        num_steps=step_final,
+        num_accepted=step_final,
+        num_rejected=jnp.zeros_like(step_final),
+        num_fevals=step_final * per_step + init_fevals,
+        t_final=t_final,
+    )
+    if in_graph_check:
+        ts_out, ys_out, stats, result = check_in_graph(
+            (ts_out, ys_out, stats, result), result, t_final, step_final, t1, max_steps)
+    return Solution(ts_out, ys_out, stats, result)
+
+
+fixed_jit = jax.jit(fixed_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7))

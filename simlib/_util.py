@@ -1,0 +1,63 @@
+"""Pytree helpers shared by the fixed-step and adaptive drivers."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ._solver._base import AbstractSolver, PyTree
+
+
+def is_tracer(x) -> bool:
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
+
+
+def tree_where(pred, a: PyTree, b: PyTree) -> PyTree:
+    return jax.tree_util.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)
+
+
+def where_rows(mask: jax.Array, tree: PyTree, other) -> PyTree:
+    """Per row ``i`` of every leaf: ``tree[i]`` where ``mask[i]``, else ``other`` (a scalar or a
+    pytree like one row of ``tree``)."""
+    if not isinstance(other, float):
+        return jax.tree_util.tree_map(
+            lambda v, o: jnp.where(mask.reshape((-1,) + (1,) * (v.ndim - 1)), v, o[None]),
+            tree, other)
+    return jax.tree_util.tree_map(
+        lambda v: jnp.where(mask.reshape((-1,) + (1,) * (v.ndim - 1)), v, other), tree)
+
+
+def all_finite(tree: PyTree) -> jax.Array:
+    leaves = jax.tree_util.tree_leaves(tree)
+    out = jnp.array(True)
+    for leaf in leaves:
+        out = out & jnp.all(jnp.isfinite(leaf))
+    return out
+
+
+def buffer(y: PyTree, n: int, fill: float) -> PyTree:
+    return jax.tree_util.tree_map(lambda x: jnp.full((n,) + x.shape, fill, x.dtype), y)
+
+
+def write(buf: PyTree, index, y: PyTree) -> PyTree:
+    return jax.tree_util.tree_map(
+        lambda b, x: lax.dynamic_update_index_in_dim(b, x.astype(b.dtype), index, 0), buf, y
+    )
+
+
+def fevals_per_step(solver: AbstractSolver) -> int:
+    from ._solver._explicit_rk import ExplicitRungeKutta
+    from ._solver._symplectic import SymplecticSplitting
+
+    if isinstance(solver, ExplicitRungeKutta):
+        return solver.tableau.stages - (1 if solver.tableau.fsal else 0)
+    if isinstance(solver, SymplecticSplitting):
+        kicks = sum(1 for b in solver.kicks if b != 0.0) - (1 if solver.carries_force else 0)
+        return kicks + len(solver.drifts)
+    return 0
+
+
+def time_dtype(y0: PyTree):
+    dtypes = [leaf.dtype for leaf in jax.tree_util.tree_leaves(y0)]
+    return jnp.result_type(*dtypes)
