@@ -7,6 +7,7 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 """
 
 from . import systems
+from ._adjoint import AbstractAdjoint, Checkpointed, Direct, Reversible
 from ._errors import Result, SolverError
 from ._solve import SaveAt, Solution, solve
 from ._solver import (
@@ -32,7 +33,11 @@ from ._solver import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbstractAdjoint",
     "AbstractSolver",
+    "Checkpointed",
+    "Direct",
+    "Reversible",
     "Bosh3",
     "ButcherTableau",
     "Dopri5",

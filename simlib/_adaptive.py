@@ -16,11 +16,21 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ._adjoint import Checkpointed
 from ._control import initial_step, log_error_ratio, pi_factor
 from ._errors import Result, check_in_graph
 from ._solution import Solution
 from ._solver._base import PyTree
-from ._util import all_finite, buffer, fevals_per_step, time_dtype, tree_where, where_rows, write
+from ._util import (
+    all_finite,
+    buffer,
+    convert_closure,
+    fevals_per_step,
+    time_dtype,
+    tree_where,
+    where_rows,
+    write,
+)
 
 _CHUNK = 16  # attempts per chunk in the differentiable replay of adaptive runs
 
@@ -162,8 +172,8 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
     return c, None, (sts, sys_)
 
 
-def _adaptive_replay(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol, atol, ts,
-                     args):
+def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt0, rtol, atol,
+                     ts, args):
     """The same computation as ``_adaptive_forward``, as a differentiable bounded scan.
 
     Every attempt is recorded; saved values are then rebuilt from the recorded
@@ -172,7 +182,11 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol, 
     carry, t0, t1, direction, _ = _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args)
     k_exp = _k_exponent(solver)
     tdtype = t0.dtype
-    n_chunks = -(-max_steps // _CHUNK)
+    # Chunks of attempts, skipped once the run is done. Checkpointed: chunks of about
+    # sqrt(max_steps) attempts whose residuals are recomputed in the backward pass.
+    checkpointed = isinstance(adjoint, Checkpointed)
+    size = adjoint.segment_length(max_steps) if checkpointed else _CHUNK
+    n_chunks = -(-max_steps // size)
 
     def one(c, _):
         active = _not_done(c, t1, direction, max_steps)
@@ -182,21 +196,27 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol, 
         return new, (t, y, h, accept & active, new.t, new.y)
 
     def skip(c):
-        rec = (jnp.zeros((_CHUNK,), tdtype), buffer(c.y, _CHUNK, 0.0),
-               jnp.zeros((_CHUNK,), tdtype), jnp.zeros((_CHUNK,), bool),
-               jnp.zeros((_CHUNK,), tdtype), buffer(c.y, _CHUNK, 0.0))
+        rec = (jnp.zeros((size,), tdtype), buffer(c.y, size, 0.0),
+               jnp.zeros((size,), tdtype), jnp.zeros((size,), bool),
+               jnp.zeros((size,), tdtype), buffer(c.y, size, 0.0))
         return c, rec
+
+    def run_chunk(c):
+        return lax.scan(one, c, None, length=size)
+
+    if checkpointed:
+        run_chunk = jax.checkpoint(run_chunk)
 
     def chunk(c, _):
         return lax.cond(
             _not_done(c, t1, direction, max_steps),
-            lambda c: lax.scan(one, c, None, length=_CHUNK),
+            run_chunk,
             skip,
             c,
         )
 
     c, recs = lax.scan(chunk, carry, None, length=n_chunks)
-    recs = jax.tree_util.tree_map(lambda r: r.reshape((-1,) + r.shape[2:]), recs)
+    recs = jax.tree_util.tree_map(lambda r: r.reshape((-1,) + r.shape[2:])[:max_steps], recs)
     t_rec, y_rec, h_rec, acc_rec, tnew_rec, ynew_rec = recs
     order = jnp.argsort(~acc_rec, stable=True)  # accepted attempts first, in time order
     saved = None
@@ -233,8 +253,8 @@ def _adaptive_diff_outputs(c, saved, steps_out):
     return (c.t, c.y, saved, steps_out)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _adaptive_solve(f, solver, mode, n_save, max_steps, inputs):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
+def _adaptive_solve(f, solver, mode, n_save, max_steps, adjoint, inputs):
     c, saved, steps_out = _adaptive_forward(f, solver, mode, n_save, max_steps, **inputs)
     return _adaptive_diff_outputs(c, saved, steps_out), _stats_of(c)
 
@@ -243,16 +263,17 @@ def _stats_of(c: _Attempt):
     return (c.n_steps, c.n_accepted, c.result)
 
 
-def _adaptive_fwd(f, solver, mode, n_save, max_steps, inputs):
-    out = _adaptive_solve(f, solver, mode, n_save, max_steps, inputs)
+def _adaptive_fwd(f, solver, mode, n_save, max_steps, adjoint, inputs):
+    out = _adaptive_solve(f, solver, mode, n_save, max_steps, adjoint, inputs)
     return out, inputs
 
 
-def _adaptive_bwd(f, solver, mode, n_save, max_steps, inputs, cotangent):
+def _adaptive_bwd(f, solver, mode, n_save, max_steps, adjoint, inputs, cotangent):
     d_out, _ = cotangent
 
     def replay(inputs):
-        c, saved, steps_out = _adaptive_replay(f, solver, mode, n_save, max_steps, **inputs)
+        c, saved, steps_out = _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint,
+                                               **inputs)
         return _adaptive_diff_outputs(c, saved, steps_out)
 
     _, vjp = jax.vjp(replay, inputs)
@@ -263,15 +284,10 @@ def _adaptive_bwd(f, solver, mode, n_save, max_steps, inputs, cotangent):
 _adaptive_solve.defvjp(_adaptive_fwd, _adaptive_bwd)
 
 
-def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps,
+def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, adjoint,
                    y0, t0, t1, dt0, rtol, atol, ts, args):
     tdtype = time_dtype(y0)
-    f_conv, consts = jax.closure_convert(lambda t, y, a: f(t, y, a), t0, y0, args)
-    f_args = (args, tuple(consts))
-
-    def f_plain(t, y, fa):
-        return f_conv(t, y, fa[0], *fa[1])
-
+    f_plain, f_args = convert_closure(f, jnp.asarray(t0, tdtype), y0, args)
     inputs = dict(
         y0=y0, t0=jnp.asarray(t0, tdtype), t1=jnp.asarray(t1, tdtype),
         dt0=None if dt0 is None else jnp.asarray(dt0, tdtype),
@@ -279,7 +295,7 @@ def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps,
         ts=None if ts is None else jnp.asarray(ts, tdtype), args=f_args,
     )
     (t_end, y_end, saved, (sts, sys_)), (n_steps, n_acc, result) = _adaptive_solve(
-        f_plain, solver, mode, n_save, max_steps, inputs
+        f_plain, solver, mode, n_save, max_steps, adjoint, inputs
     )
     t0a, t1a = inputs["t0"], inputs["t1"]
     direction = jnp.where(t1a >= t0a, 1.0, -1.0)
@@ -308,4 +324,4 @@ def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps,
     return Solution(ts_out, ys_out, stats, result)
 
 
-adaptive_jit = jax.jit(adaptive_core, static_argnums=(0, 1, 2, 3, 4, 5, 6))
+adaptive_jit = jax.jit(adaptive_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7))

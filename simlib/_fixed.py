@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ._adjoint import Checkpointed, Reversible, checkpointed_scan, reversible_scan
 from ._errors import Result, check_in_graph
 from ._solution import Solution
 from ._util import all_finite, buffer, fevals_per_step, time_dtype, write
@@ -47,33 +48,18 @@ def fixed_iterations(t0: float, t1: float, dt: float, ts: np.ndarray | None) -> 
     return n_grid + int(np.sum(~on_grid)) + (on.size - np.unique(on).size) + 1
 
 
-def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_steps,
-                y0, t0, t1, dt, n_grid, ts, args):
-    tdtype = time_dtype(y0)
-    t0 = jnp.asarray(t0, tdtype)
-    t1 = jnp.asarray(t1, tdtype)
-    direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(tdtype)
-    step = direction * jnp.abs(jnp.asarray(dt, tdtype))
-    if n_grid is None:
-        span = jnp.abs(t1 - t0)
-        n_grid = jnp.where(
-            span == 0, 0, jnp.maximum(1, jnp.ceil(span / jnp.abs(step) * (1 - 1e-12)))
-        ).astype(jnp.int32)
+def _walker(mode, n_save, t0, t1, direction, step, n_grid, ts_arr, tdtype):
+    """The time grid as a function ``advance(t, k, i) -> (target, h, k', save)``.
+
+    ``k`` indexes the grid ``t0 + k dt`` (whose point ``n_grid`` is ``t1``), ``i`` the next
+    save time; a step goes to the nearer of the next grid point and the next save time
+    (snapping them together when they are a few ulps apart). It depends on times only.
+    """
 
     def grid(k):
         return jnp.where(k >= n_grid, t1, t0 + k.astype(tdtype) * step)
 
-    per_step = fevals_per_step(solver)
-    state0 = solver.init(f, t0, y0, args)
-    init_fevals = 1 if state0 is not None else 0
-    ts_arr = None if ts is None else jnp.asarray(ts, tdtype)
-
-    # The time, the grid index, the save index and the step count never depend on the
-    # state, so under vmap they stay unbatched scalars (one time per ensemble, and
-    # dynamic_update_slice rather than scatter for saves). Only the state and the
-    # failure record are per member.
-    def body(carry, _):
-        t, y, state, k, i, buf, result, fail_t, fail_step, count = carry
+    def advance(t, k, i):
         g = grid(k + 1)
         if mode == "ts":
             s = jnp.where(i < n_save, ts_arr[jnp.minimum(i, n_save - 1)], t1)
@@ -85,8 +71,40 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
         else:
             target = g
             advance_grid = jnp.array(True)
+            save = jnp.array(False)
         target = jnp.where(direction * (target - t1) > 0, t1, target)
-        h = target - t
+        return target, target - t, k + advance_grid.astype(k.dtype), save
+
+    return advance
+
+
+def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_steps, adjoint,
+               y0, t0, t1, dt, n_grid, ts, args):
+    tdtype = time_dtype(y0)
+    t0 = jnp.asarray(t0, tdtype)
+    t1 = jnp.asarray(t1, tdtype)
+    direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(tdtype)
+    step = direction * jnp.abs(jnp.asarray(dt, tdtype))
+    if n_grid is None:
+        span = jnp.abs(t1 - t0)
+        n_grid = jnp.where(
+            span == 0, 0, jnp.maximum(1, jnp.ceil(span / jnp.abs(step) * (1 - 1e-12)))
+        ).astype(jnp.int32)
+
+    advance = _walker(mode, n_save, t0, t1, direction, step, n_grid,
+                      None if ts is None else jnp.asarray(ts, tdtype), tdtype)
+    per_step = fevals_per_step(solver)
+    state0 = solver.init(f, t0, y0, args)
+    init_fevals = 1 if state0 is not None else 0
+    ts_arr = None if ts is None else jnp.asarray(ts, tdtype)
+
+    # The time, the grid index, the save index and the step count never depend on the
+    # state, so under vmap they stay unbatched scalars (one time per ensemble, and
+    # dynamic_update_slice rather than scatter for saves). Only the state and the
+    # failure record are per member.
+    def body(carry, _):
+        t, y, state, k, i, buf, result, fail_t, fail_step, count = carry
+        target, h, k, save = advance(t, k, i)
         count = count + (h != 0).astype(count.dtype)
         y1, _, _, state1 = solver.step(f, t, y, h, args, state)
         newly_bad = (result == 0) & ~all_finite(y1)
@@ -96,7 +114,6 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
         # No select of the state on failure: it would cost 40% of a Lorenz ensemble step.
         # The failure's time and step are recorded, values saved before it are kept, and
         # the non-finite state propagates to the later outputs.
-        k = k + advance_grid.astype(k.dtype)
         if mode == "ts":
             buf = write(buf, jnp.where(save, i, n_save), y1)
             i = i + save.astype(i.dtype)
@@ -106,7 +123,12 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
     buf0 = buffer(y0, n_save + 1, jnp.nan) if mode == "ts" else None
     zero = jnp.array(0, jnp.int32)
     carry0 = (t0, y0, state0, zero, zero, buf0, zero, t0, zero, zero)
-    carry, outs = lax.scan(body, carry0, None, length=n_iter)
+    if isinstance(adjoint, Checkpointed):
+        carry, outs = checkpointed_scan(body, carry0, n_iter, adjoint.segment_length(n_iter))
+    elif isinstance(adjoint, Reversible):
+        carry, outs = reversible_scan(f, solver, mode, n_save, advance, carry0, n_iter, args)
+    else:
+        carry, outs = lax.scan(body, carry0, None, length=n_iter)
     t, y, _, k, i, buf, result, fail_t, fail_step, count = carry
     unfinished = (result == 0) & ((t != t1) | (i < n_save if mode == "ts" else False))
     result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
@@ -140,4 +162,4 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
     return Solution(ts_out, ys_out, stats, result)
 
 
-fixed_jit = jax.jit(fixed_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7))
+fixed_jit = jax.jit(fixed_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8))

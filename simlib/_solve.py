@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._adaptive import adaptive_jit as _adaptive_jit
+from ._adjoint import AbstractAdjoint, Checkpointed, Direct, Reversible, is_time_symmetric
 from ._errors import Result, SolverError, result_message
 from ._fixed import fixed_iterations, grid_count
 from ._fixed import fixed_jit as _fixed_jit
@@ -30,7 +31,8 @@ __all__ = ["DEFAULT_MAX_STEPS", "SaveAt", "Solution", "solve"]
 # --------------------------------------------------------------------------------------
 # the entry point
 
-_KEYWORDS = ("solver", "dt", "rtol", "atol", "args", "saveat", "max_steps", "throw")
+_KEYWORDS = ("solver", "dt", "rtol", "atol", "args", "saveat", "max_steps", "throw", "adjoint")
+_CHECKPOINT_ABOVE = 1024  # default adjoint: Checkpointed for fixed-step runs longer than this
 
 
 def _as_array_tree(y0, name: str) -> PyTree:
@@ -91,6 +93,7 @@ def solve(
     saveat: SaveAt = _SAVE_T1,
     max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
+    adjoint: AbstractAdjoint | None = None,
     **unknown: Any,
 ) -> Solution:
     """Integrate ``dy/dt = f(t, y, args)`` from ``t0`` to ``t1``.
@@ -119,6 +122,11 @@ def solve(
         throw: Raise :class:`SolverError` on failure (default). With ``False`` the
             failure is reported in ``Solution.result``, so one bad member of a
             ``vmap``-ped ensemble does not stop the others.
+        adjoint: How ``jax.grad`` goes through the solve: :class:`Direct`,
+            :class:`Checkpointed` (memory ~ sqrt of the steps) or :class:`Reversible`
+            (fixed-step time-symmetric symplectic solvers; memory independent of the
+            steps). The default is ``Checkpointed()`` for fixed-step runs of more than
+            1,024 steps and ``Direct()`` otherwise.
 
     Returns:
         A :class:`Solution`.
@@ -146,6 +154,16 @@ def solve(
         )
     if not callable(f):
         raise TypeError(f"f must be callable as f(t, y, args), got {f!r}")
+    if adjoint is not None and not isinstance(adjoint, AbstractAdjoint):
+        raise TypeError(
+            f"adjoint must be simlib.Direct(), simlib.Checkpointed() or simlib.Reversible(), "
+            f"got {adjoint!r}"
+        )
+    if isinstance(adjoint, Reversible) and not is_time_symmetric(solver):
+        raise ValueError(
+            f"adjoint=Reversible() needs a time-symmetric symplectic solver (VelocityVerlet, "
+            f"Yoshida4, PEFRL), got {type(solver).__name__}()"
+        )
     if not isinstance(saveat, SaveAt):
         raise TypeError(f"saveat must be a simlib.SaveAt, got {saveat!r}")
     mode = saveat.mode()
@@ -240,6 +258,7 @@ def solve(
             if not is_tracer(tol) and not (np.isfinite(float(tol)) and float(tol) > 0):
                 raise ValueError(f"{name} must be positive and finite, got {tol!r}")
         sol = _adaptive_jit(f, solver, mode, saveat.t0, n_save, in_graph_check, max_steps,
+                            adjoint if adjoint is not None else Direct(),
                             y0, t0, t1, dt, rtol, atol, ts, args)
     else:
         if dt is None:
@@ -255,7 +274,10 @@ def solve(
         else:
             n_iter = max_steps + n_save
             n_grid = None
+        if adjoint is None:
+            adjoint = Checkpointed() if n_iter > _CHECKPOINT_ABOVE else Direct()
         sol = _fixed_jit(f, solver, mode, saveat.t0, n_iter, n_save, in_graph_check, max_steps,
+                         adjoint,
                          y0, t0, t1, dt, n_grid, ts, args)
 
     if throw and not traced:

@@ -61,3 +61,18 @@ def fevals_per_step(solver: AbstractSolver) -> int:
 def time_dtype(y0: PyTree):
     dtypes = [leaf.dtype for leaf in jax.tree_util.tree_leaves(y0)]
     return jnp.result_type(*dtypes)
+
+
+def convert_closure(f, t, y, args):
+    """``f`` as ``g(t, y, fargs)`` with everything it closes over moved into ``fargs``.
+
+    A ``custom_vjp`` must see every value it differentiates as an input; a vector field
+    that closes over traced values (e.g. a parameter under ``jax.grad``) would otherwise
+    lose their gradient (``jax.closure_convert``).
+    """
+    f_conv, consts = jax.closure_convert(lambda t, y, a: f(t, y, a), t, y, args)
+
+    def g(t, y, fargs):
+        return f_conv(t, y, fargs[0], *fargs[1])
+
+    return g, (args, tuple(consts))

@@ -12,9 +12,12 @@ import pytest
 import simlib as sl
 
 PUBLIC = [
+    "AbstractAdjoint",
     "AbstractSolver",
     "Bosh3",
     "ButcherTableau",
+    "Checkpointed",
+    "Direct",
     "Dopri5",
     "Dopri8",
     "Euler",
@@ -25,6 +28,7 @@ PUBLIC = [
     "PEFRL",
     "RK4",
     "Result",
+    "Reversible",
     "SaveAt",
     "SemiImplicitEuler",
     "Solution",

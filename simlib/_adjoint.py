@@ -1,0 +1,192 @@
+"""Gradient strategies for ``solve(..., adjoint=...)``.
+
+- :class:`Direct`: reverse mode straight through the loop; memory grows with the steps.
+- :class:`Checkpointed`: reverse mode that stores the state only at segment boundaries
+  and recomputes each segment in the backward pass (Griewank and Walther, *Evaluating
+  Derivatives*, 2nd ed., 2008, ch. 12): memory grows as the square root of the steps
+  with segments of ``sqrt(n)`` steps, at the cost of one extra forward pass.
+- :class:`Reversible`: for time-symmetric symplectic steppers, the backward pass
+  re-creates each state by stepping backwards (``Phi_{-h} = Phi_h^{-1}``) instead of
+  storing it: exact gradients (to round-off) in memory that does not grow with the
+  number of steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._errors import Result
+from ._solver._base import register_static
+from ._util import all_finite, convert_closure
+
+
+class AbstractAdjoint:
+    """How ``jax.grad`` goes through a :func:`~simlib.solve`."""
+
+
+@register_static
+@dataclass(frozen=True)
+class Direct(AbstractAdjoint):
+    """Reverse mode through every step; residuals of all steps are stored."""
+
+
+@register_static
+@dataclass(frozen=True)
+class Checkpointed(AbstractAdjoint):
+    """Reverse mode with recomputation in segments (memory ~ sqrt of the steps).
+
+    Attributes:
+        steps_per_segment: Steps per recomputed segment; ``None`` takes
+            ``ceil(sqrt(n_steps))``, which minimises stored states plus one segment's
+            residuals.
+    """
+
+    steps_per_segment: int | None = None
+
+    def __post_init__(self):
+        if self.steps_per_segment is not None and self.steps_per_segment < 1:
+            raise ValueError(
+                f"Checkpointed: steps_per_segment must be a positive integer, got "
+                f"{self.steps_per_segment!r}"
+            )
+
+    def segment_length(self, n_steps: int) -> int:
+        if self.steps_per_segment is not None:
+            return int(self.steps_per_segment)
+        return max(1, math.ceil(math.sqrt(n_steps)))
+
+
+@register_static
+@dataclass(frozen=True)
+class Reversible(AbstractAdjoint):
+    """Backward pass by integrating backwards: memory independent of the step count.
+
+    For fixed-step, time-symmetric symplectic solvers (``VelocityVerlet``, ``Yoshida4``,
+    ``PEFRL``), whose step satisfies ``Phi_{-h}(Phi_h(y)) = y``. Gradients flow to
+    ``y0`` and ``args``; the times (``t0``, ``t1``, ``dt``, save times) are treated as
+    constants. Round-off in the reconstruction grows with the number of steps (and
+    exponentially on chaotic problems); compare with :class:`Checkpointed` when in doubt.
+    """
+
+
+def checkpointed_scan(body, carry0, n_iter: int, segment: int):
+    """``lax.scan(body, carry0, None, length=n_iter)`` with segments recomputed in reverse.
+
+    Runs ``ceil(n_iter / segment) * segment`` iterations; the extra ones must be no-ops
+    (the fixed-step walk makes them zero steps at ``t1``) and their outputs are dropped.
+    """
+    n_seg = -(-n_iter // segment)
+    inner = jax.checkpoint(lambda c: lax.scan(body, c, None, length=segment))
+    carry, outs = lax.scan(lambda c, _: inner(c), carry0, None, length=n_seg)
+    outs = jax.tree_util.tree_map(
+        lambda o: o.reshape((n_seg * segment,) + o.shape[2:])[:n_iter], outs)
+    return carry, outs
+
+
+def _zero_cotangent(tree):
+    """Zero cotangents for inputs that are not differentiated (float0 for integers)."""
+    return jax.tree_util.tree_map(
+        lambda x: jnp.zeros_like(x) if jnp.issubdtype(x.dtype, jnp.inexact)
+        else np.zeros(x.shape, jax.dtypes.float0), tree)
+
+
+def is_time_symmetric(solver) -> bool:
+    """Whether a splitting method's coefficients read the same backwards."""
+    kicks, drifts = getattr(solver, "kicks", None), getattr(solver, "drifts", None)
+    if kicks is None:
+        return False
+    return (all(abs(a - b) < 1e-15 for a, b in zip(kicks, kicks[::-1], strict=True))
+            and all(abs(a - b) < 1e-15 for a, b in zip(drifts, drifts[::-1], strict=True)))
+
+
+def reversible_scan(f, solver, mode, n_save, advance, carry0, n_iter, args):
+    """The fixed-step scan with a backward pass that integrates backwards.
+
+    Returns what ``lax.scan(body, carry0, None, length=n_iter)`` would for the fixed-step
+    body: ``(carry, outs)``. The time walk (times only) runs first; the state scan is a
+    ``custom_vjp`` whose backward pass steps from ``y_{k+1}`` back to ``y_k`` with ``-h``
+    and applies the step's VJP there, injecting the cotangents of saved values.
+    """
+    t0, y0, _, k0, i0, buf0, result0, fail_t0, fail_step0, count0 = carry0
+
+    def walk(c, _):
+        t, k, i, count = c
+        target, h, k, save = advance(t, k, i)
+        slot = jnp.where(save, i, n_save)
+        return (target, k, i + save.astype(i.dtype), count + (h != 0).astype(count.dtype)), (
+            t, h, slot, count + (h != 0).astype(count.dtype))
+
+    (t_end, k_end, i_end, count_end), plan = lax.scan(
+        walk, (t0, k0, i0, count0), None, length=n_iter)
+    # Values the vector field closes over become explicit inputs of the custom VJP.
+    f, args = convert_closure(f, t0, y0, args)
+
+    def one_step(t, y, h, a):
+        return solver.step(f, t, y, h, a, solver.init(f, t, y, a))[0]
+
+    def forward(y0, a, plan, init):
+        buf0, result0, fail_t0, fail_step0 = init
+
+        def body(c, xs):
+            y, state, buf, result, fail_t, fail_step = c
+            t, h, slot, count = xs
+            y1, _, _, state1 = solver.step(f, t, y, h, a, state)
+            newly_bad = (result == 0) & ~all_finite(y1)
+            result = jnp.where(newly_bad, Result.NONFINITE_STATE.value, result)
+            fail_t = jnp.where(newly_bad, t, fail_t)
+            fail_step = jnp.where(newly_bad, count, fail_step)
+            if buf is not None:
+                buf = jax.tree_util.tree_map(
+                    lambda b, x: lax.dynamic_update_index_in_dim(b, x, slot, 0), buf, y1)
+            return (y1, state1, buf, result, fail_t, fail_step), (y1 if mode == "steps" else None)
+
+        c0 = (y0, solver.init(f, plan[0][0], y0, a), buf0, result0, fail_t0, fail_step0)
+        (y, _, buf, result, fail_t, fail_step), ys = lax.scan(body, c0, plan)
+        return (y, buf, ys), (result, fail_t, fail_step)
+
+    # Everything the custom VJP uses is an argument: a backward pass that closed over
+    # the plan would leak tracers of the enclosing jit.
+    @jax.custom_vjp
+    def run(y0, a, plan, init):
+        return forward(y0, a, plan, init)
+
+    def run_fwd(y0, a, plan, init):
+        out = forward(y0, a, plan, init)
+        return out, (out[0][0], a, plan, init)
+
+    def run_bwd(res, cotangent):
+        y_end, a, plan, init = res
+        (d_y, d_buf, d_ys), _ = cotangent
+        zero_a = jax.tree_util.tree_map(jnp.zeros_like, a)
+
+        def back(c, xs):
+            y1, g, ga = c
+            t, h, slot, _, index = xs
+            if d_buf is not None:
+                g = jax.tree_util.tree_map(
+                    lambda gl, db: gl + jnp.where(slot < n_save,
+                                                  db[jnp.minimum(slot, n_save)], 0.0), g, d_buf)
+            if d_ys is not None:
+                g = jax.tree_util.tree_map(lambda gl, dl: gl + dl[index], g, d_ys)
+            y = one_step(t + h, y1, -h, a)
+            _, vjp = jax.vjp(lambda yy, aa: one_step(t, yy, h, aa), y, a)
+            gy, gaa = vjp(g)
+            ga = jax.tree_util.tree_map(jnp.add, ga, gaa)
+            return (y, gy, ga), None
+
+        xs = (*plan, jnp.arange(n_iter))
+        (_, g0, ga), _ = lax.scan(back, (y_end, d_y, zero_a), xs, reverse=True)
+        return g0, ga, _zero_cotangent(plan), _zero_cotangent(init)
+
+    run.defvjp(run_fwd, run_bwd)
+    (y, buf, ys), (result, fail_t, fail_step) = run(
+        y0, args, plan, (buf0, result0, fail_t0, fail_step0))
+    carry = (t_end, y, None, k_end, i_end, buf, result, fail_t, fail_step, count_end)
+    outs = (plan[0] + plan[1], ys) if mode == "steps" else None
+    return carry, outs

@@ -1,0 +1,116 @@
+"""Gradient strategies (adjoint=): each against central finite differences, and each other."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import simlib as sl
+from simlib.systems import kepler, lotka_volterra
+
+P0 = jnp.array([1.5, 1.0, 3.0, 1.0])
+Y0 = jnp.array([10.0, 5.0])
+TS = jnp.linspace(0.0, 4.0, 9)
+Q0, PQ0 = jnp.array([0.5, 0.0]), jnp.array([0.0, np.sqrt(3.0)])  # Kepler, e = 0.5
+
+RK_CASES = {
+    "fixed_rk4": dict(solver=sl.RK4(), dt=2e-3),
+    "adaptive_tsit5": dict(solver=sl.Tsit5(), rtol=1e-10, atol=1e-10, max_steps=1024),
+}
+
+
+def lv_loss(p, adjoint, kw):
+    sol = sl.solve(lotka_volterra, Y0, 0.0, 4.0, args=tuple(p), adjoint=adjoint,
+                   saveat=sl.SaveAt(ts=TS), **kw)
+    return jnp.sum(sol.ys ** 2)
+
+
+def kepler_loss(q0, mu, adjoint, solver, saveat):
+    sol = sl.solve(kepler, (q0, PQ0), 0.0, 10.0, solver=solver, dt=0.01, adjoint=adjoint,
+                   args=(mu,), saveat=saveat)
+    q, p = sol.ys
+    return jnp.sum(q ** 2) + jnp.sum(p ** 3)
+
+
+def central_differences(fn, x, eps):
+    x = np.asarray(x, float)
+    out = np.zeros_like(x)
+    for j in range(x.size):
+        e = np.zeros_like(x)
+        e.flat[j] = eps
+        out.flat[j] = (float(fn(jnp.asarray(x + e))) - float(fn(jnp.asarray(x - e)))) / (2 * eps)
+    return out
+
+
+@pytest.fixture(scope="module", params=list(RK_CASES))
+def rk_case(request):
+    kw = RK_CASES[request.param]
+    fd = central_differences(lambda p: lv_loss(p, None, kw), P0, 1e-6)
+    return kw, fd
+
+
+@pytest.mark.parametrize("adjoint", [sl.Direct(), sl.Checkpointed(), sl.Checkpointed(5)],
+                         ids=["direct", "checkpointed", "checkpointed5"])
+def test_runge_kutta_gradients_match_finite_differences(rk_case, adjoint):
+    kw, fd = rk_case
+    g = np.asarray(jax.grad(lv_loss)(P0, adjoint, kw))
+    np.testing.assert_allclose(g, fd, rtol=1e-6)
+
+
+def test_runge_kutta_strategies_agree(rk_case):
+    kw, _ = rk_case
+    gd = np.asarray(jax.grad(lv_loss)(P0, sl.Direct(), kw))
+    gc = np.asarray(jax.grad(lv_loss)(P0, sl.Checkpointed(), kw))
+    np.testing.assert_allclose(gc, gd, rtol=1e-8)
+
+
+SYMPLECTIC = [sl.VelocityVerlet(), sl.Yoshida4(), sl.PEFRL()]
+SAVES = {"t1": sl.SaveAt(t1=True), "ts": sl.SaveAt(ts=jnp.linspace(0.0, 10.0, 6)),
+         "steps": sl.SaveAt(steps=True)}
+
+
+@pytest.mark.parametrize("solver", SYMPLECTIC, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("save", list(SAVES))
+def test_reversible_agrees_with_direct_and_checkpointed(solver, save):
+    grad = jax.grad(kepler_loss, argnums=(0, 1))
+    gd = grad(Q0, 1.0, sl.Direct(), solver, SAVES[save])
+    gr = grad(Q0, 1.0, sl.Reversible(), solver, SAVES[save])
+    gc = grad(Q0, 1.0, sl.Checkpointed(), solver, SAVES[save])
+    for a, b, c in zip(gd, gr, gc, strict=True):
+        scale = np.max(np.abs(np.asarray(a)))
+        assert np.max(np.abs(np.asarray(b) - np.asarray(a))) <= 1e-8 * scale
+        assert np.max(np.abs(np.asarray(c) - np.asarray(a))) <= 1e-8 * scale
+
+
+def test_reversible_matches_finite_differences():
+    solver, save = sl.VelocityVerlet(), SAVES["ts"]
+    g_q, g_mu = jax.grad(kepler_loss, argnums=(0, 1))(Q0, 1.0, sl.Reversible(), solver, save)
+    fd_q = central_differences(lambda q: kepler_loss(q, 1.0, None, solver, save), Q0, 1e-6)
+    fd_mu = central_differences(
+        lambda m: kepler_loss(Q0, m[0], None, solver, save), jnp.array([1.0]), 1e-6)
+    np.testing.assert_allclose(np.asarray(g_q), fd_q, rtol=1e-6)
+    np.testing.assert_allclose(float(g_mu), fd_mu[0], rtol=1e-6)
+
+
+def test_reversible_under_vmap_matches_direct():
+    q0s = Q0 + 0.01 * jnp.arange(3.0)[:, None]
+
+    def ensemble(q0s, adjoint):
+        return jnp.sum(jax.vmap(lambda q: kepler_loss(q, 1.0, adjoint, sl.VelocityVerlet(),
+                                                      SAVES["t1"]))(q0s))
+
+    gd = jax.grad(ensemble)(q0s, sl.Direct())
+    gr = jax.grad(ensemble)(q0s, sl.Reversible())
+    np.testing.assert_allclose(np.asarray(gr), np.asarray(gd), rtol=1e-8)
+
+
+def test_adjoint_errors():
+    with pytest.raises(ValueError, match="time-symmetric.*SemiImplicitEuler"):
+        sl.solve(kepler, (Q0, PQ0), 0.0, 1.0, solver=sl.SemiImplicitEuler(), dt=0.1,
+                 adjoint=sl.Reversible())
+    with pytest.raises(ValueError, match="time-symmetric.*RK4"):
+        sl.solve(lotka_volterra, Y0, 0.0, 1.0, solver=sl.RK4(), dt=0.1, adjoint=sl.Reversible())
+    with pytest.raises(TypeError, match="adjoint must be"):
+        sl.solve(lotka_volterra, Y0, 0.0, 1.0, solver=sl.RK4(), dt=0.1, adjoint="direct")
+    with pytest.raises(ValueError, match="steps_per_segment"):
+        sl.Checkpointed(0)
