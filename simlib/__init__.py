@@ -7,7 +7,7 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 """
 
 from . import systems
-from ._adjoint import AbstractAdjoint, Checkpointed, Direct, Reversible
+from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
 from ._errors import Result, SolverError
 from ._solve import SaveAt, Solution, solve
 from ._solver import (
@@ -44,6 +44,7 @@ __all__ = [
     "Dopri8",
     "Euler",
     "ExplicitRungeKutta",
+    "ForwardMode",
     "Heun",
     "Leapfrog",
     "Midpoint",

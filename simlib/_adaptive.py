@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._adjoint import Checkpointed
+from ._adjoint import TANGENTS_ONLY, Checkpointed, ForwardMode, _TangentsOnly, forward_mode
 from ._control import initial_step, log_error_ratio, pi_factor
-from ._errors import Result, check_in_graph
+from ._errors import Result, check_solution
 from ._solution import Solution
 from ._solver._base import PyTree
 from ._util import (
@@ -288,15 +288,25 @@ def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, a
                    y0, t0, t1, dt0, rtol, atol, ts, args):
     tdtype = time_dtype(y0)
     f_plain, f_args = convert_closure(f, jnp.asarray(t0, tdtype), y0, args)
+    if isinstance(adjoint, ForwardMode):
+        sol = forward_mode(
+            lambda y0, fargs, c: adaptive_core(f_plain, solver, mode, save_t0, n_save, False,
+                                               max_steps, TANGENTS_ONLY, y0, *c, fargs),
+            y0, f_args, (t0, t1, dt0, rtol, atol, ts))
+        return check_solution(sol, in_graph_check, jnp.asarray(t1, tdtype), max_steps)
     inputs = dict(
         y0=y0, t0=jnp.asarray(t0, tdtype), t1=jnp.asarray(t1, tdtype),
         dt0=None if dt0 is None else jnp.asarray(dt0, tdtype),
         rtol=jnp.asarray(rtol, tdtype), atol=jnp.asarray(atol, tdtype),
         ts=None if ts is None else jnp.asarray(ts, tdtype), args=f_args,
     )
-    (t_end, y_end, saved, (sts, sys_)), (n_steps, n_acc, result) = _adaptive_solve(
-        f_plain, solver, mode, n_save, max_steps, adjoint, inputs
-    )
+    if isinstance(adjoint, _TangentsOnly):  # the while loop itself, which jvp goes through
+        c, saved, (sts, sys_) = _adaptive_forward(f_plain, solver, mode, n_save, max_steps,
+                                                  **inputs)
+        t_end, y_end, n_steps, n_acc, result = c.t, c.y, c.n_steps, c.n_accepted, c.result
+    else:
+        (t_end, y_end, saved, (sts, sys_)), (n_steps, n_acc, result) = _adaptive_solve(
+            f_plain, solver, mode, n_save, max_steps, adjoint, inputs)
     t0a, t1a = inputs["t0"], inputs["t1"]
     direction = jnp.where(t1a >= t0a, 1.0, -1.0)
     unfinished = (result == 0) & (direction * (t1a - t_end) > 0)
@@ -318,10 +328,8 @@ def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, a
         num_fevals=n_steps * fevals_per_step(solver) + init_fevals,
         t_final=t_end,
     )
-    if in_graph_check:
-        ts_out, ys_out, stats, result = check_in_graph(
-            (ts_out, ys_out, stats, result), result, t_end, n_steps, t1a, max_steps)
-    return Solution(ts_out, ys_out, stats, result)
+    return check_solution(Solution(ts_out, ys_out, stats, result), in_graph_check, t1a,
+                          max_steps)
 
 
 adaptive_jit = jax.jit(adaptive_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7))

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.flatten_util import ravel_pytree
 
 from ._errors import Result
 from ._solver._base import register_static
@@ -73,6 +74,77 @@ class Reversible(AbstractAdjoint):
     constants. Round-off in the reconstruction grows with the number of steps (and
     exponentially on chaotic problems); compare with :class:`Checkpointed` when in doubt.
     """
+
+
+@register_static
+@dataclass(frozen=True)
+class ForwardMode(AbstractAdjoint):
+    """Gradients from forward-mode derivatives (``jax.jvp``), for a handful of inputs.
+
+    The forward pass carries one tangent per differentiated input component alongside the
+    state (``jax.jacfwd``), so it costs about ``1 + n`` forward passes for ``n`` components
+    of ``y0`` and ``args``, in memory independent of the steps; the backward pass is a
+    contraction with that Jacobian. Gradients flow to ``y0`` and ``args`` (and values the
+    vector field closes over); the times and tolerances are treated as constants.
+    """
+
+
+class _TangentsOnly(AbstractAdjoint):
+    """Internal: the plain forward computation, which ``jax.jvp`` can go through."""
+
+
+register_static(_TangentsOnly)
+TANGENTS_ONLY = _TangentsOnly()
+
+
+def forward_mode(fn, y0, fargs, consts):
+    """``fn(y0, fargs, consts) -> Solution`` with a VJP built from its forward-mode Jacobian.
+
+    Gradients flow to the floating-point leaves of ``y0`` and ``fargs``; ``consts`` (the
+    times and tolerances) get zero cotangents. Every traced value is an argument of the
+    custom VJP, none is closed over.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten((y0, fargs))
+    diff = [i for i, x in enumerate(leaves) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    rest = [i for i in range(len(leaves)) if i not in diff]
+
+    def call(diff_leaves, rest_leaves, consts):
+        full = [None] * len(leaves)
+        for i, x in zip(diff, diff_leaves, strict=True):
+            full[i] = x
+        for i, x in zip(rest, rest_leaves, strict=True):
+            full[i] = x
+        return fn(*jax.tree_util.tree_unflatten(treedef, full), consts)
+
+    @jax.custom_vjp
+    def run(diff_leaves, rest_leaves, consts):
+        return call(diff_leaves, rest_leaves, consts)
+
+    def run_fwd(diff_leaves, rest_leaves, consts):
+        # One forward pass that carries a tangent per input component (vmap of jvp, as
+        # jax.jacfwd does) and returns the primal solution unbatched alongside.
+        flat, unravel = ravel_pytree(diff_leaves)
+
+        def push(v):
+            sol, tangent = jax.jvp(lambda d: call(d, rest_leaves, consts), (diff_leaves,),
+                                   (unravel(v),))
+            return sol, (tangent.ts, tangent.ys)
+
+        sol, (d_ts, d_ys) = jax.vmap(push, out_axes=(None, -1))(jnp.eye(flat.size,
+                                                                        dtype=flat.dtype))
+        return sol, ((d_ts, d_ys), diff_leaves, rest_leaves, consts)
+
+    def run_bwd(res, cotangent):
+        (d_ts, d_ys), diff_leaves, rest_leaves, consts = res
+        _, unravel = ravel_pytree(diff_leaves)
+        total = 0.0
+        for ct, jl in zip(jax.tree_util.tree_leaves((cotangent.ts, cotangent.ys)),
+                          jax.tree_util.tree_leaves((d_ts, d_ys)), strict=True):
+            total = total + jnp.tensordot(ct, jl, axes=ct.ndim)
+        return unravel(total), _zero_cotangent(rest_leaves), _zero_cotangent(consts)
+
+    run.defvjp(run_fwd, run_bwd)
+    return run([leaves[i] for i in diff], [leaves[i] for i in rest], consts)
 
 
 def checkpointed_scan(body, carry0, n_iter: int, segment: int):

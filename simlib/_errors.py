@@ -99,3 +99,12 @@ def check_in_graph(outputs, result, t, step, t1, max_steps):  # noqa: D417
     zero = jax.pure_callback(callback, jax.ShapeDtypeStruct(jnp.shape(result), jnp.int32),
                              *args, vmap_method="broadcast_all")
     return jax.tree_util.tree_map(lambda x: x + zero.astype(x.dtype), outputs)
+
+
+def check_solution(sol, in_graph_check: bool, t1, max_steps: int):
+    """``sol``, tied to the in-graph failure check when ``in_graph_check``."""
+    if not in_graph_check:
+        return sol
+    ts, ys, stats, result = check_in_graph(
+        tuple(sol), sol.result, sol.stats["t_final"], sol.stats["num_steps"], t1, max_steps)
+    return type(sol)(ts, ys, stats, result)

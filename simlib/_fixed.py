@@ -13,10 +13,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._adjoint import Checkpointed, Reversible, checkpointed_scan, reversible_scan
-from ._errors import Result, check_in_graph
+from ._adjoint import (
+    TANGENTS_ONLY,
+    Checkpointed,
+    ForwardMode,
+    Reversible,
+    checkpointed_scan,
+    forward_mode,
+    reversible_scan,
+)
+from ._errors import Result, check_solution
 from ._solution import Solution
-from ._util import all_finite, buffer, fevals_per_step, time_dtype, write
+from ._util import all_finite, buffer, convert_closure, fevals_per_step, time_dtype, write
 
 
 def grid_count(t0: float, t1: float, dt: float) -> int:
@@ -81,6 +89,13 @@ def _walker(mode, n_save, t0, t1, direction, step, n_grid, ts_arr, tdtype):
 def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_steps, adjoint,
                y0, t0, t1, dt, n_grid, ts, args):
     tdtype = time_dtype(y0)
+    if isinstance(adjoint, ForwardMode):
+        f_plain, fargs = convert_closure(f, jnp.asarray(t0, tdtype), y0, args)
+        sol = forward_mode(
+            lambda y0, fargs, c: fixed_core(f_plain, solver, mode, save_t0, n_iter, n_save,
+                                            False, max_steps, TANGENTS_ONLY, y0, *c, fargs),
+            y0, fargs, (t0, t1, dt, n_grid, ts))
+        return check_solution(sol, in_graph_check, t1, max_steps)
     t0 = jnp.asarray(t0, tdtype)
     t1 = jnp.asarray(t1, tdtype)
     direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(tdtype)
@@ -156,10 +171,8 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
         num_fevals=step_final * per_step + init_fevals,
         t_final=t_final,
     )
-    if in_graph_check:
-        ts_out, ys_out, stats, result = check_in_graph(
-            (ts_out, ys_out, stats, result), result, t_final, step_final, t1, max_steps)
-    return Solution(ts_out, ys_out, stats, result)
+    return check_solution(Solution(ts_out, ys_out, stats, result), in_graph_check, t1,
+                          max_steps)
 
 
 fixed_jit = jax.jit(fixed_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8))

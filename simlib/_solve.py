@@ -125,7 +125,8 @@ def solve(
         adjoint: How ``jax.grad`` goes through the solve: :class:`Direct`,
             :class:`Checkpointed` (memory ~ sqrt of the steps) or :class:`Reversible`
             (fixed-step time-symmetric symplectic solvers; memory independent of the
-            steps). The default is ``Checkpointed()`` for fixed-step runs of more than
+            steps) or :class:`ForwardMode` (forward-mode Jacobian, for a few inputs).
+            The default is ``Checkpointed()`` for fixed-step runs of more than
             1,024 steps and ``Direct()`` otherwise.
 
     Returns:
@@ -156,7 +157,8 @@ def solve(
         raise TypeError(f"f must be callable as f(t, y, args), got {f!r}")
     if adjoint is not None and not isinstance(adjoint, AbstractAdjoint):
         raise TypeError(
-            f"adjoint must be simlib.Direct(), simlib.Checkpointed() or simlib.Reversible(), "
+            "adjoint must be simlib.Direct(), simlib.Checkpointed(), simlib.Reversible() or "
+            f"simlib.ForwardMode(), "
             f"got {adjoint!r}"
         )
     if isinstance(adjoint, Reversible) and not is_time_symmetric(solver):

@@ -49,8 +49,9 @@ def rk_case(request):
     return kw, fd
 
 
-@pytest.mark.parametrize("adjoint", [sl.Direct(), sl.Checkpointed(), sl.Checkpointed(5)],
-                         ids=["direct", "checkpointed", "checkpointed5"])
+@pytest.mark.parametrize("adjoint", [sl.Direct(), sl.Checkpointed(), sl.Checkpointed(5),
+                                     sl.ForwardMode()],
+                         ids=["direct", "checkpointed", "checkpointed5", "forward"])
 def test_runge_kutta_gradients_match_finite_differences(rk_case, adjoint):
     kw, fd = rk_case
     g = np.asarray(jax.grad(lv_loss)(P0, adjoint, kw))
@@ -61,7 +62,24 @@ def test_runge_kutta_strategies_agree(rk_case):
     kw, _ = rk_case
     gd = np.asarray(jax.grad(lv_loss)(P0, sl.Direct(), kw))
     gc = np.asarray(jax.grad(lv_loss)(P0, sl.Checkpointed(), kw))
+    gf = np.asarray(jax.grad(lv_loss)(P0, sl.ForwardMode(), kw))
     np.testing.assert_allclose(gc, gd, rtol=1e-8)
+    np.testing.assert_allclose(gf, gd, rtol=1e-8)
+
+
+@pytest.mark.parametrize("adjoint", [sl.Direct(), sl.Checkpointed(), sl.ForwardMode()],
+                         ids=["direct", "checkpointed", "forward"])
+@pytest.mark.parametrize("kw", [dict(solver=sl.RK4(), dt=0.01),
+                                dict(solver=sl.Tsit5(), rtol=1e-10, atol=1e-10)],
+                         ids=["fixed", "adaptive"])
+def test_gradient_through_a_closed_over_parameter(adjoint, kw):
+    """d/dk of y(1) for y' = -k y closed over (not passed in args): -exp(-k)."""
+
+    def final(k):
+        return sl.solve(lambda t, y, a: -k * y, jnp.array([1.0]), 0.0, 1.0, adjoint=adjoint,
+                        **kw).ys[-1, 0]
+
+    np.testing.assert_allclose(float(jax.grad(final)(2.0)), -np.exp(-2.0), rtol=1e-7)
 
 
 SYMPLECTIC = [sl.VelocityVerlet(), sl.Yoshida4(), sl.PEFRL()]
@@ -76,10 +94,11 @@ def test_reversible_agrees_with_direct_and_checkpointed(solver, save):
     gd = grad(Q0, 1.0, sl.Direct(), solver, SAVES[save])
     gr = grad(Q0, 1.0, sl.Reversible(), solver, SAVES[save])
     gc = grad(Q0, 1.0, sl.Checkpointed(), solver, SAVES[save])
-    for a, b, c in zip(gd, gr, gc, strict=True):
+    gf = grad(Q0, 1.0, sl.ForwardMode(), solver, SAVES[save])
+    for a, b, c, d in zip(gd, gr, gc, gf, strict=True):
         scale = np.max(np.abs(np.asarray(a)))
-        assert np.max(np.abs(np.asarray(b) - np.asarray(a))) <= 1e-8 * scale
-        assert np.max(np.abs(np.asarray(c) - np.asarray(a))) <= 1e-8 * scale
+        for other in (b, c, d):
+            assert np.max(np.abs(np.asarray(other) - np.asarray(a))) <= 1e-8 * scale
 
 
 def test_reversible_matches_finite_differences():

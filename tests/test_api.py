@@ -22,6 +22,7 @@ PUBLIC = [
     "Dopri8",
     "Euler",
     "ExplicitRungeKutta",
+    "ForwardMode",
     "Heun",
     "Leapfrog",
     "Midpoint",

@@ -152,7 +152,13 @@ def _check_positive_int(value: Any, name: str) -> int:
 
 def _make_chunk(objective: Callable, optimizer: optax.GradientTransformationExtraArgs,
                 chunk: int, from_state: bool) -> Callable:
-    """``run(u, state, remaining)``: ``min(chunk, remaining)`` optimiser steps in one scan."""
+    """``run(u, state, remaining, gtol)``: up to ``min(chunk, remaining)`` optimiser steps in
+    one scan, stopping early (no more updates) once the gradient norm is ``<= gtol``.
+
+    Returns ``(u, state, values, n_done, stopped, value_end, grad_norm_end)``: ``values[k]``
+    is the loss before step ``k`` (NaN for steps not taken), ``n_done`` the number of
+    updates applied, ``stopped`` whether the gradient test fired.
+    """
     if from_state:
         value_and_grad = optax.value_and_grad_from_state(objective)
     else:
@@ -162,25 +168,32 @@ def _make_chunk(objective: Callable, optimizer: optax.GradientTransformationExtr
             del state
             return plain(u)
 
-    def run(u, state, remaining):
+    def run(u, state, remaining, gtol):
+        value_dtype = jax.eval_shape(objective, u).dtype
+
         def step(carry):
-            u, state = carry
+            u, state, _ = carry
             value, grad = value_and_grad(u, state=state)
-            updates, state = optimizer.update(grad, state, u, value=value, grad=grad,
-                                              value_fn=objective)
-            u = optax.apply_updates(u, updates)
-            return (u, state), value
+            small = otu.tree_l2_norm(grad) <= gtol
+
+            def update(_):
+                updates, new_state = optimizer.update(grad, state, u, value=value, grad=grad,
+                                                      value_fn=objective)
+                return optax.apply_updates(u, updates), new_state
+
+            u, state = lax.cond(small, lambda _: (u, state), update, None)
+            return (u, state, small), (value.astype(value_dtype), ~small)
 
         def skip(carry):
-            return carry, jnp.full((), jnp.nan, value_dtype)
+            return carry, (jnp.full((), jnp.nan, value_dtype), jnp.zeros((), bool))
 
         def body(carry, i):
-            return lax.cond(i < remaining, step, skip, carry)
+            return lax.cond((i < remaining) & ~carry[2], step, skip, carry)
 
-        value_dtype = jax.eval_shape(objective, u).dtype
-        (u, state), values = lax.scan(body, (u, state), jnp.arange(chunk))
+        init = (u, state, jnp.zeros((), bool))
+        (u, state, stopped), (values, took) = lax.scan(body, init, jnp.arange(chunk))
         value, grad = jax.value_and_grad(objective)(u)
-        return u, state, values, value, otu.tree_l2_norm(grad)
+        return u, state, values, jnp.sum(took), stopped, value, otu.tree_l2_norm(grad)
 
     return run
 
@@ -315,12 +328,10 @@ def fit(
 
     start = time.perf_counter()
     run = jax.jit(_make_chunk(objective, opt, chunk, from_state))
-    remaining0 = jnp.asarray(chunk, jnp.int32)
-    compiled = run.lower(u0, state0, remaining0).compile()
+    value_dtype = jax.eval_shape(objective, u0).dtype
+    gtol = jnp.asarray(-1.0 if tol is None else tol, value_dtype)
+    compiled = run.lower(u0, state0, jnp.asarray(chunk, jnp.int32), gtol).compile()
     compile_time = time.perf_counter() - start
-
-    def call(u, state, n):
-        return compiled(u, state, jnp.asarray(n, jnp.int32))
 
     u, state = u0, state0
     history: list[np.ndarray] = []
@@ -335,43 +346,46 @@ def fit(
         while done < steps:
             n = min(chunk, steps - done)
             t_start = time.perf_counter()
-            out = jax.block_until_ready(call(u, state, n))
+            out = jax.block_until_ready(compiled(u, state, jnp.asarray(n, jnp.int32), gtol))
             run_time += time.perf_counter() - t_start
-            u_new, state_new, values, value_end, gnorm_end = out
-            values = np.asarray(values)[:n]
+            u_new, state_new, values, n_done, stopped, value_end, gnorm_end = out
+            n_done, stopped = int(n_done), bool(stopped)
+            values = np.asarray(values)[:n_done]
             value_end, gnorm_end = float(value_end), float(gnorm_end)
             if loss_prev is None:
-                if not np.isfinite(values[0]):
-                    raise ValueError(f"loss(params0) is not finite: {values[0]!r}")
-                loss_prev = float(values[0])
+                first = values[0] if n_done else value_end
+                if not np.isfinite(first):
+                    raise ValueError(f"loss(params0) is not finite: {first!r}")
+                loss_prev = float(first)
             trail = np.append(values, value_end)
             if not np.all(np.isfinite(trail)) or not math.isfinite(gnorm_end):
+                # rerun the chunk up to the last step whose loss is finite
                 bad = int(np.argmin(np.isfinite(trail))) if not np.all(np.isfinite(trail)) \
-                    else n
+                    else n_done
                 good = max(bad - 1, 0)
-                u_new, state_new, values_g, value_end, gnorm_end = call(u, state, good)
-                values = np.asarray(values_g)[:good]
-                history.append(values)
-                u, state, done = u_new, state_new, done + good
+                out = compiled(u, state, jnp.asarray(good, jnp.int32), gtol)
+                u, state, values, _, _, value_end, gnorm_end = out
+                history.append(np.asarray(values)[:good])
+                done += good
                 loss_now, grad_now = float(value_end), float(gnorm_end)
                 message = (f"the loss became non-finite at step {done + 1}; returning the "
                            f"parameters after step {done}")
                 bar.update(good)
                 break
             history.append(values)
-            u, state, done = u_new, state_new, done + n
+            u, state, done = u_new, state_new, done + n_done
             loss_now, grad_now = value_end, gnorm_end
-            bar.update(n)
+            bar.update(n_done)
             bar.set_postfix(loss=f"{loss_now:.6g}", grad=f"{grad_now:.2g}")
             if tol is not None:
+                if stopped or grad_now <= tol:
+                    converged = True
+                    message = f"gradient norm {grad_now:.3g} <= tol after {done} steps"
+                    break
                 if abs(loss_now - loss_prev) <= tol * max(1.0, abs(loss_now)):
                     converged = True
                     message = (f"loss change {abs(loss_now - loss_prev):.3g} over the last "
                                f"chunk <= tol * max(1, |loss|) after {done} steps")
-                    break
-                if grad_now <= tol:
-                    converged = True
-                    message = f"gradient norm {grad_now:.3g} <= tol after {done} steps"
                     break
             loss_prev = loss_now
     finally:

@@ -96,6 +96,7 @@ class MultipleShooting:
     mask: np.ndarray | None
     continuity_weight: float
     uniform: bool
+    save_ts: tuple[jax.Array, ...]
 
     @property
     def segments(self) -> int:
@@ -145,13 +146,13 @@ class MultipleShooting:
         starts = self.starts
         if self.uniform:
             m = starts[1] - starts[0]
-            rel = self.ts[: m + 1] - self.ts[0]
+            (rel,) = self.save_ts
             t_starts = jnp.asarray(self.ts[np.asarray(starts[:-1])], dtype=y0s.dtype)
             field = _Shifted(self.f)
 
             def one(y0, t_start):
-                sol = solve(field, y0, 0.0, float(rel[-1]), args=(args, t_start),
-                            saveat=SaveAt(ts=jnp.asarray(rel, y0s.dtype)), **self._solve_kw())
+                sol = solve(field, y0, 0.0, float(self.ts[m] - self.ts[0]), args=(args, t_start),
+                            saveat=SaveAt(ts=rel), **self._solve_kw())
                 return sol.ys
 
             ys = jax.vmap(one)(y0s, t_starts)  # (K, m + 1, d)
@@ -162,8 +163,7 @@ class MultipleShooting:
         for k in range(self.segments):
             i0, i1 = starts[k], starts[k + 1]
             sol = solve(self.f, y0s[k], float(self.ts[i0]), float(self.ts[i1]), args=args,
-                        saveat=SaveAt(ts=jnp.asarray(self.ts[i0: i1 + 1], y0s.dtype)),
-                        **self._solve_kw())
+                        saveat=SaveAt(ts=self.save_ts[k]), **self._solve_kw())
             last = k == self.segments - 1
             pieces.append(sol.ys if last else sol.ys[:-1])
             if not last:
@@ -212,7 +212,7 @@ def multiple_shooting(
     rtol: float | None = None,
     atol: float | None = None,
     max_steps: int = 4096,
-    throw: bool = True,
+    throw: bool = False,
     sigma: Any = None,
     mask: Any = None,
     continuity_weight: float = 1.0,
@@ -246,7 +246,11 @@ def multiple_shooting(
         ts: Observation times, 1-D, strictly increasing, at least two.
         observed: Observations, shape ``(n, d)``.
         segments: Number of segments ``K`` (``1 <= K <= n - 1``).
-        solver, dt, rtol, atol, max_steps, throw: As in :func:`simlib.solve`.
+        solver, dt, rtol, atol, max_steps: As in :func:`simlib.solve`.
+        throw: Passed to :func:`simlib.solve`. The default ``False`` lets a failed solve
+            (a trial step of the optimiser into a region where the state blows up) give a
+            non-finite loss, which line searches back off from and :func:`fit` stops at,
+            instead of raising from inside the compiled loop.
         sigma: Noise standard deviation (scalar, per component or per entry).
         mask: Observed entries (concrete booleans broadcastable to ``observed``).
         continuity_weight: Penalty weight :math:`w > 0` on the squared defects.
@@ -301,8 +305,15 @@ def multiple_shooting(
         m = int(lengths[0])
         rel = np.stack([ts_np[s: s + m + 1] - ts_np[s] for s in starts[:-1]])
         uniform = bool(np.allclose(rel, rel[0], rtol=0.0, atol=1e-9 * span))
+    # Save times as concrete jax arrays in the state's dtype, made here (outside any jit):
+    # solve() then sees concrete save times and runs its static-length fixed-step scan.
+    if uniform:
+        save_ts = (jnp.asarray(ts_np[: starts[1] + 1] - ts_np[0], obs.dtype),)
+    else:
+        save_ts = tuple(jnp.asarray(ts_np[i0: i1 + 1], obs.dtype)
+                        for i0, i1 in zip(starts[:-1], starts[1:], strict=True))
     return MultipleShooting(
         f=f, ts=ts_np, observed=obs, starts=starts, solver=solver, dt=dt, rtol=rtol, atol=atol,
         max_steps=int(max_steps), throw=bool(throw), sigma=sigma, mask=mask_np,
-        continuity_weight=float(continuity_weight), uniform=uniform,
+        continuity_weight=float(continuity_weight), uniform=uniform, save_ts=save_ts,
     )
