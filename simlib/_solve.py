@@ -21,7 +21,7 @@ from ._fixed import fixed_iterations, grid_count
 from ._fixed import fixed_jit as _fixed_jit
 from ._solution import SaveAt, Solution
 from ._solver._base import AbstractSolver, PyTree, VectorField
-from ._util import is_tracer, time_dtype
+from ._util import inside_trace, is_tracer, time_dtype
 
 DEFAULT_MAX_STEPS = 4096
 _SAVE_T1 = SaveAt(t1=True)
@@ -244,7 +244,9 @@ def solve(
     else:
         ts, n_save = None, 0
 
-    traced = is_tracer((y0, t0, t1, dt, rtol, atol, args, ts))
+    # Concreteness is judged on what the caller passed: under an outer jit, jnp.asarray of
+    # a numpy array is already a tracer, and the step count must still come from the host.
+    traced = is_tracer((y0, t0, t1, dt, rtol, atol, args, saveat.ts)) or inside_trace()
     in_graph_check = bool(throw) and traced
 
     if adaptive:
@@ -268,8 +270,8 @@ def solve(
                 f"{type(solver).__name__} needs a step size: give dt for a fixed-step run"
                 + (", or rtol/atol for an adaptive one" if solver.adaptive else "")
             )
-        if not traced or not is_tracer((t0, t1, dt, ts)):
-            ts_np = None if ts is None else np.asarray(ts, np.float64)
+        if not is_tracer((t0, t1, dt, saveat.ts)):
+            ts_np = None if ts is None else np.asarray(saveat.ts, np.float64)
             n_grid_host = grid_count(float(t0), float(t1), float(dt))
             n_iter = fixed_iterations(float(t0), float(t1), float(dt), ts_np)
             n_grid = jnp.asarray(n_grid_host, jnp.int32)

@@ -13,6 +13,12 @@ def is_tracer(x) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
 
 
+def inside_trace() -> bool:
+    """Whether we are being traced (under jit, vmap, grad...), even with concrete inputs:
+    inside a trace, JAX stages new arrays as tracers."""
+    return isinstance(jnp.zeros(()), jax.core.Tracer)
+
+
 def tree_where(pred, a: PyTree, b: PyTree) -> PyTree:
     return jax.tree_util.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)
 

@@ -283,3 +283,27 @@ def test_f_promoting_float32_state(kw):
     else:
         assert sol.ys.dtype == jnp.float32
         np.testing.assert_allclose(np.asarray(sol.ys[-1]), np.exp(-0.7) * np.asarray(y0), rtol=1e-3)
+
+
+def test_jit_with_concrete_closed_over_inputs():
+    """Inputs that are concrete inside an outer jit (closed-over arrays, numpy save times)
+    still give the host-counted step grid, and failures still raise."""
+    y0 = jnp.array([1.0])
+    ts = np.linspace(0.0, 1.0, 6)
+
+    @jax.jit
+    def run():
+        sol = sl.solve(lambda t, y, a: -y, y0, 0.0, 1.0, solver=sl.RK4(), dt=0.01,
+                       saveat=sl.SaveAt(ts=ts))
+        return sol.ys, sol.stats["num_steps"]
+
+    ys, steps = run()
+    np.testing.assert_allclose(np.asarray(ys)[:, 0], np.exp(-ts), rtol=1e-9)
+    assert int(steps) == 100  # the grid t0 + k dt, not max_steps + len(ts) iterations
+
+    @jax.jit
+    def blow_up():
+        return sl.solve(lambda t, y, a: y ** 2, y0, 0.0, 2.0, solver=sl.RK4(), dt=0.1).ys
+
+    with pytest.raises(Exception, match="non-finite"):
+        jax.block_until_ready(blow_up())

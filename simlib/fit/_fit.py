@@ -101,12 +101,12 @@ class FitResult:
 # argument checks
 
 
-def _as_float_tree(params0: PyTree) -> PyTree:
+def _as_float_tree(params0: PyTree, root: str = "params0") -> PyTree:
     leaves, treedef = jax.tree_util.tree_flatten(params0)
     if not leaves:
-        raise ValueError(f"params0 has no array leaves: {params0!r}")
+        raise ValueError(f"{root} has no array leaves: {params0!r}")
     out = []
-    for name, leaf in zip(leaf_names(params0), leaves, strict=True):
+    for name, leaf in zip(leaf_names(params0, root), leaves, strict=True):
         if isinstance(leaf, jax.core.Tracer):
             raise TypeError(f"{name} is a traced value; call fit() outside jit/vmap/grad")
         arr = np.asarray(leaf)
@@ -152,12 +152,18 @@ def _check_positive_int(value: Any, name: str) -> int:
 
 def _make_chunk(objective: Callable, optimizer: optax.GradientTransformationExtraArgs,
                 chunk: int, from_state: bool) -> Callable:
-    """``run(u, state, remaining, gtol)``: up to ``min(chunk, remaining)`` optimiser steps in
-    one scan, stopping early (no more updates) once the gradient norm is ``<= gtol``.
+    """``run(u, state, remaining, gtol)``: up to ``min(chunk, remaining)`` optimiser steps
+    as one ``lax.scan`` of ``chunk + 1`` iterations.
 
-    Returns ``(u, state, values, n_done, stopped, value_end, grad_norm_end)``: ``values[k]``
-    is the loss before step ``k`` (NaN for steps not taken), ``n_done`` the number of
-    updates applied, ``stopped`` whether the gradient test fired.
+    Iteration ``k`` evaluates the loss and gradient at the current parameters and, if
+    ``k < remaining``, the gradient norm exceeds ``gtol`` and both are finite, applies one
+    update; the first iteration that does not update is the final evaluation, and the
+    later ones do nothing. So the loss after the last update comes from the same
+    evaluation code as every step (one traced copy of the gradient, not two).
+
+    Returns ``(u, state, values, grad_norms, n_done)``: ``values[k]`` and ``grad_norms[k]``
+    at the parameters after ``k`` updates of this chunk, for ``k = 0 .. n_done`` (NaN
+    beyond), and the number of updates ``n_done``.
     """
     if from_state:
         value_and_grad = optax.value_and_grad_from_state(objective)
@@ -170,30 +176,32 @@ def _make_chunk(objective: Callable, optimizer: optax.GradientTransformationExtr
 
     def run(u, state, remaining, gtol):
         value_dtype = jax.eval_shape(objective, u).dtype
+        nan = jnp.full((), jnp.nan, value_dtype)
 
-        def step(carry):
+        def evaluate(carry, i):
             u, state, _ = carry
             value, grad = value_and_grad(u, state=state)
-            small = otu.tree_l2_norm(grad) <= gtol
+            gnorm = otu.tree_norm(grad).astype(value_dtype)
+            go = (i < remaining) & (gnorm > gtol) & jnp.isfinite(value) & jnp.isfinite(gnorm)
 
             def update(_):
                 updates, new_state = optimizer.update(grad, state, u, value=value, grad=grad,
                                                       value_fn=objective)
                 return optax.apply_updates(u, updates), new_state
 
-            u, state = lax.cond(small, lambda _: (u, state), update, None)
-            return (u, state, small), (value.astype(value_dtype), ~small)
+            u, state = lax.cond(go, update, lambda _: (u, state), None)
+            return (u, state, ~go), (value.astype(value_dtype), gnorm, go)
 
-        def skip(carry):
-            return carry, (jnp.full((), jnp.nan, value_dtype), jnp.zeros((), bool))
+        def skip(carry, i):
+            del i
+            return carry, (nan, nan, jnp.zeros((), bool))
 
         def body(carry, i):
-            return lax.cond((i < remaining) & ~carry[2], step, skip, carry)
+            return lax.cond(carry[2], skip, evaluate, carry, i)
 
         init = (u, state, jnp.zeros((), bool))
-        (u, state, stopped), (values, took) = lax.scan(body, init, jnp.arange(chunk))
-        value, grad = jax.value_and_grad(objective)(u)
-        return u, state, values, jnp.sum(took), stopped, value, otu.tree_l2_norm(grad)
+        (u, state, _), (values, gnorms, took) = lax.scan(body, init, jnp.arange(chunk + 1))
+        return u, state, values, gnorms, jnp.sum(took)
 
     return run
 
@@ -348,30 +356,30 @@ def fit(
             t_start = time.perf_counter()
             out = jax.block_until_ready(compiled(u, state, jnp.asarray(n, jnp.int32), gtol))
             run_time += time.perf_counter() - t_start
-            u_new, state_new, values, n_done, stopped, value_end, gnorm_end = out
-            n_done, stopped = int(n_done), bool(stopped)
-            values = np.asarray(values)[:n_done]
-            value_end, gnorm_end = float(value_end), float(gnorm_end)
+            u_new, state_new, values, gnorms, n_done = out
+            n_done = int(n_done)
+            trail = np.asarray(values)[: n_done + 1]  # losses after 0 .. n_done updates
+            g_trail = np.asarray(gnorms)[: n_done + 1]
             if loss_prev is None:
-                first = values[0] if n_done else value_end
-                if not np.isfinite(first):
-                    raise ValueError(f"loss(params0) is not finite: {first!r}")
-                loss_prev = float(first)
-            trail = np.append(values, value_end)
-            if not np.all(np.isfinite(trail)) or not math.isfinite(gnorm_end):
-                # rerun the chunk up to the last step whose loss is finite
-                bad = int(np.argmin(np.isfinite(trail))) if not np.all(np.isfinite(trail)) \
-                    else n_done
+                if not np.isfinite(trail[0]):
+                    raise ValueError(f"loss(params0) is not finite: {trail[0]!r}")
+                loss_prev = float(trail[0])
+            if not (np.all(np.isfinite(trail)) and np.all(np.isfinite(g_trail))):
+                # rerun the chunk up to the last step whose loss and gradient are finite
+                bad = int(np.argmin(np.isfinite(trail) & np.isfinite(g_trail)))
                 good = max(bad - 1, 0)
-                out = compiled(u, state, jnp.asarray(good, jnp.int32), gtol)
-                u, state, values, _, _, value_end, gnorm_end = out
+                u, state, values, gnorms, _ = compiled(u, state, jnp.asarray(good, jnp.int32),
+                                                       gtol)
                 history.append(np.asarray(values)[:good])
                 done += good
-                loss_now, grad_now = float(value_end), float(gnorm_end)
+                loss_now, grad_now = float(values[good]), float(gnorms[good])
                 message = (f"the loss became non-finite at step {done + 1}; returning the "
                            f"parameters after step {done}")
                 bar.update(good)
                 break
+            values = trail[:-1]
+            value_end, gnorm_end = float(trail[-1]), float(g_trail[-1])
+            stopped = n_done < n
             history.append(values)
             u, state, done = u_new, state_new, done + n_done
             loss_now, grad_now = value_end, gnorm_end
@@ -424,7 +432,7 @@ def _jacobian(flat_res: Callable, theta: jax.Array, n: int, mode: str) -> jax.Ar
         if mode == "fwd":
             try:
                 return jax.jit(jax.jacfwd(flat_res))(theta)
-            except TypeError as err:  # a custom_vjp (adaptive solve) has no forward mode
+            except TypeError as err:  # a custom_vjp (adaptive solve, Checkpointed, ...)
                 if "custom_vjp" not in str(err):
                     raise
                 mode = "rev"
@@ -457,7 +465,9 @@ def gauss_newton_covariance(
         params: The optimum, a pytree of physical values.
         absolute_sigma: Skip the ``s^2`` factor (see above).
         jacobian: ``"auto"`` (forward mode when ``p <= n``, falling back to reverse mode
-            through adaptive solves, which have no forward mode), ``"fwd"`` or ``"rev"``.
+            when the residuals go through a custom VJP, which has no forward mode:
+            adaptive solves and the ``Checkpointed``, ``Reversible`` and ``ForwardMode``
+            adjoints), ``"fwd"`` or ``"rev"``.
 
     Returns:
         A :class:`GaussNewton` record.
@@ -469,7 +479,7 @@ def gauss_newton_covariance(
     """
     if jacobian not in ("auto", "fwd", "rev"):
         raise ValueError(f"jacobian must be 'auto', 'fwd' or 'rev', got {jacobian!r}")
-    params = _as_float_tree(params)
+    params = _as_float_tree(params, root="params")
     theta, unravel = ravel_pytree(params)
 
     def flat_res(th):

@@ -52,10 +52,10 @@ def _weighted_difference(predicted, observed, sigma):
 
 def _broadcast_mask(mask, shape) -> np.ndarray | jax.Array:
     try:
-        jnp.broadcast_shapes(jnp.shape(mask), shape)
+        jnp.broadcast_shapes(np.shape(mask), shape)
     except ValueError:
         raise ValueError(
-            f"mask (shape {jnp.shape(mask)}) must broadcast against observed (shape {shape}), "
+            f"mask (shape {np.shape(mask)}) must broadcast against observed (shape {shape}), "
             "e.g. one boolean per state component"
         ) from None
     if isinstance(mask, jax.core.Tracer):

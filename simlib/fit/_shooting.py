@@ -69,7 +69,8 @@ class MultipleShooting:
         ts: Observation times (numpy, increasing).
         observed: Observations ``(n, d)``.
         starts: Index of each segment's first observation, plus ``n - 1`` at the end.
-        solver, dt, rtol, atol, max_steps, throw: Passed to :func:`simlib.solve`.
+        solver, dt, rtol, atol, max_steps, throw, adjoint: Passed to :func:`simlib.solve`
+            (``adjoint`` only when not None).
         sigma, mask: Noise scale and observed entries, as in :func:`mse_loss`.
         continuity_weight: The penalty weight :math:`w`.
         uniform: True when every segment has the same local time grid (segments are then
@@ -97,6 +98,7 @@ class MultipleShooting:
     continuity_weight: float
     uniform: bool
     save_ts: tuple[jax.Array, ...]
+    adjoint: Any = None
 
     @property
     def segments(self) -> int:
@@ -136,8 +138,11 @@ class MultipleShooting:
 
     # ------------------------------------------------------------------ integration
     def _solve_kw(self) -> dict:
-        return dict(solver=self.solver, dt=self.dt, rtol=self.rtol, atol=self.atol,
-                    max_steps=self.max_steps, throw=self.throw)
+        kw = dict(solver=self.solver, dt=self.dt, rtol=self.rtol, atol=self.atol,
+                  max_steps=self.max_steps, throw=self.throw)
+        if self.adjoint is not None:
+            kw["adjoint"] = self.adjoint
+        return kw
 
     def _segments(self, params: dict) -> tuple[jax.Array, jax.Array]:
         """Predictions at every observation time ``(n, d)`` and the ``K - 1`` segment
@@ -213,6 +218,7 @@ def multiple_shooting(
     atol: float | None = None,
     max_steps: int = 4096,
     throw: bool = False,
+    adjoint: Any = None,
     sigma: Any = None,
     mask: Any = None,
     continuity_weight: float = 1.0,
@@ -247,6 +253,8 @@ def multiple_shooting(
         observed: Observations, shape ``(n, d)``.
         segments: Number of segments ``K`` (``1 <= K <= n - 1``).
         solver, dt, rtol, atol, max_steps: As in :func:`simlib.solve`.
+        adjoint: The gradient strategy of :func:`simlib.solve` (e.g. ``simlib.Direct()``);
+            ``None`` keeps solve's default.
         throw: Passed to :func:`simlib.solve`. The default ``False`` lets a failed solve
             (a trial step of the optimiser into a region where the state blows up) give a
             non-finite loss, which line searches back off from and :func:`fit` stops at,
@@ -316,4 +324,5 @@ def multiple_shooting(
         f=f, ts=ts_np, observed=obs, starts=starts, solver=solver, dt=dt, rtol=rtol, atol=atol,
         max_steps=int(max_steps), throw=bool(throw), sigma=sigma, mask=mask_np,
         continuity_weight=float(continuity_weight), uniform=uniform, save_ts=save_ts,
+        adjoint=adjoint,
     )
