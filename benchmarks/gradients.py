@@ -1,0 +1,946 @@
+"""Gradient benchmark: simlib's adjoint strategies against diffrax, and their memory.
+
+Three measurements in one run, float64 throughout:
+
+1. **single**: Lotka-Volterra (``simlib.systems.lotka_volterra``, args
+   ``(1.5, 1, 3, 1)``, ``y0 = [10, 5]``, ``t in [0, 10]``), 10^5 fixed steps, gradient
+   with respect to the 4 parameters of
+   * ``final``: the sum of the final state, and
+   * ``ts``: a squared error against 50 "observations" at ``t = 0.2, 0.4, ..., 10``
+     (``SaveAt(ts=...)``; the observations are the RK4 solution for the parameters
+     ``(1.45, 1.05, 2.9, 0.95)``).
+2. **ensemble**: the ``final`` loss averaged over 1,000 members (``vmap`` over initial
+   states ``[10, 5] * exp(0.1 * normal)``, PRNG key 0; shared parameters), 10^4 and
+   10^5 steps.
+3. **memory**: peak resident memory of one gradient against the number of steps
+   (10^3 ... 10^6), each (strategy, steps) in a fresh subprocess, on a harmonic chain
+   of 1,024 masses (``q, p`` of 1,024 float64 each: 16 KiB per state) with
+   ``VelocityVerlet``, so that stored states dominate; the exponent of
+   ``peak - baseline`` against the steps is fitted on log-log axes for ``Direct``,
+   ``Checkpointed`` and ``Reversible``.
+
+Contenders of 1 and 2 (every one ``jax.jit``-compiled):
+
+* ``simlib RK4`` / ``simlib Tsit5``: ``forward`` is the loss with the default adjoint;
+  ``Direct``, ``Checkpointed`` (the default above 1,024 steps) and, if simlib has it,
+  ``ForwardMode`` are ``jax.grad`` of the loss with that ``adjoint=``;
+  ``jacfwd (Direct)`` is ``jax.jacfwd`` through the plain scan (RK4 only), a reference
+  for forward-mode cost; in the ensemble, ``vmap(jacfwd) (Direct)`` is the same with
+  the tangents inside the member ``vmap`` (where ``ForwardMode`` puts them).
+* ``diffrax Tsit5``: ``diffeqsolve`` with ``ConstantStepSize`` and the same steps;
+  ``RecursiveCheckpoint`` is ``jax.grad`` with diffrax's default
+  ``RecursiveCheckpointAdjoint()`` (about ``sqrt(2 n)`` checkpoints at ``max_steps = n``).
+* ``diffrax RK4*``: diffrax has no RK4 class; this is the classical RK4 tableau declared
+  through diffrax's own ``AbstractERK`` + ``ButcherTableau`` (no error estimate,
+  Hermite dense output, never used since the save times fall on steps). It agrees with
+  simlib's RK4 to round-off, so the RK4 rows compare the same arithmetic.
+* ``floor RK4`` (``final`` loss only): a hand-written RK4 ``lax.scan`` with no checks,
+  saving or bookkeeping; ``grad`` is plain reverse mode through the scan, ``grad ckpt``
+  recomputes segments of ~sqrt(n) steps (``jax.checkpoint``), ``grad ckpt+remat`` also
+  checkpoints each step (the backward sweep stores one state per step instead of the
+  stages). What JAX and XLA give for this loop on this machine, whatever simlib does.
+
+Timing as in ``ode.py``: compile time is ``jax.jit(fn).lower(...).compile()`` after
+``jax.clear_caches()``; run time is the best of ``--repeats`` calls after one warm-up
+call (contenders whose warm-up call takes more than ``--slow-s`` get ``--slow-repeats``
+calls; more than ``--once-s``, the warm-up call alone), with ``block_until_ready``,
+all contenders of a case timed round-robin.
+The gradients of all strategies are compared (max |g - g_ref| / max |g_ref|, the
+reference being simlib's ``Direct`` gradient with the same solver).
+
+Usage::
+
+    python benchmarks/gradients.py            # full run (~5-7 minutes on 2 cores)
+    python benchmarks/gradients.py --quick    # 10^4 steps, ensemble 2*10^3 steps (~1.5 min)
+"""
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import ClassVar  # noqa: E402
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+
+import simlib as sl  # noqa: E402
+
+try:
+    import diffrax
+except Exception as err:  # noqa: BLE001 - any import failure means "skip the peer"
+    diffrax = None
+    DIFFRAX_ERROR = f"{type(err).__name__}: {err}"
+else:
+    DIFFRAX_ERROR = ""
+
+HAS_FORWARD_MODE = hasattr(sl, "ForwardMode")
+RESULTS_PATH = Path(__file__).resolve().parent / "results" / "gradients.json"
+
+LV = sl.systems.lotka_volterra
+LV_ARGS = (1.5, 1.0, 3.0, 1.0)  # alpha, beta, gamma, delta
+DATA_ARGS = (1.45, 1.05, 2.9, 0.95)  # parameters that produced the "observations"
+Y0 = (10.0, 5.0)
+T0, T1 = 0.0, 10.0
+N_TS = 50
+TS = T1 * np.arange(1, N_TS + 1) / N_TS  # on the step grid when the steps divide by 50
+SEED = 0
+CHECKPOINT_ABOVE = getattr(sl._solve, "_CHECKPOINT_ABOVE", 1024)
+
+# memory: harmonic chain
+CHAIN_T1 = 10.0
+CHAIN_ARGS = (1.0, 1.0)  # spring constant, mass
+MEM_STRATEGIES = ("Direct", "Checkpointed", "Reversible")
+
+
+# --------------------------------------------------------------------------------------
+# the problem and the contenders: functions p (4,) -> loss, or -> gradient (4,)
+
+
+def ensemble_y0(members: int) -> jax.Array:
+    noise = jax.random.normal(jax.random.PRNGKey(SEED), (members, 2), dtype=jnp.float64)
+    return jnp.asarray(Y0) * jnp.exp(0.1 * noise)
+
+
+def p_args(p):
+    return tuple(p[i] for i in range(4))
+
+
+def make_loss(one, members: int | None):
+    """``one(p, y0) -> scalar`` as a loss of ``p``: one trajectory, or the ensemble mean."""
+    if members is None:
+        y0 = jnp.asarray(Y0)
+        return lambda p: one(p, y0)
+    y0s = ensemble_y0(members)
+    return lambda p: jnp.mean(jax.vmap(one, in_axes=(None, 0))(p, y0s))
+
+
+def reduce_loss(ys, loss: str, data):
+    if loss == "final":
+        return jnp.sum(ys[-1])
+    return jnp.sum(jnp.square(ys - data))
+
+
+def simlib_one(solver, loss, n, adjoint, data):
+    dt = (T1 - T0) / n
+    saveat = sl.SaveAt(ts=TS) if loss == "ts" else sl.SaveAt(t1=True)
+
+    # max_steps: before simlib bda1c26, solve() under jit took SaveAt(ts=...) for traced
+    # (see ts_probe) and ran max_steps + len(ts) iterations; n keeps that at the n steps
+    # (+ 50 no-ops) there, and changes nothing where the save times are seen as concrete.
+    kw = dict(max_steps=n) if loss == "ts" else {}
+
+    def one(p, y0):
+        sol = sl.solve(LV, y0, T0, T1, solver=solver, dt=dt, args=p_args(p), saveat=saveat,
+                       adjoint=adjoint, **kw)
+        return reduce_loss(sol.ys, loss, data)
+
+    return one
+
+
+if diffrax is not None:
+
+    class DiffraxRK4(diffrax.AbstractERK):
+        """The classical RK4 tableau through diffrax's own explicit-RK machinery."""
+
+        tableau: ClassVar = diffrax.ButcherTableau(
+            c=np.array([0.5, 0.5, 1.0]),
+            b_sol=np.array([1 / 6, 1 / 3, 1 / 3, 1 / 6]),
+            b_error=np.zeros(4),
+            a_lower=(np.array([0.5]), np.array([0.0, 0.5]), np.array([0.0, 0.0, 1.0])),
+        )
+        interpolation_cls: ClassVar = diffrax.ThirdOrderHermitePolynomialInterpolation.from_k
+
+        def order(self, terms):
+            del terms
+            return 4
+
+
+def diffrax_one(solver_name, loss, n, adjoint, data):
+    dt = (T1 - T0) / n
+    solver = diffrax.Tsit5() if solver_name == "Tsit5" else DiffraxRK4()
+    saveat = diffrax.SaveAt(ts=TS) if loss == "ts" else diffrax.SaveAt(t1=True)
+    term = diffrax.ODETerm(LV)
+    kw = {} if adjoint is None else dict(adjoint=adjoint)
+
+    def one(p, y0):
+        sol = diffrax.diffeqsolve(term, solver, T0, T1, dt, y0, args=p_args(p), saveat=saveat,
+                                  stepsize_controller=diffrax.ConstantStepSize(),
+                                  max_steps=n + 8, **kw)
+        return reduce_loss(sol.ys, loss, data)
+
+    return one
+
+
+def _divisor_near_sqrt(n: int) -> int:
+    root = math.isqrt(n)
+    divisors = [d for d in range(1, 2 * root + 2) if n % d == 0]
+    return min(divisors, key=lambda d: abs(d - math.sqrt(n)))
+
+
+def floor_one(n, segment=None, remat_step=False):
+    """Hand-written RK4 in ``lax.scan`` (the ``final`` loss): no checks, no saving.
+
+    ``segment``: recompute segments of that many steps (``jax.checkpoint``);
+    ``remat_step``: also ``jax.checkpoint`` each step, so that a segment's backward sweep
+    stores only the state per step and recomputes the stages.
+    """
+    dt = (T1 - T0) / n
+
+    def one(p, y0):
+        a = p_args(p)
+
+        def rk4(y):
+            k1 = LV(0.0, y, a)
+            k2 = LV(0.0, y + 0.5 * dt * k1, a)
+            k3 = LV(0.0, y + 0.5 * dt * k2, a)
+            k4 = LV(0.0, y + dt * k3, a)
+            return y + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+
+        step = jax.checkpoint(rk4) if remat_step else rk4
+        body = lambda y, _: (step(y), None)  # noqa: E731
+        if segment is None:
+            y, _ = lax.scan(body, y0, None, length=n)
+        else:
+            inner = jax.checkpoint(lambda y: lax.scan(body, y, None, length=segment)[0])
+            y, _ = lax.scan(lambda y, _: (inner(y), None), y0, None, length=n // segment)
+        return jnp.sum(y)
+
+    return one
+
+
+def contenders(loss: str, n: int, members: int | None, opts, data) -> dict:
+    """name -> dict(family, kind, fn, peer) for one case. ``kind``: forward / grad."""
+    out = {}
+    ens_big = members is not None and n > opts.ensemble_direct_max_steps
+    for sname, solver in (("RK4", sl.RK4()), ("Tsit5", sl.Tsit5())):
+        if sname == "Tsit5" and (not opts.tsit5 or (
+                members is not None and n > opts.ensemble_tsit5_max_steps)):
+            continue
+        fam = f"simlib {sname}"
+        peer = f"diffrax {'RK4*' if sname == 'RK4' else 'Tsit5'}"
+        out[f"{fam} forward"] = dict(family=fam, kind="forward", method="forward",
+                                     fn=make_loss(simlib_one(solver, loss, n, None, data),
+                                                  members))
+        strategies = [("Direct", sl.Direct()), ("Checkpointed", sl.Checkpointed())]
+        if HAS_FORWARD_MODE:
+            strategies.append(("ForwardMode", sl.ForwardMode()))
+        for label, adj in strategies:
+            if label == "Direct" and ens_big:
+                out[f"{fam} {label}"] = dict(
+                    family=fam, kind="grad", method=label, skipped=(
+                        f"not run above {opts.ensemble_direct_max_steps} ensemble steps: "
+                        "Direct stores every step's residuals (~1.3 GB per 10^4 RK4 steps "
+                        "of 1,000 members)"))
+                continue
+            out[f"{fam} {label}"] = dict(
+                family=fam, kind="grad", method=label, peer=f"{peer} RecursiveCheckpoint",
+                fn=jax.grad(make_loss(simlib_one(solver, loss, n, adj, data), members)))
+        if sname == "RK4":
+            one_direct = simlib_one(solver, loss, n, sl.Direct(), data)
+            out[f"{fam} jacfwd (Direct)"] = dict(
+                family=fam, kind="grad", method="jacfwd (Direct)",
+                fn=jax.jacfwd(make_loss(one_direct, members)))
+            if members is not None and n <= opts.ensemble_direct_max_steps:
+                # the tangents inside the member vmap, as ForwardMode has them
+                y0s = ensemble_y0(members)
+                out[f"{fam} vmap(jacfwd) (Direct)"] = dict(
+                    family=fam, kind="grad", method="vmap(jacfwd) (Direct)",
+                    fn=lambda p, o=one_direct, y0s=y0s: jnp.mean(jax.vmap(
+                        jax.jacfwd(o), in_axes=(None, 0))(p, y0s), axis=0))
+    if diffrax is not None and (members is None or n <= opts.ensemble_diffrax_max_steps):
+        for sname in ("RK4*", "Tsit5"):
+            if sname == "Tsit5" and (not opts.tsit5 or (
+                    members is not None and n > opts.ensemble_tsit5_max_steps)):
+                continue
+            fam = f"diffrax {sname}"
+            base = sname.rstrip("*")
+            out[f"{fam} forward"] = dict(family=fam, kind="forward", method="forward",
+                                         fn=make_loss(diffrax_one(base, loss, n, None, data),
+                                                      members))
+            out[f"{fam} RecursiveCheckpoint"] = dict(
+                family=fam, kind="grad", method="RecursiveCheckpoint",
+                fn=jax.grad(make_loss(diffrax_one(
+                    base, loss, n, diffrax.RecursiveCheckpointAdjoint(), data), members)))
+    if loss == "final":
+        seg = _divisor_near_sqrt(n)
+        fam = "floor RK4"
+        out[f"{fam} forward"] = dict(family=fam, kind="forward", method="forward",
+                                     fn=make_loss(floor_one(n), members))
+        if ens_big:
+            out[f"{fam} grad"] = dict(family=fam, kind="grad", method="grad",
+                                      skipped="not run: stores every step, like Direct")
+        else:
+            out[f"{fam} grad"] = dict(family=fam, kind="grad", method="grad",
+                                      fn=jax.grad(make_loss(floor_one(n), members)))
+        out[f"{fam} grad ckpt"] = dict(family=fam, kind="grad", method=f"grad ckpt ({seg})",
+                                       fn=jax.grad(make_loss(floor_one(n, seg), members)))
+        out[f"{fam} grad ckpt+remat"] = dict(
+            family=fam, kind="grad", method=f"grad ckpt ({seg}) + per-step remat",
+            fn=jax.grad(make_loss(floor_one(n, seg, remat_step=True), members)))
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# timing
+
+
+def compile_fn(fn, inputs) -> tuple:
+    jax.clear_caches()
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*inputs).compile()
+    return compiled, time.perf_counter() - start
+
+
+def loop_kernels(compiled) -> list:
+    """(trip count, kernels per iteration) of each while loop in the optimized HLO.
+
+    Kernels are fusions plus unfused compute ops (bookkeeping such as
+    get-tuple-element, tuple, constant, parameter and bitcast is not counted). On the
+    CPU backend each is a separate pass over its operands with its own dispatch.
+    """
+    try:
+        text = compiled.as_text()
+    except Exception:  # noqa: BLE001
+        return []
+    comps, cur = {}, None
+    for line in text.splitlines():
+        m = re.match(r"^(?:ENTRY )?%(\S+) .*\{$", line)
+        if m:
+            cur = m.group(1)
+            comps[cur] = []
+        elif line.startswith("}"):
+            cur = None
+        elif cur is not None:
+            comps[cur].append(line)
+    skip = {"get-tuple-element", "tuple", "constant", "parameter", "bitcast", "copy"}
+    loops = []
+    for lines in comps.values():
+        for line in lines:
+            m = re.search(r" while\(.*body=%([^,\s]+)", line)
+            if not m or m.group(1) not in comps:
+                continue
+            trip = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+            ops = [re.search(r"= \S+ ([\w-]+)\(", b) for b in comps[m.group(1)]]
+            kernels = sum(1 for o in ops if o and o.group(1) not in skip)
+            loops.append((int(trip.group(1)) if trip else None, kernels))
+    return loops
+
+
+def measure_case(case: dict, opts) -> dict:
+    """Compile, warm up and time every contender of a case, round-robin."""
+    p = jnp.asarray(LV_ARGS)
+    table = {}
+    calls = {}
+    for name, c in case["contenders"].items():
+        if "skipped" in c:
+            table[name] = dict(family=c["family"], kind=c["kind"], method=c["method"],
+                               skipped=c["skipped"])
+            print(f"    {name:38s} skipped: {c['skipped']}", flush=True)
+            continue
+        try:
+            compiled, compile_s = compile_fn(c["fn"], (p,))
+            start = time.perf_counter()
+            value = np.asarray(jax.block_until_ready(compiled(p)))
+            warm = time.perf_counter() - start
+        except Exception as err:  # noqa: BLE001 - reported, the rest runs
+            msg = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            table[name] = dict(family=c["family"], kind=c["kind"], method=c["method"],
+                               skipped=msg)
+            print(f"    {name:38s} FAILED: {msg}", flush=True)
+            continue
+        table[name] = dict(family=c["family"], kind=c["kind"], method=c["method"],
+                           peer=c.get("peer"), compile_s=compile_s, warmup_s=warm,
+                           value=value.tolist(), loops=loop_kernels(compiled), times=[])
+        if warm > opts.once_s:  # the warm-up call is the measurement
+            table[name]["times"].append(warm)
+            table[name]["timed_by_warmup"] = True
+            reps = 0
+        else:
+            reps = opts.repeats if warm < opts.slow_s else opts.slow_repeats
+        calls[name] = (lambda cc=compiled: cc(p), reps)
+        print(f"    {name:38s} compile {fmt_s(compile_s):>9s}  warm-up {fmt_s(warm):>9s}",
+              flush=True)
+    for rep in range(max((r for _, r in calls.values()), default=0)):
+        for name, (call, reps) in calls.items():
+            if rep >= reps:
+                continue
+            start = time.perf_counter()
+            jax.block_until_ready(call())
+            table[name]["times"].append(time.perf_counter() - start)
+    for name in calls:
+        m = table[name]
+        m["time_s"] = min(m["times"])
+        m["median_s"] = float(np.median(m["times"]))
+        print(f"    {name:38s} run {fmt_s(m['time_s']):>9s} (best of {len(m['times'])})",
+              flush=True)
+    return table
+
+
+def rel_diff(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def summarize(case: dict, table: dict) -> list[dict]:
+    """One row per gradient contender: grad/forward, peer speedup, agreement."""
+    rows = []
+    refs = {}
+    for fam in {m["family"] for m in table.values()}:
+        for method in ("Direct", "Checkpointed", "grad"):
+            m = table.get(f"{fam} {method}", {})
+            if "value" in m:
+                refs[fam] = (f"{fam} {method}", m["value"])
+                break
+    # diffrax and the floor compare against simlib's gradient with the same method
+    for fam, ref_fam in (("diffrax Tsit5", "simlib Tsit5"), ("diffrax RK4*", "simlib RK4"),
+                         ("floor RK4", "simlib RK4")):
+        if ref_fam in refs:
+            refs[fam] = refs[ref_fam]
+    for name, m in table.items():
+        if m["kind"] != "grad":
+            continue
+        row = dict(case=case["label"], name=name, family=m["family"], method=m["method"],
+                   members=case["members"], steps=case["steps"], loss=case["loss"])
+        rows.append(row)
+        if "skipped" in m:
+            row["skipped"] = m["skipped"]
+            continue
+        fwd = table.get(f"{m['family']} forward", {})
+        row.update(grad_s=m["time_s"], compile_s=m["compile_s"],
+                   timed_by_warmup=m.get("timed_by_warmup", False))
+        if "time_s" in fwd:
+            row.update(forward_s=fwd["time_s"], ratio=m["time_s"] / fwd["time_s"],
+                       forward_compile_s=fwd["compile_s"])
+        peer = table.get(m.get("peer") or "", {})
+        if "time_s" in peer:
+            row.update(peer=m["peer"], peer_grad_s=peer["time_s"],
+                       speedup=peer["time_s"] / m["time_s"])
+        ref = refs.get(m["family"])
+        if ref is not None:
+            row.update(reference=ref[0], rel_diff=rel_diff(m["value"], ref[1]))
+        work = case["steps"] * (case["members"] or 1)
+        row["ns_per_member_step"] = m["time_s"] / work * 1e9
+        if "time_s" in fwd:
+            row["forward_ns_per_member_step"] = fwd["time_s"] / work * 1e9
+    return rows
+
+
+# --------------------------------------------------------------------------------------
+# memory: one (strategy, steps) per subprocess
+
+
+def chain(t, y, args):
+    """Harmonic chain with fixed ends: q'' = (k/m) (q_{i-1} - 2 q_i + q_{i+1})."""
+    del t
+    k, m = args
+    q, p = y
+    qp = jnp.pad(q, 1)
+    return p / m, -k * (2 * q - qp[:-2] - qp[2:])
+
+
+def _proc_status(key: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return -1
+
+
+def memory_child(strategy: str, n: int, dim: int) -> dict:
+    """Runs in a fresh interpreter: the gradient of a chain solve and its peak memory.
+
+    baseline = resident set after imports, a 16-step warm-up gradient, compiling the
+    measured gradient and ``malloc_trim``, with the peak counter reset there
+    (``/proc/self/clear_refs``); peak = the peak resident set after the run. So
+    ``peak - baseline`` is what running the gradient added, compile memory excluded.
+    """
+    import ctypes
+
+    rss_imports = _proc_status("VmRSS")
+    adjoint = getattr(sl, strategy)()
+    q0 = jnp.sin(3.0 * jnp.arange(1, dim + 1) / (dim + 1))
+    p0 = jnp.zeros(dim)
+
+    def loss(a, steps):
+        sol = sl.solve(chain, (q0, p0), 0.0, CHAIN_T1, solver=sl.VelocityVerlet(),
+                       dt=CHAIN_T1 / steps, args=(a[0], a[1]), adjoint=adjoint)
+        q, p = sol.ys
+        return jnp.sum(jnp.square(q[-1])) + jnp.sum(jnp.square(p[-1]))
+
+    a = jnp.asarray(CHAIN_ARGS)
+    jax.block_until_ready(jax.jit(jax.grad(lambda a: loss(a, 16)))(a))
+    compiled = jax.jit(jax.grad(lambda a: loss(a, n))).lower(a).compile()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        reset = True
+    except OSError:
+        reset = False
+    baseline = _proc_status("VmRSS") if reset else _proc_status("VmHWM")
+    start = time.perf_counter()
+    g = np.asarray(jax.block_until_ready(compiled(a)))
+    run_s = time.perf_counter() - start
+    peak = _proc_status("VmHWM")
+    return dict(strategy=strategy, steps=n, dim=dim, rss_after_imports=rss_imports,
+                baseline=baseline, peak=peak, delta=peak - baseline, peak_reset=reset,
+                run_s=run_s, grad=g.tolist())
+
+
+def run_child(strategy: str, n: int, dim: int, timeout: float) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-child", strategy, str(n),
+           str(dim)]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(strategy=strategy, steps=n, dim=dim, skipped=f"timed out after {timeout} s")
+    wall = time.perf_counter() - start
+    for line in proc.stdout.splitlines():
+        if line.startswith("MEMORY "):
+            out = json.loads(line[len("MEMORY "):])
+            out["wall_s"] = wall
+            return out
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+    return dict(strategy=strategy, steps=n, dim=dim,
+                skipped=f"subprocess failed (rc {proc.returncode}): {tail[0][:200]}")
+
+
+def mem_available() -> int:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
+def memory_scaling(steps: list[int], dim: int, limit_gb: float, timeout: float) -> dict:
+    runs = []
+    state_bytes = 2 * dim * 8
+    for strategy in MEM_STRATEGIES:
+        per_step = None
+        for n in steps:
+            limit = min(limit_gb * 2**30, 0.5 * mem_available())
+            if per_step is not None and per_step * n > limit:
+                r = dict(strategy=strategy, steps=n, dim=dim,
+                         projected_delta=per_step * n,
+                         skipped=f"projected {per_step * n / 2**30:.1f} GiB > limit "
+                                 f"{limit / 2**30:.1f} GiB")
+            else:
+                r = run_child(strategy, n, dim, timeout)
+            runs.append(r)
+            if "delta" in r:
+                per_step = max(r["delta"], 0) / n
+                print(f"    {strategy:12s} n={n:<8d} peak - baseline {fmt_b(r['delta']):>10s} "
+                      f"({r['delta'] / n:8.1f} B/step = {r['delta'] / n / state_bytes:.3f} "
+                      f"states/step)  run {fmt_s(r['run_s'])}", flush=True)
+            else:
+                print(f"    {strategy:12s} n={n:<8d} skipped: {r['skipped']}", flush=True)
+    # the same largest Reversible run on a 4x smaller state: does its growth follow the state?
+    small = None
+    rev = [r for r in runs if r["strategy"] == "Reversible" and "delta" in r]
+    if rev:
+        small = run_child("Reversible", rev[-1]["steps"], dim // 4, timeout)
+        if "delta" in small:
+            print(f"    {'Reversible':12s} n={small['steps']:<8d} dim={dim // 4}: peak - baseline "
+                  f"{fmt_b(small['delta'])}", flush=True)
+    fits = {}
+    for strategy in MEM_STRATEGIES:
+        pts = [(r["steps"], r["delta"]) for r in runs
+               if r["strategy"] == strategy and "delta" in r and r["delta"] > 0]
+        if len(pts) >= 2:
+            x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+            slope, _ = np.polyfit(x, y, 1)
+            fits[strategy] = dict(exponent=float(slope), points=len(pts),
+                                  steps=[p[0] for p in pts],
+                                  bytes_per_step_at_max=pts[-1][1] / pts[-1][0],
+                                  states_per_step_at_max=pts[-1][1] / pts[-1][0] / state_bytes,
+                                  delta_at_max=pts[-1][1])
+    agreement = []
+    for n in steps:
+        ref = next((r for r in runs if r["strategy"] == "Checkpointed" and r["steps"] == n
+                    and "grad" in r), None)
+        for r in runs:
+            if ref is not None and r is not ref and r["steps"] == n and "grad" in r:
+                agreement.append(dict(steps=n, a=r["strategy"], b="Checkpointed",
+                                      rel_diff=rel_diff(r["grad"], ref["grad"])))
+    return dict(system=f"harmonic chain, {dim} masses, fixed ends, (k, m) = {CHAIN_ARGS}",
+                solver="VelocityVerlet", t=[0.0, CHAIN_T1], dim=dim, state_bytes=state_bytes,
+                steps=steps, runs=runs, fits=fits, reversible_small_state=small,
+                agreement=agreement)
+
+
+# --------------------------------------------------------------------------------------
+# the run
+
+
+def fmt_s(x) -> str:
+    if x is None:
+        return "-"
+    if x >= 1.0:
+        return f"{x:.2f} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:.1f} ms"
+    return f"{x * 1e6:.0f} us"
+
+
+def fmt_b(x) -> str:
+    if x is None:
+        return "-"
+    if abs(x) >= 2**30:
+        return f"{x / 2**30:.2f} GiB"
+    if abs(x) >= 2**20:
+        return f"{x / 2**20:.1f} MiB"
+    return f"{x / 2**10:.0f} KiB"
+
+
+def fmt_r(x) -> str:
+    return "-" if x is None else f"{x:.1f}x"
+
+
+def _simlib_commit():
+    root = Path(sl.__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "simlib"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except Exception:  # noqa: BLE001 - not a git checkout
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def _jaxlib_version():
+    try:
+        import jaxlib
+
+        return jaxlib.__version__
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def observations(n: int) -> jax.Array:
+    """The 'ts' loss's data: simlib RK4 at DATA_ARGS on the same steps."""
+    sol = sl.solve(LV, jnp.asarray(Y0), T0, T1, solver=sl.RK4(), dt=(T1 - T0) / n,
+                   args=DATA_ARGS, saveat=sl.SaveAt(ts=TS))
+    return sol.ys
+
+
+def ts_probe(n: int = 5000) -> dict:
+    """Does ``solve`` under ``jit`` (only ``args`` traced) honour a concrete ``SaveAt(ts)``?
+
+    Up to simlib a4fef97, ``solve`` converted ``saveat.ts`` with ``jnp.asarray`` (a tracer
+    under ``jit`` in this jax) and then sized the loop as if the span were traced:
+    ``max_steps + len(ts)`` iterations, so a run of more than ``max_steps`` (4096) steps
+    failed. Fixed in bda1c26; the probe stays to catch a regression.
+    """
+    def fn(p):
+        sol = sl.solve(LV, jnp.asarray(Y0), T0, T1, solver=sl.RK4(), dt=(T1 - T0) / n,
+                       args=p_args(p), saveat=sl.SaveAt(ts=TS), throw=False)
+        return sol.result, sol.stats["num_steps"]
+
+    try:
+        code, steps = jax.jit(fn)(jnp.asarray(LV_ARGS))
+    except Exception as err:  # noqa: BLE001
+        return dict(steps=n, error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+    return dict(steps=n, result=int(code), num_steps=int(steps), ok=int(code) == 0)
+
+
+def targets(rows: list[dict], memory: dict | None) -> list[dict]:
+    out = []
+
+    def find(case, name):
+        return next((r for r in rows if r["case"] == case and r["name"] == name), None)
+
+    for case in sorted({r["case"] for r in rows if r["members"]}, key=lambda c: (len(c), c)):
+        steps = next(r["steps"] for r in rows if r["case"] == case)
+        default = "Checkpointed" if steps > CHECKPOINT_ABOVE else "Direct"
+        for sname, peer_name in (("RK4", "RK4*"), ("Tsit5", "Tsit5")):
+            r = find(case, f"simlib {sname} {default}")
+            if r is None or "ratio" not in r:
+                continue
+            out.append(dict(
+                target=f"{case}: gradient <= 5x forward, simlib {sname} default ({default})",
+                need=5.0, value=r["ratio"], status="MET" if r["ratio"] <= 5.0 else "MISSED",
+                unit="x forward"))
+            if "speedup" in r:
+                out.append(dict(
+                    target=f"{case}: gradient faster than diffrax {peer_name} "
+                           f"(simlib {sname} {default})",
+                    need=1.0, value=r["speedup"],
+                    status="MET" if r["speedup"] > 1.0 else "MISSED",
+                    unit="x (diffrax grad / simlib grad)"))
+            else:
+                out.append(dict(target=f"{case}: gradient faster than diffrax {peer_name}",
+                                need=1.0, value=None, status="SKIPPED",
+                                unit="(diffrax not run: absent, or above "
+                                     "--ensemble-diffrax-max-steps)"))
+    if memory:
+        fits = memory["fits"]
+        if "Checkpointed" in fits:
+            e = fits["Checkpointed"]["exponent"]
+            out.append(dict(target="memory: Checkpointed grows as sqrt(steps) (0.35..0.65)",
+                            need=0.5, value=e, unit="exponent",
+                            status="MET" if 0.35 <= e <= 0.65 else "MISSED"))
+        if "Reversible" in fits:
+            f = fits["Reversible"]
+            e = f["exponent"]
+            out.append(dict(target="memory: Reversible flat (exponent <= 0.2)", need=0.0,
+                            value=e, unit="exponent", status="MET" if e <= 0.2 else "MISSED"))
+            out.append(dict(
+                target="memory: Reversible stores < 1% of a state per step",
+                need=0.01, value=f["states_per_step_at_max"], unit="states/step",
+                status="MET" if f["states_per_step_at_max"] < 0.01 else "MISSED"))
+        if "Direct" in fits:
+            e = fits["Direct"]["exponent"]
+            out.append(dict(target="memory: Direct linear (0.85..1.15), for reference",
+                            need=1.0, value=e, unit="exponent",
+                            status="MET" if 0.85 <= e <= 1.15 else "MISSED"))
+    return out
+
+
+def report(results: dict) -> str:
+    lines = []
+    p = lines.append
+    p(f"simlib {results['simlib_version']} ({results['simlib_commit']}) | jax "
+      f"{results['jax_version']} | diffrax {results['diffrax_version'] or 'skipped'} | "
+      f"{results['backend']} | {results['cpu_count']} cpus | {results['date']} | load "
+      f"{results['loadavg_start'][0]:.1f} -> {results['loadavg_end'][0]:.1f}")
+    p("Lotka-Volterra, float64, t in [0, 10]; gradient w.r.t. the 4 parameters; best of "
+      f"{results['repeats']} ({results['slow_repeats']} for calls over {results['slow_s']:g} s)")
+    p("simlib ForwardMode: " + ("present" if results["has_forward_mode"]
+                                else "absent (not in this simlib; skipped)"))
+    p("")
+    head = (f"{'case':22s} {'contender':34s} {'forward':>9s} {'gradient':>9s} {'grad/fwd':>8s} "
+            f"{'ns/m-step':>9s} {'diffrax grad':>12s} {'speedup':>8s} {'compile':>9s} "
+            f"{'rel diff':>8s}")
+    p(head)
+    p("-" * len(head))
+    for r in results["rows"]:
+        if "skipped" in r:
+            p(f"{r['case']:22s} {r['name']:34s} skipped: {r['skipped'][:90]}")
+            continue
+        p(f"{r['case']:22s} {r['name']:34s} {fmt_s(r.get('forward_s')):>9s} "
+          f"{fmt_s(r['grad_s']) + ('+' if r['timed_by_warmup'] else ''):>9s} "
+          f"{fmt_r(r.get('ratio')):>8s} "
+          f"{r['ns_per_member_step']:9.1f} {fmt_s(r.get('peer_grad_s')):>12s} "
+          f"{fmt_r(r.get('speedup')):>8s} {fmt_s(r['compile_s']):>9s} "
+          + (f"{r['rel_diff']:8.1e}" if "rel_diff" in r else f"{'-':>8s}"))
+    p("grad/fwd = gradient time / the same family's forward time (loss with the default "
+      "adjoint; diffrax: its own forward).")
+    p("speedup = diffrax gradient (same tableau, RecursiveCheckpointAdjoint) / this gradient: "
+      "> 1 means simlib faster.")
+    p("ns/m-step = gradient time per member-step. rel diff = max|g - g_ref| / max|g_ref|, "
+      "g_ref = simlib Direct (Checkpointed where Direct was not run), same tableau.")
+    p("compile = jit(grad).lower().compile() after jax.clear_caches(). + = one call (the "
+      f"warm-up, over {results['once_s']:g} s).")
+    p("RK4* = classical RK4 declared as a diffrax AbstractERK (diffrax has no RK4 class).")
+    p("")
+    p("Forward times per member-step (ns): " + "; ".join(
+        f"{c['label']}: " + ", ".join(
+            f"{m.split(' forward')[0]} {t['time_s'] / (c['steps'] * (c['members'] or 1)) * 1e9:.1f}"
+            for m, t in c["table"].items() if t["kind"] == "forward" and "time_s" in t)
+        for c in results["cases"]))
+    p("")
+    p("Kernels per loop iteration in the optimized HLO (trip count x kernels; fusions and "
+      "unfused ops):")
+    for c in results["cases"]:
+        for name in ("simlib RK4 forward", "simlib RK4 Direct", "simlib RK4 Checkpointed",
+                     "simlib RK4 ForwardMode", "simlib RK4 jacfwd (Direct)",
+                     "simlib RK4 vmap(jacfwd) (Direct)", "floor RK4 forward",
+                     "floor RK4 grad", "floor RK4 grad ckpt", "floor RK4 grad ckpt+remat"):
+            loops = c["table"].get(name, {}).get("loops")
+            if loops:
+                p(f"  {c['label']:22s} {name:34s} " + ", ".join(
+                    f"{t if t is not None else '?'} x {k}" for t, k in loops))
+    mem = results.get("memory")
+    if mem:
+        p("")
+        p(f"Peak memory of one gradient vs steps: {mem['system']}, {mem['solver']}, "
+          f"t in {mem['t']}, state {fmt_b(mem['state_bytes'])}; fresh subprocess each, "
+          "peak - baseline (baseline after imports, warm-up and compile)")
+        head = f"{'strategy':12s} " + " ".join(f"{n:>12d}" for n in mem["steps"]) + \
+            f" {'exponent':>9s} {'B/step at max':>14s} {'states/step':>11s}"
+        p(head)
+        for s in MEM_STRATEGIES:
+            cells = []
+            for n in mem["steps"]:
+                r = next((r for r in mem["runs"] if r["strategy"] == s and r["steps"] == n), {})
+                if "delta" in r:
+                    cells.append(f"{fmt_b(r['delta']):>12s}")
+                elif "projected_delta" in r:
+                    cells.append(f"{'(' + fmt_b(r['projected_delta']) + ')':>12s}")
+                else:
+                    cells.append(f"{'-':>12s}")
+            f = mem["fits"].get(s)
+            tail = (f" {f['exponent']:9.2f} {f['bytes_per_step_at_max']:14.1f} "
+                    f"{f['states_per_step_at_max']:11.4f}" if f else "")
+            p(f"{s:12s} " + " ".join(cells) + tail)
+        p("(parenthesised: not run, projected linearly from the largest run)")
+        small = mem.get("reversible_small_state")
+        big = [r for r in mem["runs"] if r["strategy"] == "Reversible" and "delta" in r]
+        if small and "delta" in small and big:
+            p(f"Reversible at n={small['steps']}: state of {mem['dim']} masses "
+              f"{fmt_b(big[-1]['delta'])}, of {small['dim']} masses {fmt_b(small['delta'])} "
+              "(growth that does not follow the state size is per-step bookkeeping, not states)")
+        times = {(r["strategy"], r["steps"]): r["run_s"] for r in mem["runs"] if "run_s" in r}
+        p("gradient run time: " + "; ".join(
+            f"{s} " + ", ".join(fmt_s(times[s, n]) for n in mem["steps"] if (s, n) in times)
+            for s in MEM_STRATEGIES))
+        if mem["agreement"]:
+            worst = max(mem["agreement"], key=lambda a: a["rel_diff"])
+            p("gradients vs Checkpointed at the same steps: max rel diff "
+              f"{worst['rel_diff']:.1e} ({worst['a']}, n={worst['steps']})")
+    probe = results.get("ts_probe")
+    if probe and not probe.get("ok", False):
+        p("")
+        p(f"simlib issue: jit(solve) with args traced and a concrete SaveAt(ts=...) at "
+          f"{probe['steps']} RK4 steps: " + (probe.get("error") or
+                                              f"result {probe['result']} after "
+                                              f"{probe['num_steps']} steps")
+          + " (ts is treated as traced: max_steps + len(ts) iterations). The 'ts' rows "
+          "pass max_steps=n.")
+    p("")
+    p("Targets:")
+    for t in results["targets"]:
+        v = "-" if t["value"] is None else f"{t['value']:.3g}"
+        p(f"  {t['status']:7s} {t['target']:72s} got {v} {t['unit']}")
+    for k, v in results["skipped"].items():
+        p(f"  {k} skipped: {v}")
+    return "\n".join(lines)
+
+
+def run(opts) -> dict:
+    results = dict(
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        jax_version=jax.__version__, jaxlib_version=_jaxlib_version(),
+        diffrax_version=None if diffrax is None else diffrax.__version__,
+        simlib_version=sl.__version__, simlib_commit=_simlib_commit(),
+        python=platform.python_version(), platform=platform.platform(),
+        cpu_model=_cpu_model(), backend=jax.default_backend(), cpu_count=os.cpu_count(),
+        quick=opts.quick, repeats=opts.repeats, slow_repeats=opts.slow_repeats,
+        slow_s=opts.slow_s, once_s=opts.once_s, has_forward_mode=HAS_FORWARD_MODE,
+        problem=dict(system="lotka_volterra", args=LV_ARGS, y0=Y0, t=[T0, T1],
+                     ts=TS.tolist(), data_args=DATA_ARGS,
+                     ensemble_y0="[10, 5] * exp(0.1 * normal(PRNGKey(0)))"),
+        skipped={}, cases=[], rows=[], loadavg_start=list(os.getloadavg()),
+    )
+    if diffrax is None:
+        results["skipped"]["diffrax"] = DIFFRAX_ERROR
+    if not HAS_FORWARD_MODE:
+        results["skipped"]["simlib ForwardMode"] = "simlib has no ForwardMode"
+    results["ts_probe"] = ts_probe()
+    plan = [("final", opts.single_steps, None), ("ts", opts.single_steps, None)]
+    plan += [("final", n, opts.members) for n in opts.ensemble_steps]
+    for loss, n, members in plan:
+        label = (f"single {loss} n={n:.0e}" if members is None
+                 else f"ens{members} {loss} n={n:.0e}").replace("e+0", "e")
+        print(f"  {label}", flush=True)
+        data = observations(n) if loss == "ts" else None
+        case = dict(label=label, loss=loss, steps=n, members=members)
+        case["contenders"] = contenders(loss, n, members, opts, data)
+        table = measure_case(case, opts)
+        del case["contenders"]
+        case["table"] = table
+        results["cases"].append(case)
+        results["rows"] += summarize(case, table)
+        jax.clear_caches()
+    if opts.memory_steps:
+        print("  memory", flush=True)
+        results["memory"] = memory_scaling(opts.memory_steps, opts.chain_dim, opts.mem_limit_gb,
+                                           opts.child_timeout)
+    results["targets"] = targets(results["rows"], results.get("memory"))
+    results["loadavg_end"] = list(os.getloadavg())
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="10^4 single steps, ensemble of 1000 at 2*10^3 steps, memory "
+                             "10^3..10^5, 2 repeats")
+    parser.add_argument("--single-steps", type=int, default=None)
+    parser.add_argument("--members", type=int, default=1000)
+    parser.add_argument("--ensemble-steps", type=int, nargs="*", default=None)
+    parser.add_argument("--ensemble-diffrax-max-steps", type=int, default=100_000,
+                        help="diffrax ensemble rows only up to this many steps (RK4* gradient "
+                             "~30 s per call at 10^5)")
+    parser.add_argument("--ensemble-direct-max-steps", type=int, default=10_000)
+    parser.add_argument("--ensemble-tsit5-max-steps", type=int, default=10_000)
+    parser.add_argument("--no-tsit5", dest="tsit5", action="store_false", default=None,
+                        help="RK4 rows only (the default with --quick)")
+    parser.add_argument("--memory-steps", type=int, nargs="*", default=None)
+    parser.add_argument("--chain-dim", type=int, default=1024)
+    parser.add_argument("--mem-limit-gb", type=float, default=4.0,
+                        help="skip a memory run projected above this (or half the free memory)")
+    parser.add_argument("--child-timeout", type=float, default=300.0)
+    parser.add_argument("--repeats", type=int, default=None, help="default 3; --quick 2")
+    parser.add_argument("--slow-repeats", type=int, default=1)
+    parser.add_argument("--slow-s", type=float, default=2.0)
+    parser.add_argument("--once-s", type=float, default=15.0,
+                        help="a contender whose warm-up call takes longer is timed by that call")
+    parser.add_argument("--json", type=Path, default=RESULTS_PATH)
+    parser.add_argument("--memory-child", nargs=3, metavar=("STRATEGY", "STEPS", "DIM"),
+                        help=argparse.SUPPRESS)
+    opts = parser.parse_args(argv)
+    if opts.memory_child:
+        s, n, d = opts.memory_child
+        print("MEMORY " + json.dumps(memory_child(s, int(n), int(d))), flush=True)
+        return 0
+    if opts.single_steps is None:
+        opts.single_steps = 10_000 if opts.quick else 100_000
+    if opts.ensemble_steps is None:
+        opts.ensemble_steps = [2_000] if opts.quick else [10_000, 100_000]
+    if opts.memory_steps is None:
+        opts.memory_steps = [10**3, 10**4, 10**5] if opts.quick else [10**3, 10**4, 10**5,
+                                                                      10**6]
+    if opts.repeats is None:
+        opts.repeats = 2 if opts.quick else 3
+    if opts.tsit5 is None:
+        opts.tsit5 = not opts.quick
+
+    start = time.perf_counter()
+    results = run(opts)
+    results["wall_s"] = time.perf_counter() - start
+    text = report(results)
+    print()
+    print(text)
+    print(f"\ntotal wall time {results['wall_s']:.0f} s")
+    results["report"] = text
+    opts.json.parent.mkdir(parents=True, exist_ok=True)
+    opts.json.write_text(json.dumps(results, indent=2, default=float) + "\n")
+    print(f"results written to {opts.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
