@@ -22,9 +22,8 @@ import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from ._errors import Result
 from ._solver._base import register_static
-from ._util import all_finite, convert_closure
+from ._util import checked_step, convert_closure
 
 
 class AbstractAdjoint:
@@ -208,11 +207,8 @@ def reversible_scan(f, solver, mode, n_save, advance, carry0, n_iter, args):
         def body(c, xs):
             y, state, buf, result, fail_t, fail_step = c
             t, h, slot, count = xs
-            y1, _, _, state1 = solver.step(f, t, y, h, a, state)
-            newly_bad = (result == 0) & ~all_finite(y1)
-            result = jnp.where(newly_bad, Result.NONFINITE_STATE.value, result)
-            fail_t = jnp.where(newly_bad, t, fail_t)
-            fail_step = jnp.where(newly_bad, count, fail_step)
+            y1, state1, (result, fail_t, fail_step) = checked_step(
+                f, solver, t, y, h, a, state, count, (result, fail_t, fail_step))
             if buf is not None:
                 buf = jax.tree_util.tree_map(
                     lambda b, x: lax.dynamic_update_index_in_dim(b, x, slot, 0), buf, y1)

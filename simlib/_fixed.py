@@ -24,7 +24,7 @@ from ._adjoint import (
 )
 from ._errors import Result, check_solution
 from ._solution import Solution
-from ._util import all_finite, buffer, convert_closure, fevals_per_step, time_dtype, write
+from ._util import buffer, checked_step, convert_closure, fevals_per_step, time_dtype, write
 
 
 def grid_count(t0: float, t1: float, dt: float) -> int:
@@ -121,14 +121,8 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
         t, y, state, k, i, buf, result, fail_t, fail_step, count = carry
         target, h, k, save = advance(t, k, i)
         count = count + (h != 0).astype(count.dtype)
-        y1, _, _, state1 = solver.step(f, t, y, h, args, state)
-        newly_bad = (result == 0) & ~all_finite(y1)
-        result = jnp.where(newly_bad, Result.NONFINITE_STATE.value, result)
-        fail_t = jnp.where(newly_bad, t, fail_t)
-        fail_step = jnp.where(newly_bad, count, fail_step)
-        # No select of the state on failure: it would cost 40% of a Lorenz ensemble step.
-        # The failure's time and step are recorded, values saved before it are kept, and
-        # the non-finite state propagates to the later outputs.
+        y1, state1, (result, fail_t, fail_step) = checked_step(
+            f, solver, t, y, h, args, state, count, (result, fail_t, fail_step))
         if mode == "ts":
             buf = write(buf, jnp.where(save, i, n_save), y1)
             i = i + save.astype(i.dtype)
