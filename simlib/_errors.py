@@ -17,6 +17,8 @@ class Result(IntEnum):
     MAX_STEPS_REACHED = 1
     NONFINITE_STATE = 2
     STEP_SIZE_TOO_SMALL = 3
+    NEIGHBOR_LIST_OVERFLOW = 4
+    NEIGHBOR_LIST_MISSED_PAIRS = 5
 
 
 _MESSAGES = {
@@ -32,6 +34,16 @@ _MESSAGES = {
     Result.STEP_SIZE_TOO_SMALL: (
         "the step size fell below the floating-point resolution of t at t={t:.17g} "
         "(step {step}); the problem may be stiff or singular there"
+    ),
+    Result.NEIGHBOR_LIST_OVERFLOW: (
+        "the neighbour list overflowed by t={t:.17g} (step {step}): a particle had more "
+        "neighbours than its capacity, or a cell more particles than its cell capacity; "
+        "allocate a larger list (neighbor_list(..., capacity=...)), or let simulate() "
+        "reallocate it by calling it outside jit"
+    ),
+    Result.NEIGHBOR_LIST_MISSED_PAIRS: (
+        "the debug check found pairs within r_cut missing from the neighbour list by "
+        "t={t:.17g} (step {step}); this is a bug in simlib, please report it"
     ),
 }
 
@@ -73,17 +85,17 @@ def first_failure(result, t, step, t1) -> tuple[int, float, int, float] | None:
 
 
 
-def raise_on_failure(result, t, step, t1, max_steps):
+def raise_on_failure(result, t, step, t1, max_steps, caller="solve"):
     failure = first_failure(result, t, step, t1)
     if failure is not None:
         code, t, step, t1 = failure
         raise SolverError(
-            "solve: " + result_message(code, t=t, step=step, t1=t1, max_steps=max_steps),
+            f"{caller}: " + result_message(code, t=t, step=step, t1=t1, max_steps=max_steps),
             Result(code),
         )
 
 
-def check_in_graph(outputs, result, t, step, t1, max_steps):  # noqa: D417
+def check_in_graph(outputs, result, t, step, t1, max_steps, caller="solve"):  # noqa: D417
     """Raise from inside a traced computation when ``result`` reports a failure.
 
     A ``pure_callback`` that sees the whole (possibly batched) result at once — under
@@ -92,7 +104,7 @@ def check_in_graph(outputs, result, t, step, t1, max_steps):  # noqa: D417
     """
 
     def callback(result, t, step, t1):
-        raise_on_failure(result, t, step, t1, max_steps)
+        raise_on_failure(result, t, step, t1, max_steps, caller)
         return np.zeros(np.shape(result), np.int32)
 
     args = [lax.stop_gradient(x) for x in (result, t, step, t1)]

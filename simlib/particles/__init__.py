@@ -1,0 +1,72 @@
+"""Particle systems: spaces, pair potentials, neighbour lists, dynamics and observables.
+
+Example:
+    >>> from simlib import particles as sp
+    >>> positions, box = sp.lattice(6, 0.8442)
+    >>> space = sp.periodic(box)
+    >>> energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
+    >>> nbrs = sp.neighbor_list(space, positions, r_cut=2.5, skin=0.3)
+    >>> v = sp.maxwell_boltzmann(1.0, 1.44, key=jax.random.key(0), n=len(positions))
+    >>> traj = sp.simulate(energy, sp.State(positions, v, 1.0), dict(sigma=1.0, epsilon=1.0),
+    ...                    space=space, dt=0.005, n_steps=1000, save_every=100, neighbors=nbrs)
+"""
+
+from ._dynamics import NVE, Integrator, Langevin, State
+from ._energy import BondEnergy, Energy, PairEnergy, bond_energy, forces, pair_energy
+from ._initial import lattice, maxwell_boltzmann, plummer
+from ._minimize import MinimizeResult, minimize
+from ._mixing import MIXING_RULES
+from ._neighbors import NeighborList, missing_pairs, neighbor_list, reallocate
+from ._observables import (
+    angular_momentum,
+    kinetic_energy,
+    mean_square_displacement,
+    pressure,
+    radial_distribution,
+    temperature,
+    total_momentum,
+)
+from ._potentials import coulomb, gravity, harmonic, lennard_jones, morse, wca
+from ._simulate import Trajectory, simulate
+from ._space import Space, free, periodic
+
+__all__ = [
+    "MIXING_RULES",
+    "NVE",
+    "BondEnergy",
+    "Energy",
+    "Integrator",
+    "Langevin",
+    "MinimizeResult",
+    "NeighborList",
+    "PairEnergy",
+    "Space",
+    "State",
+    "Trajectory",
+    "angular_momentum",
+    "bond_energy",
+    "coulomb",
+    "forces",
+    "free",
+    "gravity",
+    "harmonic",
+    "kinetic_energy",
+    "lattice",
+    "lennard_jones",
+    "maxwell_boltzmann",
+    "mean_square_displacement",
+    "minimize",
+    "missing_pairs",
+    "morse",
+    "neighbor_list",
+    "pair_energy",
+    "periodic",
+    "plummer",
+    "pressure",
+    "radial_distribution",
+    "reallocate",
+    "simulate",
+    "temperature",
+    "total_momentum",
+    "wca",
+]

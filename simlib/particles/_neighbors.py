@@ -1,0 +1,385 @@
+r"""Neighbour lists: fixed-capacity lists of the particles within ``r_cut + skin``.
+
+Built in O(n) from a cell list (Allen & Tildesley 2017, §5.3; Verlet, Phys. Rev. 159, 98
+(1967) for the skin): space is cut into cells at least ``r_cut + skin`` wide, particles are
+binned by cell, and each particle looks at the ``3^d`` cells around its own. The list keeps
+up to ``capacity`` neighbours per particle (padded with ``n``), and is rebuilt only when some
+particle has moved more than ``skin / 2`` since the last build, which guarantees that no pair
+within ``r_cut`` is missed in between.
+
+Overflow (a particle with more than ``capacity`` neighbours, or a cell with more than
+``cell_capacity`` particles) is never silent: the list carries a sticky ``overflow`` flag,
+:func:`~simlib.particles.simulate` reallocates and re-runs, and under a user's own ``jit``
+the step raises or reports it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._space import Space
+
+
+@jax.tree_util.register_pytree_node_class
+class NeighborList:
+    """A fixed-capacity neighbour list (a pytree). Build it with :func:`neighbor_list`.
+
+    Attributes:
+        idx: ``(n, capacity)`` int32 indices of neighbours, padded with ``n``.
+        reference_positions: ``(n, d)`` positions at the last build.
+        overflow: Whether any build since allocation ran out of room (sticky).
+        max_neighbors: The largest neighbour count seen in a build.
+        max_cell_occupancy: The largest cell occupancy seen in a build.
+        n_builds: How many times the list was built.
+        missed_pairs: With ``debug=True``, pairs within ``r_cut`` absent from the list
+            (checked against all pairs at every update); always 0 otherwise.
+        space, r_cut, skin, capacity, cell_capacity, grid, debug: Its configuration.
+    """
+
+    def __init__(self, idx, reference_positions, overflow, max_neighbors, max_cell_occupancy,
+                 n_builds, missed_pairs, space, cell_origin, cell_size, *, r_cut, skin,
+                 capacity, cell_capacity, grid, debug):
+        self.idx = idx
+        self.reference_positions = reference_positions
+        self.overflow = overflow
+        self.max_neighbors = max_neighbors
+        self.max_cell_occupancy = max_cell_occupancy
+        self.n_builds = n_builds
+        self.missed_pairs = missed_pairs
+        self.space = space
+        self.cell_origin = cell_origin
+        self.cell_size = cell_size
+        self.r_cut = r_cut
+        self.skin = skin
+        self.capacity = capacity
+        self.cell_capacity = cell_capacity
+        self.grid = grid
+        self.debug = debug
+
+    def _static(self):
+        return dict(r_cut=self.r_cut, skin=self.skin, capacity=self.capacity,
+                    cell_capacity=self.cell_capacity, grid=self.grid, debug=self.debug)
+
+    def tree_flatten(self):
+        children = (self.idx, self.reference_positions, self.overflow, self.max_neighbors,
+                    self.max_cell_occupancy, self.n_builds, self.missed_pairs, self.space,
+                    self.cell_origin, self.cell_size)
+        return children, tuple(sorted(self._static().items()))
+
+    @classmethod
+    def tree_unflatten(cls, static, children):
+        return cls(*children, **dict(static))
+
+    def __repr__(self):
+        return (f"NeighborList(n={self.idx.shape[0]}, capacity={self.capacity}, "
+                f"r_cut={self.r_cut}, skin={self.skin}, grid={self.grid})")
+
+    def replace(self, **kw) -> NeighborList:
+        children = dict(idx=self.idx, reference_positions=self.reference_positions,
+                        overflow=self.overflow, max_neighbors=self.max_neighbors,
+                        max_cell_occupancy=self.max_cell_occupancy, n_builds=self.n_builds,
+                        missed_pairs=self.missed_pairs, space=self.space,
+                        cell_origin=self.cell_origin, cell_size=self.cell_size)
+        static = self._static()
+        for k, v in kw.items():
+            (static if k in static else children)[k] = v
+        return NeighborList(**children, **static)
+
+    def build(self, positions) -> NeighborList:
+        """The list rebuilt from scratch at ``positions`` (jittable)."""
+        idx, count, occupancy = _build(self, positions)
+        overflow = self.overflow | (count > self.capacity)
+        if self.grid is not None:
+            overflow = overflow | (occupancy > self.cell_capacity)
+        return self.replace(idx=idx, reference_positions=positions, overflow=overflow,
+                            max_neighbors=jnp.maximum(self.max_neighbors, count),
+                            max_cell_occupancy=jnp.maximum(self.max_cell_occupancy, occupancy),
+                            n_builds=self.n_builds + 1)
+
+    def needs_rebuild(self, positions) -> jax.Array:
+        """Whether some particle moved more than ``skin / 2`` since the last build."""
+        d = self.space.displacement(positions, self.reference_positions)
+        return jnp.max(jnp.sum(d * d, axis=-1)) > (0.5 * self.skin) ** 2
+
+    def update(self, positions) -> NeighborList:
+        """Rebuild if needed (``lax.cond``); with ``debug``, also count missed pairs."""
+        out = lax.cond(self.needs_rebuild(positions), lambda: self.build(positions), lambda: self)
+        if self.debug:
+            out = out.replace(missed_pairs=out.missed_pairs + missing_pairs(out, positions))
+        return out
+
+    def did_overflow(self) -> bool:
+        """``overflow`` as a Python bool (eager use)."""
+        return bool(self.overflow)
+
+
+def _candidate_pairs_all(space, positions):
+    n = positions.shape[0]
+    cand = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None, :], (n, n))
+    return cand
+
+
+def _cell_index(nl, positions):
+    """Integer cell coordinates ``(n, d)``: wrapped in a periodic box, clamped in free space."""
+    grid = jnp.asarray(nl.grid, jnp.int32)
+    c = jnp.floor((positions - nl.cell_origin) / nl.cell_size).astype(jnp.int32)
+    if nl.space.periodic:
+        return jnp.mod(c, grid)
+    return jnp.clip(c, 0, grid - 1)
+
+
+def _flat(c, grid):
+    flat = c[..., 0]
+    for k in range(1, len(grid)):
+        flat = flat * grid[k] + c[..., k]
+    return flat
+
+
+def _cell_neighbors(grid, periodic):
+    """For each cell, the flat ids of the ``3^d`` cells around it (``n_cells`` stands for an
+    empty cell outside a free-space grid). Static: computed once per grid, in numpy."""
+    d = len(grid)
+    n_cells = math.prod(grid)
+    cells = np.stack(np.meshgrid(*[np.arange(g) for g in grid], indexing="ij"), -1)
+    cells = cells.reshape(-1, d)
+    offsets = np.asarray(list(itertools.product((-1, 0, 1), repeat=d)))
+    around = cells[:, None, :] + offsets[None]
+    g = np.asarray(grid)
+    if periodic:
+        around = np.mod(around, g)
+        inside = np.ones(around.shape[:2], bool)
+    else:
+        inside = np.all((around >= 0) & (around < g), axis=-1)
+        around = np.clip(around, 0, g - 1)
+    flat = np.ravel_multi_index(tuple(around[..., k] for k in range(d)), grid)
+    return np.where(inside, flat, n_cells).astype(np.int32)
+
+
+def _build_cells(nl, positions, radius):
+    """Neighbour mask and candidates in cell-major layout, then gathered back per particle.
+
+    Particles are binned into a ``(n_cells, cell_capacity)`` table. Every member of a cell
+    shares the same candidates (the members of the ``3^d`` cells around it), so the
+    distances are a broadcast of ``(n_cells, cell_capacity)`` members against
+    ``(n_cells, 3^d cell_capacity)`` candidates, with no per-particle gather.
+    """
+    n, d = positions.shape
+    grid, cap = nl.grid, nl.cell_capacity
+    n_cells = math.prod(grid)
+    cell_id = _flat(_cell_index(nl, positions), grid)
+    order = jnp.argsort(cell_id).astype(jnp.int32)
+    sorted_id = cell_id[order]
+    occupancy = jnp.zeros(n_cells, jnp.int32).at[cell_id].add(1)
+    start = jnp.cumsum(occupancy) - occupancy
+    rank = jnp.arange(n, dtype=jnp.int32) - start[sorted_id]
+    table = jnp.full((n_cells + 1, cap), n, jnp.int32)
+    table = table.at[sorted_id, rank].set(order, mode="drop")     # row n_cells stays empty
+    members = table[:n_cells]                                       # (n_cells, cap)
+    cand = table[_cell_neighbors(grid, nl.space.periodic)].reshape(n_cells, -1)
+    x_pad = jnp.concatenate([positions, jnp.zeros((1, d), positions.dtype)])
+    xm, xc = x_pad[members], x_pad[cand]                            # (n_cells, cap|C, d)
+    box = nl.space.box_vector(d, positions.dtype) if nl.space.periodic else None
+    r2 = 0.0
+    for k in range(d):
+        dk = xm[:, :, None, k] - xc[:, None, :, k]
+        if box is not None:
+            dk = dk - box[k] * jnp.round(dk / box[k])
+        r2 = r2 + dk * dk
+    mask = ((members[:, :, None] < n) & (cand[:, None, :] < n)
+            & (members[:, :, None] != cand[:, None, :]) & (r2 < radius**2))
+    rows = n_cells * cap
+    mask = mask.reshape(rows, -1)
+    cand = jnp.broadcast_to(cand[:, None, :], (n_cells, cap, cand.shape[1])).reshape(rows, -1)
+    # Where each particle sits in the table (particles beyond a full cell are lost: overflow).
+    slot = jnp.zeros(n, jnp.int32).at[order].set(sorted_id * cap + jnp.minimum(rank, cap - 1))
+    return mask, cand, slot, jnp.max(occupancy)
+
+
+def _within(nl, positions, cand, radius):
+    """Which candidates ``cand`` (``(n, C)``, padded with ``n``) are within ``radius``."""
+    n, d = positions.shape
+    valid = (cand < n) & (cand != jnp.arange(n)[:, None])
+    j = jnp.where(valid, cand, 0)
+    xt = positions.T
+    box = nl.space.box_vector(d, positions.dtype) if nl.space.periodic else None
+    r2 = 0.0
+    for k in range(d):
+        dk = xt[k][:, None] - xt[k][j]
+        if box is not None:
+            dk = dk - box[k] * jnp.round(dk / box[k])
+        r2 = r2 + dk * dk
+    return valid & (r2 < radius**2)
+
+
+def _compact(mask, cand, capacity):
+    """The first ``capacity`` candidates of each row where ``mask`` holds, padded with ``n``.
+
+    Scatters and sorts are slow on XLA's CPU backend, so this selects with bit operations:
+    the mask is packed into 32-bit words, slot ``k`` finds its word by binary search over
+    the running popcount, then its bit by a five-step select within the word.
+    """
+    n, c = mask.shape
+    n_words = -(-c // 32)
+    bits = jnp.pad(mask, ((0, 0), (0, n_words * 32 - c))).reshape(n, n_words, 32)
+    words = jnp.sum(bits.astype(jnp.uint32) << jnp.arange(32, dtype=jnp.uint32), axis=2,
+                    dtype=jnp.uint32)
+    inclusive = jnp.cumsum(lax.population_count(words).astype(jnp.int32), axis=1)
+    # Materialise the small arrays once (XLA would otherwise fuse the packing into each use).
+    words, inclusive = lax.optimization_barrier((words, inclusive))
+    k = jnp.arange(capacity, dtype=jnp.int32)[None, :]
+    # w = number of words whose inclusive count is <= k: the word holding the k-th set bit.
+    w = jnp.zeros((n, capacity), jnp.int32)
+    step = 1 << (n_words - 1).bit_length()
+    while step:
+        trial = w + step
+        seen = jnp.take_along_axis(inclusive, jnp.minimum(trial, n_words) - 1, axis=1)
+        w = jnp.where((trial <= n_words) & (seen <= k), trial, w)
+        step //= 2
+    w = jnp.minimum(w, n_words - 1)
+    before = jnp.take_along_axis(inclusive, w, axis=1) - lax.population_count(
+        jnp.take_along_axis(words, w, axis=1)).astype(jnp.int32)
+    rank = k - before
+    word = jnp.take_along_axis(words, w, axis=1)
+    bit = jnp.zeros_like(rank)
+    for width in (16, 8, 4, 2, 1):
+        low = lax.population_count((word >> bit.astype(jnp.uint32))
+                                   & jnp.uint32((1 << width) - 1)).astype(jnp.int32)
+        go = rank >= low
+        rank = jnp.where(go, rank - low, rank)
+        bit = jnp.where(go, bit + width, bit)
+    picked = jnp.take_along_axis(cand, jnp.minimum(w * 32 + bit, c - 1), axis=1)
+    return jnp.where(k < inclusive[:, -1:], picked, n).astype(jnp.int32)
+
+
+def _build(nl, positions):
+    """``(idx, max count, max cell occupancy)`` for a list built at ``positions``."""
+    radius = nl.r_cut + nl.skin
+    if nl.grid is None:
+        cand = _candidate_pairs_all(nl.space, positions)
+        mask = _within(nl, positions, cand, radius)
+        mask, cand = lax.optimization_barrier((mask, cand))
+        return (_compact(mask, cand, nl.capacity), jnp.max(jnp.sum(mask, 1, dtype=jnp.int32)),
+                jnp.int32(0))
+    mask, cand, slot, occupancy = _build_cells(nl, positions, radius)
+    mask, cand = lax.optimization_barrier((mask, cand))
+    count = jnp.sum(mask, axis=1, dtype=jnp.int32)
+    idx = _compact(mask, cand, nl.capacity)[slot]
+    return idx, jnp.max(count), occupancy
+
+
+def missing_pairs(nl: NeighborList, positions) -> jax.Array:
+    """How many pairs ``(i, j)`` within ``r_cut`` are absent from the list (O(n^2); debug)."""
+    n = positions.shape[0]
+    d = nl.space.displacement(positions[:, None, :], positions[None, :, :])
+    close = (jnp.sum(d * d, axis=-1) < nl.r_cut**2) & ~jnp.eye(n, dtype=bool)
+    listed = jnp.zeros((n, n + 1), bool).at[jnp.arange(n)[:, None], nl.idx].set(True)[:, :n]
+    return jnp.sum(close & ~listed, dtype=jnp.int32)
+
+
+def neighbor_list(space: Space, positions, r_cut: float, skin: float = 0.3, *,
+                  capacity: int | None = None, capacity_multiplier: float = 1.25,
+                  cell_capacity: int | None = None, debug: bool = False) -> NeighborList:
+    """Allocate and build a neighbour list of the pairs within ``r_cut + skin``.
+
+    Call it eagerly (capacities and the cell grid are sized from the concrete positions);
+    then ``nbrs.update(positions)`` inside jitted code, and :func:`simulate` for runs.
+
+    Args:
+        space: The space (``periodic(box)`` or ``free()``).
+        positions: ``(n, d)`` positions.
+        r_cut: The interaction cutoff.
+        skin: Extra radius; the list stays valid until a particle moves ``skin / 2``.
+        capacity: Neighbours kept per particle; by default ``capacity_multiplier`` times the
+            largest count at ``positions``.
+        capacity_multiplier: Headroom for density fluctuations.
+        cell_capacity: Particles kept per cell; sized like ``capacity`` by default.
+        debug: Check the list against all pairs at every update (O(n^2)); missed pairs are
+            counted in ``missed_pairs`` and reported by :func:`simulate`.
+
+    Example:
+        >>> nbrs = neighbor_list(periodic(box), positions, r_cut=2.5, skin=0.3)
+        >>> nbrs = nbrs.update(new_positions)
+    """
+    if not isinstance(space, Space):
+        raise TypeError(f"neighbor_list: space must be free() or periodic(box), got {space!r}")
+    positions = jnp.asarray(positions)
+    if positions.ndim != 2 or positions.shape[1] not in (1, 2, 3):
+        raise ValueError(f"neighbor_list: positions must have shape (n, d) with d in 1..3, "
+                         f"got {positions.shape}")
+    if isinstance(positions, jax.core.Tracer):
+        raise ValueError("neighbor_list: allocate the list outside jit (its capacity is sized "
+                         "from concrete positions); inside jit use nbrs.update(positions)")
+    if not r_cut > 0 or skin < 0:
+        raise ValueError(f"neighbor_list: need r_cut > 0 and skin >= 0, got r_cut={r_cut!r}, "
+                         f"skin={skin!r}")
+    if capacity_multiplier < 1:
+        raise ValueError(f"neighbor_list: capacity_multiplier must be >= 1, got "
+                         f"{capacity_multiplier!r}")
+    return _allocate(space, positions, float(r_cut), float(skin), capacity, cell_capacity,
+                     float(capacity_multiplier), bool(debug))
+
+
+def _allocate(space, positions, r_cut, skin, capacity, cell_capacity, multiplier, debug,
+              min_capacity=0, min_cell_capacity=0):
+    n, d = positions.shape
+    reach = r_cut + skin
+    x = np.asarray(positions, np.float64)
+    if space.periodic:
+        box = np.broadcast_to(np.asarray(space.box, np.float64), (d,))
+        if reach > 0.5 * box.min():
+            raise ValueError(f"neighbor_list: r_cut + skin = {reach} exceeds half the shortest "
+                             f"box side {box.min()}; minimum images would be wrong")
+        grid = np.floor(box / reach).astype(int)
+        origin = np.zeros(d)
+        extent = box
+    else:
+        origin = x.min(0)
+        extent = np.maximum(x.max(0) - origin, reach)
+        grid = np.maximum(np.floor(extent / reach).astype(int), 1)
+        while np.prod(grid) > 2 * n + 27 and grid.max() > 1:   # sparse: larger cells
+            grid = np.maximum(grid // 2, 1)
+    size = extent / grid
+    grid = tuple(int(g) for g in grid) if grid.min() >= 3 else None
+    blank = NeighborList(
+        jnp.zeros((n, 1), jnp.int32), positions, jnp.array(False), jnp.int32(0), jnp.int32(0),
+        jnp.int32(0), jnp.int32(0), space, jnp.asarray(origin, positions.dtype),
+        jnp.asarray(size, positions.dtype), r_cut=r_cut, skin=skin, capacity=n,
+        cell_capacity=n, grid=grid, debug=debug)
+    # Measure at these positions with room for everything, then allocate with headroom.
+    if grid is not None:
+        cell_id = np.asarray(_flat(_cell_index(blank, positions), grid))
+        occupancy = int(np.bincount(cell_id, minlength=math.prod(grid)).max())
+        if cell_capacity is None:
+            cell_capacity = max(math.ceil(occupancy * multiplier) + 1, min_cell_capacity)
+        blank = blank.replace(cell_capacity=int(cell_capacity))
+    if capacity is None:
+        count = int(_count_jit(blank, positions))
+        capacity = max(1, math.ceil(count * multiplier), min_capacity)
+    nl = blank.replace(capacity=int(capacity))
+    return _first_build(nl, positions)
+
+
+@jax.jit
+def _count_jit(nl, positions):
+    return _build(nl, positions)[1]
+
+
+@jax.jit
+def _first_build(nl, positions):
+    return nl.build(positions).replace(n_builds=jnp.int32(1))
+
+
+def reallocate(nl: NeighborList, positions, capacity_multiplier: float = 1.5) -> NeighborList:
+    """A larger list after an overflow, built at ``positions``: room for ``capacity_multiplier``
+    times the most neighbours (and cell occupants) seen so far or found at ``positions``."""
+    return _allocate(nl.space, jnp.asarray(positions), nl.r_cut, nl.skin, None, None,
+                     capacity_multiplier, nl.debug,
+                     min_capacity=max(nl.capacity + 1,
+                                      math.ceil(int(nl.max_neighbors) * capacity_multiplier)),
+                     min_cell_capacity=math.ceil(int(nl.max_cell_occupancy) * capacity_multiplier))

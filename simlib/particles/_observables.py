@@ -1,0 +1,118 @@
+r"""Observables of a particle configuration (Allen & Tildesley 2017, ch. 2).
+
+Units are the simulation's reduced units with Boltzmann's constant 1, so temperatures are
+energies (``kT``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ._energy import as_energy
+from ._space import Space
+
+
+def _mass_column(masses, like):
+    m = jnp.asarray(masses, like.dtype)
+    return m[..., :, None] if m.ndim >= 1 else m
+
+
+def kinetic_energy(velocities, masses) -> jax.Array:
+    r""":math:`K = \tfrac12 \sum_i m_i |v_i|^2`."""
+    v = jnp.asarray(velocities)
+    return 0.5 * jnp.sum(_mass_column(masses, v) * v * v, axis=(-2, -1))
+
+
+def temperature(velocities, masses, *, remove_momentum: bool = True) -> jax.Array:
+    r"""Kinetic temperature :math:`kT = 2K / N_f`, with :math:`N_f = d(n - 1)` degrees of
+    freedom when the total momentum is conserved (``remove_momentum``), else :math:`dn`."""
+    v = jnp.asarray(velocities)
+    n, d = v.shape[-2:]
+    dof = d * (n - 1) if remove_momentum else d * n
+    return 2.0 * kinetic_energy(v, masses) / dof
+
+
+def total_momentum(velocities, masses) -> jax.Array:
+    r""":math:`P = \sum_i m_i v_i`, shape ``(d,)``."""
+    v = jnp.asarray(velocities)
+    return jnp.sum(_mass_column(masses, v) * v, axis=-2)
+
+
+def angular_momentum(positions, velocities, masses) -> jax.Array:
+    r""":math:`L = \sum_i m_i\, x_i \times v_i` about the origin (free space): shape ``(3,)`` in
+    3D, a scalar in 2D."""
+    x, v = jnp.asarray(positions), jnp.asarray(velocities)
+    p = _mass_column(masses, v) * v
+    if x.shape[-1] == 2:
+        return jnp.sum(x[..., 0] * p[..., 1] - x[..., 1] * p[..., 0], axis=-1)
+    return jnp.sum(jnp.cross(x, p), axis=-2)
+
+
+def pressure(energy, positions, velocities, masses, params, *, space: Space | None = None,
+             neighbors=None) -> jax.Array:
+    r"""Instantaneous pressure from the virial theorem:
+    :math:`P = \frac{1}{dV}\left(2K + \sum_{i<j} r_{ij}\cdot f_{ij}\right)`
+    (Allen & Tildesley 2017, eq. 2.61). Needs a periodic space (the energy's by default).
+    """
+    energy = as_energy(energy)
+    space = energy.space if space is None else space
+    x = jnp.asarray(positions)
+    d = x.shape[-1]
+    virial = energy.virial(x, params, neighbors)
+    return (2.0 * kinetic_energy(velocities, masses) + virial) / (d * space.volume(d))
+
+
+def radial_distribution(positions, space: Space, *, r_max: float, n_bins: int = 100):
+    r"""The radial distribution function :math:`g(r)` of one or more frames.
+
+    :math:`g(r) = \frac{V}{n(n-1)}\,\frac{2\,N_{pairs}(r, r+\Delta r)}{V_{shell}(r)}`, averaged
+    over frames, in a periodic box (minimum images; ``r_max`` at most half the box).
+
+    Args:
+        positions: ``(n, d)`` or ``(n_frames, n, d)``.
+        space: A periodic space.
+        r_max: Largest distance binned.
+        n_bins: Number of bins.
+
+    Returns:
+        ``(r, g)``: bin centres and :math:`g` at them, each ``(n_bins,)``.
+    """
+    x = jnp.asarray(positions)
+    if x.ndim == 2:
+        x = x[None]
+    n_frames, n, d = x.shape
+    edges = jnp.linspace(0.0, r_max, n_bins + 1, dtype=x.dtype)
+    i, j = jnp.triu_indices(n, k=1)
+
+    def histogram(frame):
+        dr = space.displacement(frame[i], frame[j])
+        r = jnp.sqrt(jnp.sum(dr * dr, axis=-1))
+        b = jnp.floor(r / (r_max / n_bins)).astype(jnp.int32)
+        return jnp.zeros(n_bins + 1, x.dtype).at[jnp.minimum(b, n_bins)].add(1.0)[:n_bins]
+
+    counts = jnp.sum(jax.lax.map(histogram, x), axis=0)
+    if d == 3:
+        shell = 4.0 / 3.0 * jnp.pi * (edges[1:] ** 3 - edges[:-1] ** 3)
+    elif d == 2:
+        shell = jnp.pi * (edges[1:] ** 2 - edges[:-1] ** 2)
+    else:
+        shell = 2.0 * (edges[1:] - edges[:-1])
+    density = n / space.volume(d)
+    g = 2.0 * counts / (n_frames * n * density * shell)
+    return 0.5 * (edges[1:] + edges[:-1]), g
+
+
+def mean_square_displacement(positions, space: Space | None = None) -> jax.Array:
+    r"""Mean-square displacement :math:`\langle |x_i(t) - x_i(0)|^2 \rangle` over saved frames.
+
+    ``positions``: ``(n_frames, n, d)``. In a periodic space, frames are unwrapped by summing
+    minimum-image displacements between consecutive frames, which is right as long as no
+    particle moves half a box between frames.
+    """
+    x = jnp.asarray(positions)
+    if space is not None and space.periodic:
+        steps = space.displacement(x[1:], x[:-1])
+        x = jnp.concatenate([x[:1], x[:1] + jnp.cumsum(steps, axis=0)])
+    dx = x - x[:1]
+    return jnp.mean(jnp.sum(dx * dx, axis=-1), axis=-1)

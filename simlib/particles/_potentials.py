@@ -1,0 +1,76 @@
+"""Pair potentials ``u(r, params)``: pure functions of the distance.
+
+Each potential reads its parameters from ``params`` by name. Inside
+:func:`~simlib.particles.pair_energy` the values it sees are already combined for the pair
+(see :mod:`._mixing`), so one function serves equal and mixed particles alike. Any user
+function with the same signature works the same way, as long as it acts elementwise on
+``r``. Cutoffs and the energy shift at the cutoff are applied by ``pair_energy``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+
+def lennard_jones(r, params):
+    r"""Lennard-Jones 12-6: :math:`u = 4\epsilon[(\sigma/r)^{12} - (\sigma/r)^6]`.
+
+    Params: ``sigma``, ``epsilon`` (scalars, per-particle arrays mixed by Lorentz-Berthelot,
+    or ``(S, S)`` tables indexed by ``species``). Truncate with ``pair_energy(r_cut=...)``
+    and shift to zero there with ``shift=True``. Lennard-Jones, Proc. R. Soc. A 106, 463 (1924).
+    """
+    s6 = (params["sigma"] / r) ** 6
+    return 4.0 * params["epsilon"] * (s6 * s6 - s6)
+
+
+def wca(r, params):
+    r"""Weeks-Chandler-Andersen: Lennard-Jones cut at its minimum :math:`2^{1/6}\sigma` and
+    shifted up by :math:`\epsilon`, so it is purely repulsive and goes to zero smoothly.
+
+    Params: ``sigma``, ``epsilon``. Weeks, Chandler & Andersen, J. Chem. Phys. 54, 5237 (1971).
+    """
+    sigma, epsilon = params["sigma"], params["epsilon"]
+    inside = r < 2.0 ** (1.0 / 6.0) * sigma
+    r_safe = jnp.where(inside, r, 2.0 * sigma)
+    s6 = (sigma / r_safe) ** 6
+    return jnp.where(inside, 4.0 * epsilon * (s6 * s6 - s6) + epsilon, 0.0)
+
+
+def morse(r, params):
+    r"""Morse: :math:`u = D[(1 - e^{-\alpha(r - r_0)})^2 - 1]`, zero at infinity, ``-D`` at ``r0``.
+
+    Params: ``D`` (well depth), ``alpha`` (inverse width), ``r0`` (bond length).
+    Morse, Phys. Rev. 34, 57 (1929).
+    """
+    x = 1.0 - jnp.exp(-params["alpha"] * (r - params["r0"]))
+    return params["D"] * (x * x - 1.0)
+
+
+def harmonic(r, params):
+    r"""Harmonic spring: :math:`u = \tfrac12 k (r - r_0)^2`.
+
+    Params: ``k`` (stiffness), ``r0`` (rest length); scalars, or one value per bond when used
+    with :func:`~simlib.particles.bond_energy`.
+    """
+    return 0.5 * params["k"] * (r - params["r0"]) ** 2
+
+
+def gravity(r, params):
+    r"""Newtonian gravity with Plummer softening: :math:`u = -G m_i m_j / \sqrt{r^2 + \epsilon^2}`.
+
+    Params: ``G``, ``softening`` (:math:`\epsilon`, may be 0 for point masses that never
+    meet) and ``masses`` (per particle; the pair sees :math:`m_i m_j`). Plummer, MNRAS 71,
+    460 (1911); Aarseth, *Gravitational N-Body Simulations* (2003), §2.
+    """
+    return -params["G"] * params["masses"] / jnp.sqrt(r * r + params["softening"] ** 2)
+
+
+def coulomb(r, params):
+    r"""Coulomb in free space: :math:`u = k q_i q_j / r`.
+
+    Params: ``charges`` (per particle; the pair sees :math:`q_i q_j`) and optionally
+    ``k`` (Coulomb's constant, 1 by default, i.e. Gaussian reduced units). Not for periodic
+    boxes: the minimum image of a 1/r potential is not a converged lattice sum (use Ewald).
+    """
+    k = params["k"] if "k" in params else 1.0
+    return k * params["charges"] / r

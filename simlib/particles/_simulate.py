@@ -1,0 +1,327 @@
+"""``simulate()``: particle dynamics as a scan over saved frames, run in chunks.
+
+The loop is the same shape as the ODE driver's fixed-step scan: an outer ``lax.scan`` over
+saved frames of an inner ``lax.scan`` over ``save_every`` steps. Called eagerly, the frames
+are run in chunks; between chunks the host updates the progress bar and checks the
+neighbour list, and a chunk whose list overflowed is re-run from its start with a larger
+list, so the trajectory is the one a large enough list gives. Under ``jit``/``grad`` it is
+one scan, and an overflow raises (``throw=True``) or is reported in ``result``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .._adjoint import AbstractAdjoint, Checkpointed, Direct
+from .._errors import Result, SolverError, check_in_graph, raise_on_failure
+from .._util import inside_trace
+from ._dynamics import NVE, Carry, Integrator, State
+from ._energy import as_energy
+from ._neighbors import NeighborList, reallocate
+from ._space import Space
+
+
+class Trajectory(NamedTuple):
+    """Saved frames of a particle simulation.
+
+    Attributes:
+        times: ``(n_frames,)`` times ``t = step * dt`` of the frames (frame 0 is the start).
+        positions: ``(n_frames, n, d)`` positions (wrapped into a periodic box).
+        velocities: ``(n_frames, n, d)``.
+        potential_energy: ``(n_frames,)``.
+        kinetic_energy: ``(n_frames,)``.
+        final: The :class:`State` after the last step.
+        neighbors: The neighbour list after the last step (``None`` without one).
+        result: A :class:`~simlib.Result` code (0 on success).
+        stats: ``n_steps``, ``n_builds`` (neighbour-list builds) and ``n_reallocations``.
+    """
+
+    times: jax.Array
+    positions: jax.Array
+    velocities: jax.Array
+    potential_energy: jax.Array
+    kinetic_energy: jax.Array
+    final: State
+    neighbors: NeighborList | None
+    result: jax.Array
+    stats: dict
+
+    @property
+    def total_energy(self) -> jax.Array:
+        return self.potential_energy + self.kinetic_energy
+
+
+@jax.tree_util.register_pytree_node_class
+class _Model:
+    """The energy, with the space in which positions move (a pytree)."""
+
+    def __init__(self, energy, space):
+        self.energy = energy
+        self.space = space
+
+    def tree_flatten(self):
+        return (self.energy, self.space), None
+
+    @classmethod
+    def tree_unflatten(cls, _, children):
+        return cls(*children)
+
+    def energy_and_forces(self, x, params, nbrs):
+        return self.energy.energy_and_forces(x, params, nbrs)
+
+
+def _kinetic(v, masses):
+    m = jnp.asarray(masses, v.dtype)
+    m = m[:, None] if m.ndim == 1 else m
+    return 0.5 * jnp.sum(m * v * v)
+
+
+def _status(carry: Carry):
+    code = jnp.int32(Result.SUCCESSFUL)
+    finite = jnp.all(jnp.isfinite(carry.positions)) & jnp.all(jnp.isfinite(carry.velocities))
+    code = jnp.where(finite, code, Result.NONFINITE_STATE)
+    if carry.neighbors is not None:
+        code = jnp.where(carry.neighbors.overflow, Result.NEIGHBOR_LIST_OVERFLOW, code)
+        code = jnp.where(carry.neighbors.missed_pairs > 0, Result.NEIGHBOR_LIST_MISSED_PAIRS,
+                         code)
+    return code
+
+
+def _frames(model, integrator, carry, masses, params, dt, key, n_frames, save_every, adjoint):
+    """Run ``n_frames * save_every`` steps; return the carry and the per-frame records."""
+    step = integrator.step
+    if isinstance(adjoint, Checkpointed):
+        step = jax.checkpoint(step)
+
+    def one_step(c, _):
+        return step(model, c, masses, params, dt, key), None
+
+    def one_frame(state, _):
+        c, code, failed_at = state
+        c, _ = lax.scan(one_step, c, None, length=save_every)
+        new = _status(c)
+        failed_at = jnp.where((code == 0) & (new != 0), c.step, failed_at)
+        code = jnp.where(code == 0, new, code)
+        record = (c.positions, c.velocities, c.potential_energy, _kinetic(c.velocities, masses))
+        return (c, code, failed_at), record
+
+    if isinstance(adjoint, Checkpointed):
+        one_frame = jax.checkpoint(one_frame)
+    init = (carry, _status(carry), jnp.where(_status(carry) != 0, carry.step, -1))
+    return lax.scan(one_frame, init, None, length=n_frames)
+
+
+_frames_jit = jax.jit(_frames, static_argnums=(7, 8, 9))
+
+
+def _start(model, state: State, params, neighbors):
+    x = model.space.wrap(jnp.asarray(state.positions))
+    nbrs = neighbors.update(x) if neighbors is not None else None
+    e, f = model.energy_and_forces(x, params, nbrs)
+    step = jnp.zeros((), jnp.int32)
+    return Carry(x, jnp.asarray(state.velocities, x.dtype), f, e, nbrs, step)
+
+
+_start_jit = jax.jit(_start)
+
+
+def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neighbors, key,
+                adjoint):
+    if not isinstance(state, State):
+        if isinstance(state, tuple) and len(state) == 3:
+            state = State(*state)
+        else:
+            raise TypeError(f"simulate: state must be State(positions, velocities, masses), "
+                            f"got {type(state).__name__}")
+    x = jnp.asarray(state.positions)
+    v = jnp.asarray(state.velocities)
+    if x.ndim != 2:
+        raise ValueError(f"simulate: state.positions must have shape (n, d), got {x.shape}")
+    if v.shape != x.shape:
+        raise ValueError(f"simulate: state.velocities has shape {v.shape}, but positions have "
+                         f"shape {x.shape}")
+    m = jnp.asarray(state.masses)
+    if m.ndim > 1 or (m.ndim == 1 and m.shape[0] != x.shape[0]):
+        raise ValueError(f"simulate: state.masses must be a scalar or have shape "
+                         f"({x.shape[0]},), got {m.shape}")
+    if not isinstance(space, Space):
+        raise TypeError(f"simulate: space must be free() or periodic(box), got {space!r}")
+    if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < 0:
+        raise ValueError(f"simulate: n_steps must be a non-negative integer, got {n_steps!r}")
+    if save_every is None:
+        save_every = max(1, int(n_steps))
+    if isinstance(save_every, bool) or not isinstance(save_every, (int, np.integer)) \
+            or save_every < 1:
+        raise ValueError(f"simulate: save_every must be a positive integer, got {save_every!r}")
+    if n_steps % save_every:
+        raise ValueError(f"simulate: n_steps={n_steps} must be a multiple of "
+                         f"save_every={save_every}")
+    if not isinstance(integrator, Integrator):
+        raise TypeError(f"simulate: integrator must be NVE() or Langevin(kT, gamma), got "
+                        f"{integrator!r}")
+    if integrator.stochastic and key is None:
+        raise ValueError(f"simulate: {type(integrator).__name__} is stochastic and needs an "
+                         f"explicit key=jax.random.key(...)")
+    if neighbors is not None and not isinstance(neighbors, NeighborList):
+        raise TypeError(f"simulate: neighbors must come from neighbor_list(...), got "
+                        f"{type(neighbors).__name__}")
+    if neighbors is not None and neighbors.idx.shape[0] != x.shape[0]:
+        raise ValueError(f"simulate: the neighbour list is for {neighbors.idx.shape[0]} "
+                         f"particles, state has {x.shape[0]}")
+    if neighbors is not None and getattr(energy, "r_cut", None) is None:
+        raise ValueError("simulate: a neighbour list was given but the energy has no r_cut")
+    if not np.isscalar(dt) and jnp.ndim(dt) != 0:
+        raise ValueError(f"simulate: dt must be a scalar, got shape {jnp.shape(dt)}")
+    if adjoint is not None and not isinstance(adjoint, (Direct, Checkpointed)):
+        raise ValueError(f"simulate: adjoint must be Direct() or Checkpointed(), got "
+                         f"{adjoint!r}")
+    return state, int(n_steps), int(save_every)
+
+
+def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
+             integrator: Integrator | None = None, save_every: int | None = None,
+             neighbors: NeighborList | None = None, key=None, throw: bool = True,
+             progress: bool = False, adjoint: AbstractAdjoint | None = None,
+             chunk_steps: int = 2000) -> Trajectory:
+    """Integrate particle dynamics for ``n_steps`` steps of size ``dt``.
+
+    Args:
+        energy: ``energy(positions, params, neighbors=None)``, from :func:`pair_energy` (the
+            direct force path is used) or any function (forces by ``jax.grad``).
+        state: :class:`State` ``(positions, velocities, masses)``.
+        params: The energy's parameters (a dict of arrays); differentiable.
+        space: Where positions move (wrapping in a periodic box).
+        dt: Step size (an array leaf: new values do not recompile).
+        n_steps: Number of steps (a multiple of ``save_every``).
+        integrator: :class:`NVE` (default) or :class:`Langevin`.
+        save_every: Steps between saved frames; by default only the start and the end.
+        neighbors: A :func:`neighbor_list`; kept up to date and reallocated on overflow.
+        key: PRNG key, required by stochastic integrators.
+        throw: Raise :class:`~simlib.SolverError` on failure (non-finite state, neighbour
+            overflow under ``jit``); with ``False`` the code is in ``result``.
+        progress: Show a progress bar (eager calls).
+        adjoint: ``Checkpointed()`` (default: every step recomputed in reverse mode, memory
+            of one carry per step) or ``Direct()`` (stores every step's residuals).
+        chunk_steps: Steps per compiled chunk in eager calls (rounded to frames).
+
+    Returns:
+        A :class:`Trajectory` with ``n_steps // save_every + 1`` frames.
+
+    Example:
+        >>> traj = simulate(energy, State(x, v, 1.0), dict(sigma=1.0, epsilon=1.0),
+        ...                 space=space, dt=0.005, n_steps=1000, save_every=100, neighbors=nbrs)
+    """
+    integrator = NVE() if integrator is None else integrator
+    state, n_steps, save_every = _check_args(energy, state, space, dt, n_steps, integrator,
+                                             save_every, neighbors, key, adjoint)
+    adjoint = Checkpointed() if adjoint is None else adjoint
+    model = _Model(as_energy(energy), space)
+    key = jax.random.key(0) if key is None else key
+    n_frames = n_steps // save_every
+    masses = jnp.asarray(state.masses)
+    dt = jnp.asarray(dt, jnp.result_type(state.positions))
+    traced = inside_trace() or any(
+        isinstance(leaf, jax.core.Tracer)
+        for leaf in jax.tree_util.tree_leaves((state, params, dt, neighbors, integrator)))
+    if traced:
+        return _simulate_traced(model, integrator, state, masses, params, dt, key, n_frames,
+                                save_every, neighbors, adjoint, throw)
+    return _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frames,
+                             save_every, neighbors, adjoint, throw, progress, chunk_steps)
+
+
+def _assemble(carry0, records, carry, masses, dt, save_every, code, builds, reallocations):
+    x, v, e, k = records
+    x = jnp.concatenate([carry0.positions[None], x])
+    v = jnp.concatenate([carry0.velocities[None], v])
+    e = jnp.concatenate([carry0.potential_energy[None], e])
+    k = jnp.concatenate([_kinetic(carry0.velocities, masses)[None], k])
+    times = jnp.arange(x.shape[0], dtype=x.dtype) * (save_every * dt)
+    stats = dict(n_steps=carry.step, n_builds=builds, n_reallocations=reallocations)
+    return Trajectory(times, x, v, e, k, State(carry.positions, carry.velocities, masses),
+                      carry.neighbors, code, stats)
+
+
+def _builds(nbrs):
+    return jnp.int32(0) if nbrs is None else nbrs.n_builds
+
+
+def _simulate_traced(model, integrator, state, masses, params, dt, key, n_frames, save_every,
+                     neighbors, adjoint, throw):
+    carry0 = _start(model, state, params, neighbors)
+    (carry, code, failed_at), records = _frames(model, integrator, carry0, masses, params, dt,
+                                                key, n_frames, save_every, adjoint)
+    traj = _assemble(carry0, records, carry, masses, dt, save_every, code,
+                     _builds(carry.neighbors), jnp.int32(0))
+    if throw:
+        t_fail = failed_at.astype(dt.dtype) * dt
+        traj = check_in_graph(traj, code, t_fail, failed_at, n_frames * save_every * dt,
+                              n_frames * save_every, caller="simulate")
+    return traj
+
+
+def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frames, save_every,
+                      neighbors, adjoint, throw, progress, chunk_steps):
+    reallocations = 0
+    while neighbors is not None and bool(neighbors.update(state.positions).overflow):
+        neighbors = reallocate(neighbors, model.space.wrap(jnp.asarray(state.positions)))
+        reallocations += 1
+    carry0 = _start_jit(model, state, params, neighbors)
+    frames_per_chunk = max(1, int(chunk_steps) // save_every)
+    carry, done, pieces = carry0, 0, []
+    code = int(_status(carry0))
+    failed_at = 0 if code else -1
+    bar = _progress_bar(progress, n_frames * save_every)
+    while done < n_frames and code == 0:
+        k = min(frames_per_chunk, n_frames - done)
+        (new, new_code, new_failed), records = _frames_jit(
+            model, integrator, carry, masses, params, dt, key, k, save_every, adjoint)
+        new_code = int(new_code)
+        if new_code == Result.NEIGHBOR_LIST_OVERFLOW:
+            # Re-run this chunk from its start with a list sized from what overflowed.
+            bigger = reallocate(new.neighbors, carry.positions)
+            bigger = bigger.replace(n_builds=carry.neighbors.n_builds + 1)
+            carry = carry._replace(neighbors=bigger)
+            reallocations += 1
+            continue
+        pieces.append(records)
+        carry, done = new, done + k
+        if new_code:
+            code, failed_at = new_code, int(new_failed)
+        if bar is not None:
+            bar.update(k * save_every)
+    if bar is not None:
+        bar.close()
+    if pieces:
+        records = jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *pieces)
+    else:
+        records = _empty_records(carry0, masses)
+    traj = _assemble(carry0, records, carry, masses, dt, save_every, jnp.int32(code),
+                     _builds(carry.neighbors), reallocations)
+    if code and throw:
+        try:
+            raise_on_failure(code, float(failed_at * dt), failed_at,
+                             float(n_frames * save_every * dt), n_frames * save_every,
+                             caller="simulate")
+        except SolverError as err:
+            err.solution = traj
+            raise
+    return traj
+
+
+def _empty_records(carry, masses):
+    x = carry.positions
+    return (x[None][:0], carry.velocities[None][:0], carry.potential_energy[None][:0],
+            _kinetic(carry.velocities, masses)[None][:0])
+
+
+def _progress_bar(progress, total):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, unit="step", desc="simulate")
