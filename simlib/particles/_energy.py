@@ -22,7 +22,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from . import _native
 from ._mixing import MIXING_RULES, PairParams
+from ._potentials import gravity
 from ._space import Space
 
 
@@ -205,6 +207,21 @@ class PairEnergy(Energy):
     def energy_and_forces(self, positions, params, neighbors=None):
         """The energy and the forces ``(n, d)`` in one pass."""
         positions = self._check(positions, neighbors)
+        if self._native_gravity(positions, params, neighbors):
+            return _gravity_native(positions, params, self)
+        return self._energy_and_forces(positions, params, neighbors)
+
+    def _native_gravity(self, positions, params, neighbors):
+        """Whether the native direct-sum gravity kernel serves this call."""
+        return (self.potential is gravity and neighbors is None and self.r_cut is None
+                and not self.space.periodic and positions.shape[1] == 3
+                and positions.dtype in (jnp.float32, jnp.float64)
+                and isinstance(params, Mapping)
+                and set(params) <= {"G", "softening", "masses"}
+                and jnp.ndim(params["masses"]) in (0, 1)
+                and _native.load() is not None)
+
+    def _energy_and_forces(self, positions, params, neighbors=None):
         n, d = positions.shape
         if neighbors is not None:
             u, c, _, dr = self._neighbor_pass(positions, params, neighbors, True)
@@ -231,6 +248,56 @@ class PairEnergy(Energy):
             return jnp.sum(c * r * r)
 
         return -0.5 * jnp.sum(self._tiles(positions, params, body))
+
+
+def _gravity_native(positions, params, energy: PairEnergy):
+    """Native direct-sum gravity (``_native/gravity.cc``) with a pure-JAX VJP."""
+    dtype = positions.dtype
+    n = positions.shape[0]
+    masses = jnp.broadcast_to(jnp.asarray(params["masses"], dtype), (n,))
+    constants = jnp.stack([jnp.asarray(params["G"], dtype),
+                           jnp.asarray(params["softening"], dtype)])
+    return _gravity_kernel(energy, positions, masses, constants)
+
+
+def _gravity_pure(energy, positions, masses, constants):
+    params = dict(G=constants[0], softening=constants[1], masses=masses)
+    return energy._energy_and_forces(positions, params)
+
+
+def _gravity_ffi(energy, positions, masses, constants):
+    name = "simlib_gravity_f32" if positions.dtype == jnp.float32 else "simlib_gravity_f64"
+    call = jax.ffi.ffi_call(
+        name, (jax.ShapeDtypeStruct(positions.shape, positions.dtype),
+               jax.ShapeDtypeStruct((), positions.dtype)), vmap_method="sequential")
+    forces, e = call(positions, masses, constants)
+    return e, forces
+
+
+@jax.custom_vjp
+def _gravity_kernel_vjp(energy, positions, masses, constants):
+    return lax.platform_dependent(
+        positions, masses, constants,
+        cpu=lambda *a: _gravity_ffi(energy, *a),
+        default=lambda *a: _gravity_pure(energy, *a))
+
+
+def _gravity_kernel_fwd(energy, positions, masses, constants):
+    out = _gravity_kernel_vjp(energy, positions, masses, constants)
+    return out, (energy, positions, masses, constants)
+
+
+def _gravity_kernel_bwd(res, cotangent):
+    energy, positions, masses, constants = res
+    _, vjp = jax.vjp(lambda *a: _gravity_pure(energy, *a), positions, masses, constants)
+    return (jax.tree_util.tree_map(jnp.zeros_like, energy), *vjp(cotangent))
+
+
+_gravity_kernel_vjp.defvjp(_gravity_kernel_fwd, _gravity_kernel_bwd)
+
+
+def _gravity_kernel(energy, positions, masses, constants):
+    return _gravity_kernel_vjp(energy, positions, masses, constants)
 
 
 def pair_energy(potential: Callable, space: Space, r_cut: float | None = None, *,
