@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import _native
 from ._space import Space
 
 
@@ -93,10 +94,8 @@ class NeighborList:
 
     def build(self, positions) -> NeighborList:
         """The list rebuilt from scratch at ``positions`` (jittable)."""
-        idx, count, occupancy = _build(self, positions)
-        overflow = self.overflow | (count > self.capacity)
-        if self.grid is not None:
-            overflow = overflow | (occupancy > self.cell_capacity)
+        idx, count, cell_overflow, occupancy = _build(self, positions)
+        overflow = self.overflow | (count > self.capacity) | cell_overflow
         return self.replace(idx=idx, reference_positions=positions, overflow=overflow,
                             max_neighbors=jnp.maximum(self.max_neighbors, count),
                             max_cell_occupancy=jnp.maximum(self.max_cell_occupancy, occupancy),
@@ -217,8 +216,8 @@ def _within(nl, positions, cand, radius):
     return valid & (r2 < radius**2)
 
 
-def _compact(mask, cand, capacity):
-    """The first ``capacity`` candidates of each row where ``mask`` holds, padded with ``n``.
+def _compact(mask, cand, capacity, fill):
+    """The first ``capacity`` candidates of each row where ``mask`` holds, padded with ``fill``.
 
     Scatters and sorts are slow on XLA's CPU backend, so this selects with bit operations:
     the mask is packed into 32-bit words, slot ``k`` finds its word by binary search over
@@ -254,23 +253,53 @@ def _compact(mask, cand, capacity):
         rank = jnp.where(go, rank - low, rank)
         bit = jnp.where(go, bit + width, bit)
     picked = jnp.take_along_axis(cand, jnp.minimum(w * 32 + bit, c - 1), axis=1)
-    return jnp.where(k < inclusive[:, -1:], picked, n).astype(jnp.int32)
+    return jnp.where(k < inclusive[:, -1:], picked, fill).astype(jnp.int32)
 
 
-def _build(nl, positions):
-    """``(idx, max count, max cell occupancy)`` for a list built at ``positions``."""
+def _build_pure(nl, positions):
+    """``(idx, max count, cell overflow, max occupancy)`` from the pure-JAX build."""
     radius = nl.r_cut + nl.skin
     if nl.grid is None:
         cand = _candidate_pairs_all(nl.space, positions)
         mask = _within(nl, positions, cand, radius)
         mask, cand = lax.optimization_barrier((mask, cand))
-        return (_compact(mask, cand, nl.capacity), jnp.max(jnp.sum(mask, 1, dtype=jnp.int32)),
+        count = jnp.max(jnp.sum(mask, 1, dtype=jnp.int32))
+        return (_compact(mask, cand, nl.capacity, positions.shape[0]), count, jnp.array(False),
                 jnp.int32(0))
     mask, cand, slot, occupancy = _build_cells(nl, positions, radius)
     mask, cand = lax.optimization_barrier((mask, cand))
     count = jnp.sum(mask, axis=1, dtype=jnp.int32)
-    idx = _compact(mask, cand, nl.capacity)[slot]
-    return idx, jnp.max(count), occupancy
+    idx = _compact(mask, cand, nl.capacity, positions.shape[0])[slot]
+    return idx, jnp.max(count), occupancy > nl.cell_capacity, occupancy
+
+
+def _build_native(nl, positions):
+    """The same from the native cell-list kernel (``_native/neighbors.cc``): no cell
+    capacity, so cells never overflow."""
+    n, d = positions.shape
+    box = (nl.space.box_vector(d, positions.dtype) if nl.space.periodic
+           else jnp.zeros(d, positions.dtype))
+    geometry = jnp.concatenate([jnp.asarray(nl.cell_origin, positions.dtype),
+                                jnp.asarray(nl.cell_size, positions.dtype), box])
+    grid = tuple(nl.grid) + (1,) * (3 - d)
+    name = "simlib_neighbors_f32" if positions.dtype == jnp.float32 else "simlib_neighbors_f64"
+    call = jax.ffi.ffi_call(name, (jax.ShapeDtypeStruct((n, nl.capacity), jnp.int32),
+                                   jax.ShapeDtypeStruct((2,), jnp.int32)),
+                            vmap_method="sequential")
+    idx, stats = call(positions, geometry, periodic=int(nl.space.periodic), g0=grid[0],
+                      g1=grid[1], g2=grid[2], reach=float(nl.r_cut + nl.skin))
+    return idx, stats[0], jnp.array(False), stats[1]
+
+
+def _build(nl, positions):
+    """``(idx, max count, cell overflow, max occupancy)`` for a list built at ``positions``:
+    the native kernel on the CPU where it is available, the pure-JAX build otherwise."""
+    positions = lax.stop_gradient(positions)
+    if (nl.grid is not None and positions.dtype in (jnp.float32, jnp.float64)
+            and _native.load() is not None):
+        return lax.platform_dependent(
+            positions, cpu=lambda x: _build_native(nl, x), default=lambda x: _build_pure(nl, x))
+    return _build_pure(nl, positions)
 
 
 def missing_pairs(nl: NeighborList, positions) -> jax.Array:

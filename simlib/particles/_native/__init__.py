@@ -24,8 +24,9 @@ from pathlib import Path
 import jax
 import jaxlib
 
-_SOURCES = ("gravity.cc",)
-_TARGETS = ("simlib_gravity_f32", "simlib_gravity_f64")
+_SOURCES = ("gravity.cc", "neighbors.cc")
+_TARGETS = ("simlib_gravity_f32", "simlib_gravity_f64", "simlib_neighbors_f32",
+            "simlib_neighbors_f64")
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only",
           "-std=c++17", "-shared", "-fPIC")
 _lock = threading.Lock()
