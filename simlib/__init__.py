@@ -6,7 +6,7 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 ``jax.config.update("jax_enable_x64", True)`` when you need it.
 """
 
-from . import systems
+from . import particles, systems
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
 from ._errors import Result, SolverError
 from ._solve import SaveAt, Solution, solve
@@ -76,6 +76,7 @@ __all__ = [
     "fit",
     "mse_loss",
     "multiple_shooting",
+    "particles",
     "solve",
     "systems",
     "trajectory_residuals",

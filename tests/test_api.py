@@ -45,6 +45,7 @@ PUBLIC = [
     "fit",
     "mse_loss",
     "multiple_shooting",
+    "particles",
     "solve",
     "systems",
     "trajectory_residuals",
@@ -111,7 +112,8 @@ def test_solver_order_and_reference(name):
 def test_result_codes():
     assert sl.Result.SUCCESSFUL == 0
     assert {r.name for r in sl.Result} == {
-        "SUCCESSFUL", "MAX_STEPS_REACHED", "NONFINITE_STATE", "STEP_SIZE_TOO_SMALL"
+        "SUCCESSFUL", "MAX_STEPS_REACHED", "NONFINITE_STATE", "STEP_SIZE_TOO_SMALL",
+        "NEIGHBOR_LIST_OVERFLOW", "NEIGHBOR_LIST_MISSED_PAIRS",
     }
     assert issubclass(sl.SolverError, RuntimeError)
 
@@ -138,3 +140,32 @@ def test_default_saveat_is_t1_only(kw):
     assert int(sol.result) == 0
     assert set(sol.stats) == {"num_steps", "num_accepted", "num_rejected", "num_fevals",
                               "t_final"}
+
+
+PARTICLES_PUBLIC = [
+    "MIXING_RULES", "NVE", "BondEnergy", "Energy", "Integrator", "Langevin", "MinimizeResult",
+    "NeighborList", "PairEnergy", "Space", "State", "Trajectory", "angular_momentum",
+    "bond_energy", "coulomb", "forces", "free", "gravity", "harmonic", "kinetic_energy",
+    "lattice", "lennard_jones", "maxwell_boltzmann", "mean_square_displacement", "minimize",
+    "missing_pairs", "morse", "neighbor_list", "pair_energy", "periodic", "plummer", "pressure",
+    "radial_distribution", "reallocate", "simulate", "temperature", "total_momentum", "wca",
+]
+
+
+def test_particles_all_is_pinned():
+    from simlib import particles as sp
+
+    assert sl.particles is sp
+    assert sorted(sp.__all__) == sorted(PARTICLES_PUBLIC)
+    for name in sp.__all__:
+        assert inspect.getdoc(getattr(sp, name)), name
+
+
+def test_simulate_signature():
+    from simlib import particles as sp
+
+    params = inspect.signature(sp.simulate).parameters
+    assert list(params)[:3] == ["energy", "state", "params"]
+    for kw in ("space", "dt", "n_steps", "integrator", "save_every", "neighbors", "key",
+               "throw", "adjoint"):
+        assert params[kw].kind is inspect.Parameter.KEYWORD_ONLY, kw
