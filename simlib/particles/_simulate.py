@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._adjoint import AbstractAdjoint, Checkpointed, Direct
+from .._adjoint import AbstractAdjoint, Checkpointed, Direct, Reversible
 from .._errors import Result, SolverError, check_in_graph, raise_on_failure
 from .._util import inside_trace
 from ._dynamics import NVE, Carry, Integrator, State
@@ -177,9 +177,12 @@ def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neigh
         raise ValueError("simulate: a neighbour list was given but the energy has no r_cut")
     if not np.isscalar(dt) and jnp.ndim(dt) != 0:
         raise ValueError(f"simulate: dt must be a scalar, got shape {jnp.shape(dt)}")
-    if adjoint is not None and not isinstance(adjoint, (Direct, Checkpointed)):
-        raise ValueError(f"simulate: adjoint must be Direct() or Checkpointed(), got "
-                         f"{adjoint!r}")
+    if adjoint is not None and not isinstance(adjoint, (Direct, Checkpointed, Reversible)):
+        raise ValueError(f"simulate: adjoint must be Direct(), Checkpointed() or Reversible(), "
+                         f"got {adjoint!r}")
+    if isinstance(adjoint, Reversible) and not isinstance(integrator, NVE):
+        raise ValueError(f"simulate: adjoint=Reversible() needs the time-reversible NVE() "
+                         f"integrator, got {integrator!r}")
     return state, int(n_steps), int(save_every)
 
 
@@ -253,9 +256,14 @@ def _builds(nbrs):
 
 def _simulate_traced(model, integrator, state, masses, params, dt, key, n_frames, save_every,
                      neighbors, adjoint, throw):
-    carry0 = _start(model, state, params, neighbors)
-    (carry, code, failed_at), records = _frames(model, integrator, carry0, masses, params, dt,
-                                                key, n_frames, save_every, adjoint)
+    if isinstance(adjoint, Reversible):
+        carry0, (carry, code, failed_at), records = _reversible(
+            model, integrator, neighbors, dt, key, n_frames, save_every,
+            jnp.asarray(state.positions), jnp.asarray(state.velocities), masses, params)
+    else:
+        carry0 = _start(model, state, params, neighbors)
+        (carry, code, failed_at), records = _frames(model, integrator, carry0, masses, params,
+                                                    dt, key, n_frames, save_every, adjoint)
     traj = _assemble(carry0, records, carry, masses, dt, save_every, code,
                      _builds(carry.neighbors), jnp.int32(0))
     if throw:
@@ -325,3 +333,88 @@ def _progress_bar(progress, total):
         return None
     from tqdm.auto import tqdm
     return tqdm(total=total, unit="step", desc="simulate")
+
+
+def _reversible(model, integrator, neighbors, dt, key, n_frames, save_every, x0, v0, masses,
+                params):
+    """The traced run with a backward pass that integrates backwards (``Reversible``).
+
+    Velocity Verlet with ``-dt`` undoes a step exactly in exact arithmetic, so the backward
+    pass re-creates each state from the next one instead of storing it, and applies the
+    step's VJP there: memory independent of the number of steps. The carry's forces are
+    part of the differentiated state, so each backward step costs one force evaluation to
+    go back and one force VJP. Round-off in the reconstruction grows with the steps, and
+    exponentially on chaotic systems (a liquid): compare with ``Checkpointed`` when in doubt.
+    """
+    dt = lax.stop_gradient(dt)
+
+    def start(x0, v0, params):
+        return _start(model, State(x0, v0, masses), params, neighbors)
+
+    @jax.custom_vjp
+    def run(x0, v0, masses, params):
+        carry0 = start(x0, v0, params)
+        out, records = _frames(model, integrator, carry0, masses, params, dt, key, n_frames,
+                               save_every, Direct())
+        return carry0, out, records
+
+    def run_fwd(x0, v0, masses, params):
+        carry0, out, records = run(x0, v0, masses, params)
+        return (carry0, out, records), (out[0], x0, v0, masses, params)
+
+    def run_bwd(res, cotangents):
+        final, x0, v0, masses, params = res
+        ct0, (ct_final, _, _), (ct_x, ct_v, ct_e, ct_k) = cotangents
+        zero_p = jax.tree_util.tree_map(jnp.zeros_like, params)
+        m_col = jnp.asarray(masses)[:, None] if jnp.ndim(masses) == 1 else masses
+
+        def step_fn(x, v, f, masses, params, nbrs, step):
+            c = integrator.step(model, Carry(x, v, f, jnp.zeros((), x.dtype), nbrs, step),
+                                masses, params, dt, key)
+            return c.positions, c.velocities, c.forces, c.potential_energy
+
+        def back_step(state, _):
+            carry, adj, m_bar, p_bar = state
+            prev = integrator.step(model, carry, masses, params, -dt, key)
+            prev = prev._replace(step=carry.step - 1)
+            _, vjp = jax.vjp(lambda x, v, f, m, p: step_fn(x, v, f, m, p, prev.neighbors,
+                                                           prev.step),
+                             prev.positions, prev.velocities, prev.forces, masses, params)
+            x_bar, v_bar, f_bar, dm, dp = vjp(adj)
+            adj = (x_bar, v_bar, f_bar, jnp.zeros_like(adj[3]))
+            p_bar = jax.tree_util.tree_map(jnp.add, p_bar, dp)
+            return (prev, adj, m_bar + dm, p_bar), None
+
+        def back_frame(state, cts):
+            carry, adj, m_bar, p_bar = state
+            cx, cv, ce, ck = cts
+            v = carry.velocities
+            adj = (adj[0] + cx, adj[1] + cv + ck * m_col * v, adj[2], adj[3] + ce)
+            m_bar = m_bar + _kinetic_mass_grad(v, masses, ck)
+            state, _ = lax.scan(back_step, (carry, adj, m_bar, p_bar), None, length=save_every)
+            return state, None
+
+        adj = (ct_final.positions, ct_final.velocities, ct_final.forces,
+               ct_final.potential_energy)
+        state = (final, adj, jnp.zeros_like(jnp.asarray(masses)), zero_p)
+        (carry, adj, m_bar, p_bar), _ = lax.scan(back_frame, state, (ct_x, ct_v, ct_e, ct_k),
+                                                 reverse=True)
+        adj = (adj[0] + ct0.positions, adj[1] + ct0.velocities, adj[2] + ct0.forces,
+               adj[3] + ct0.potential_energy)
+        _, vjp = jax.vjp(lambda x, v, p: _start_outputs(start(x, v, p)), x0, v0, params)
+        x_bar, v_bar, dp = vjp(adj)
+        p_bar = jax.tree_util.tree_map(jnp.add, p_bar, dp)
+        return x_bar, v_bar, m_bar.astype(jnp.asarray(masses).dtype), p_bar
+
+    run.defvjp(run_fwd, run_bwd)
+    return run(x0, v0, masses, params)
+
+
+def _start_outputs(carry):
+    return carry.positions, carry.velocities, carry.forces, carry.potential_energy
+
+
+def _kinetic_mass_grad(v, masses, ck):
+    """d/dm of ``ck * K`` with ``K = sum_i m_i |v_i|^2 / 2``, shaped like ``masses``."""
+    per_particle = 0.5 * jnp.sum(v * v, axis=-1) * ck
+    return per_particle if jnp.ndim(masses) == 1 else jnp.sum(per_particle)
