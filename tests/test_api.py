@@ -43,6 +43,7 @@ PUBLIC = [
     "VelocityVerlet",
     "Yoshida4",
     "fit",
+    "least_squares",
     "mse_loss",
     "multiple_shooting",
     "particles",

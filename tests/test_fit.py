@@ -602,3 +602,46 @@ def test_lorenz_multiple_shooting_recovers_parameters():
     # the segments join up and fit the data to the noise level
     assert 0.8 < res.loss < 1.2
     assert np.max(np.abs(np.asarray(ms.defects(res.params)))) < 0.2
+
+
+# --------------------------------------------------------------------------------------
+# least_squares (Levenberg-Marquardt)
+
+
+def test_least_squares_solves_a_linear_problem_exactly():
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(40, 3))
+    b = rng.normal(size=40)
+    res = sl.least_squares(lambda p: jnp.asarray(A) @ p["x"] - b, dict(x=jnp.zeros(3)),
+                           tol=1e-14)
+    assert res.converged, res.message
+    # Steps are accepted on the decrease of |r|^2, which resolves parameter errors down to
+    # about sqrt(machine epsilon) relative to the cost's size: 1e-9 is well inside that.
+    np.testing.assert_allclose(res.params["x"], np.linalg.lstsq(A, b, rcond=None)[0],
+                               rtol=0, atol=1e-9)
+
+
+def test_least_squares_lotka_volterra_matches_scipy_and_fit(lv_fit, lv_data):
+    obs, sigma = lv_data
+
+    def residuals(p):
+        return trajectory_residuals(lv_predict(p), obs, sigma=sigma)
+
+    p0 = LV_TRUE * np.array([1.25, 0.8, 0.75, 1.2])
+    res = sl.least_squares(residuals, jnp.asarray(p0), tol=1e-12, transforms=sl.Positive(),
+                           stderr=True)
+    assert res.converged, res.message
+    assert res.n_steps < 40
+    np.testing.assert_allclose(np.asarray(res.params), np.asarray(lv_fit.params), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(res.stderr), np.asarray(lv_fit.stderr), rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(res.params), LV_TRUE, rtol=0.02)
+    assert np.all(np.diff(res.history) <= 1e-12 * res.history[:-1])   # monotone cost
+
+
+def test_least_squares_argument_errors():
+    with pytest.raises(ValueError, match="steps"):
+        sl.least_squares(lambda p: p, jnp.ones(2), steps=0)
+    with pytest.raises(ValueError, match="damping"):
+        sl.least_squares(lambda p: p, jnp.ones(2), damping=-1.0)
+    with pytest.raises(ValueError, match="jacobian"):
+        sl.least_squares(lambda p: p, jnp.ones(2), jacobian="bad")
