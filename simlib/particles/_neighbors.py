@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .._util import inside_trace, is_tracer
 from . import _native
 from ._space import Space
 
@@ -94,6 +95,8 @@ class NeighborList:
 
     def build(self, positions) -> NeighborList:
         """The list rebuilt from scratch at ``positions`` (jittable)."""
+        if not _traced(self, positions):
+            return _build_jit(self, positions)
         idx, count, cell_overflow, occupancy = _build(self, positions)
         overflow = self.overflow | (count > self.capacity) | cell_overflow
         return self.replace(idx=idx, reference_positions=positions, overflow=overflow,
@@ -107,7 +110,11 @@ class NeighborList:
         return jnp.max(jnp.sum(d * d, axis=-1)) > (0.5 * self.skin) ** 2
 
     def update(self, positions) -> NeighborList:
-        """Rebuild if needed (``lax.cond``); with ``debug``, also count missed pairs."""
+        """Rebuild if needed (``lax.cond``); with ``debug``, also count missed pairs.
+
+        Called eagerly it runs one compiled function (shared by all calls)."""
+        if not _traced(self, positions):
+            return _update_jit(self, positions)
         out = lax.cond(self.needs_rebuild(positions), lambda: self.build(positions), lambda: self)
         if self.debug:
             out = out.replace(missed_pairs=out.missed_pairs + missing_pairs(out, positions))
@@ -116,6 +123,20 @@ class NeighborList:
     def did_overflow(self) -> bool:
         """``overflow`` as a Python bool (eager use)."""
         return bool(self.overflow)
+
+
+def _traced(nl, positions) -> bool:
+    return inside_trace() or is_tracer((nl, positions))
+
+
+@jax.jit
+def _update_jit(nl, positions):
+    return nl.update(positions)
+
+
+@jax.jit
+def _build_jit(nl, positions):
+    return nl.build(positions)
 
 
 def _candidate_pairs_all(space, positions):

@@ -38,7 +38,8 @@ class Trajectory(NamedTuple):
         final: The :class:`State` after the last step.
         neighbors: The neighbour list after the last step (``None`` without one).
         result: A :class:`~simlib.Result` code (0 on success).
-        stats: ``n_steps``, ``n_builds`` (neighbour-list builds) and ``n_reallocations``.
+        stats: ``n_steps``, ``n_builds`` (builds of the neighbour list since it was
+            allocated, this call included) and ``n_reallocations`` (in this call).
     """
 
     times: jax.Array
@@ -204,12 +205,16 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
         integrator: :class:`NVE` (default) or :class:`Langevin`.
         save_every: Steps between saved frames; by default only the start and the end.
         neighbors: A :func:`neighbor_list`; kept up to date and reallocated on overflow.
-        key: PRNG key, required by stochastic integrators.
+        key: PRNG key, required by stochastic integrators. The noise of step ``k`` is drawn
+            from ``fold_in(key, k)`` with ``k`` counted from 0 in every call, so continue a
+            run from ``traj.final`` with a new key (``jax.random.split``), not the same one.
         throw: Raise :class:`~simlib.SolverError` on failure (non-finite state, neighbour
             overflow under ``jit``); with ``False`` the code is in ``result``.
         progress: Show a progress bar (eager calls).
-        adjoint: ``Checkpointed()`` (default: every step recomputed in reverse mode, memory
-            of one carry per step) or ``Direct()`` (stores every step's residuals).
+        adjoint: ``Checkpointed()`` (default: each frame and each step recomputed in reverse
+            mode, so memory holds one carry per step; ``steps_per_segment`` is not used
+            here), ``Direct()`` (stores every step's residuals) or ``Reversible()`` (NVE
+            only: the backward pass integrates backwards, memory independent of the steps).
         chunk_steps: Steps per compiled chunk in eager calls (rounded to frames).
 
     Returns:
@@ -310,7 +315,7 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
     else:
         records = _empty_records(carry0, masses)
     traj = _assemble(carry0, records, carry, masses, dt, save_every, jnp.int32(code),
-                     _builds(carry.neighbors), reallocations)
+                     _builds(carry.neighbors), jnp.int32(reallocations))
     if code and throw:
         try:
             raise_on_failure(code, float(failed_at * dt), failed_at,
