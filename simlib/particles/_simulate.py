@@ -287,7 +287,7 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
     carry0 = _start_jit(model, state, params, neighbors)
     frames_per_chunk = max(1, int(chunk_steps) // save_every)
     carry, done, pieces = carry0, 0, []
-    code = int(_status(carry0))
+    code = int(_status_jit(carry0))
     failed_at = 0 if code else -1
     bar = _progress_bar(progress, n_frames * save_every)
     while done < n_frames and code == 0:
@@ -311,10 +311,10 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
     if bar is not None:
         bar.close()
     if pieces:
-        records = jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *pieces)
+        records = _concatenate(pieces) if len(pieces) > 1 else pieces[0]
     else:
         records = _empty_records(carry0, masses)
-    traj = _assemble(carry0, records, carry, masses, dt, save_every, jnp.int32(code),
+    traj = _assemble_jit(carry0, records, carry, masses, dt, save_every, jnp.int32(code),
                      _builds(carry.neighbors), jnp.int32(reallocations))
     if code and throw:
         try:
@@ -325,6 +325,15 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
             err.solution = traj
             raise
     return traj
+
+
+_status_jit = jax.jit(_status)
+_assemble_jit = jax.jit(_assemble, static_argnums=5)
+
+
+@jax.jit
+def _concatenate(pieces):
+    return jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *pieces)
 
 
 def _empty_records(carry, masses):
