@@ -409,7 +409,7 @@ def _allocate(space, positions, r_cut, skin, capacity, cell_capacity, multiplier
             cell_capacity = max(math.ceil(occupancy * multiplier) + 1, min_cell_capacity)
         blank = blank.replace(cell_capacity=int(cell_capacity))
     if capacity is None:
-        count = int(_count_jit(blank, positions))
+        count = int(_count_jit(blank.replace(capacity=1), positions))   # counts are not capped
         capacity = max(1, math.ceil(count * multiplier), min_capacity)
     nl = blank.replace(capacity=int(capacity))
     return _first_build(nl, positions)
