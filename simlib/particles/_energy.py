@@ -219,6 +219,7 @@ class PairEnergy(Energy):
                 and isinstance(params, Mapping)
                 and set(params) <= {"G", "softening", "masses"}
                 and jnp.ndim(params["masses"]) in (0, 1)
+                and self.rules["masses"] is MIXING_RULES["masses"]
                 and _native.load() is not None)
 
     def _energy_and_forces(self, positions, params, neighbors=None):

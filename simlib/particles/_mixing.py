@@ -1,7 +1,8 @@
 """Per-pair parameters from per-particle ones (mixing rules) and species tables.
 
 Inside a pair sum, a potential reads ``params[name]`` and sees, for every pair ``(i, j)``:
-- a scalar as it is;
+- a scalar as it is, or, for a name with a mixing rule, combined with itself (the same
+  value for every particle: ``masses=m`` gives the pair ``m * m``);
 - an ``(S, S)`` table indexed by ``params["species"]``: ``table[s_i, s_j]``;
 - a per-particle ``(n,)`` array combined by the mixing rule for its name: the product for
   ``masses`` and ``charges``; Lorentz-Berthelot for ``sigma`` (arithmetic mean) and
@@ -71,7 +72,10 @@ class PairParams(Mapping):
                            f"(params has {sorted(self._params)})")
         value = jnp.asarray(self._params[key])
         if value.ndim == 0:
-            out = value
+            # A scalar is the same value for every particle: combined with itself, so
+            # masses=m gives the pair m*m, and sigma, epsilon stay as they are.
+            rule = self._rules.get(key)
+            out = value if rule is None else rule(value, value)
         elif value.ndim == 2 and key != "species" and "species" in self._params:
             species = jnp.asarray(self._params["species"])
             out = value[self._take_i(species), self._take_j(species)]

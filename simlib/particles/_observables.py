@@ -98,8 +98,8 @@ def radial_distribution(positions, space: Space, *, r_max: float, n_bins: int = 
         shell = jnp.pi * (edges[1:] ** 2 - edges[:-1] ** 2)
     else:
         shell = 2.0 * (edges[1:] - edges[:-1])
-    density = n / space.volume(d)
-    g = 2.0 * counts / (n_frames * n * density * shell)
+    pair_density = (n - 1) / space.volume(d)      # other particles per unit volume
+    g = 2.0 * counts / (n_frames * n * pair_density * shell)
     return 0.5 * (edges[1:] + edges[:-1]), g
 
 

@@ -87,9 +87,10 @@ def _status(carry: Carry):
     finite = jnp.all(jnp.isfinite(carry.positions)) & jnp.all(jnp.isfinite(carry.velocities))
     code = jnp.where(finite, code, Result.NONFINITE_STATE)
     if carry.neighbors is not None:
-        code = jnp.where(carry.neighbors.overflow, Result.NEIGHBOR_LIST_OVERFLOW, code)
+        # An overflow drops pairs, so it explains missed pairs and takes precedence.
         code = jnp.where(carry.neighbors.missed_pairs > 0, Result.NEIGHBOR_LIST_MISSED_PAIRS,
                          code)
+        code = jnp.where(carry.neighbors.overflow, Result.NEIGHBOR_LIST_OVERFLOW, code)
     return code
 
 
