@@ -108,3 +108,13 @@ def test_everything_works_without_native_kernels(tmp_path):
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert np.isfinite(float(run.stdout.strip().splitlines()[-1]))
+
+
+def test_loading_native_kernels_keeps_subnormal_floats():
+    """The library must not switch the process to flush-to-zero (as -ffast-math would).
+    (XLA's own CPU kernels flush subnormals inside their computations; numpy must not.)"""
+    _native.load()
+    tiny64 = np.float64(1e-310)
+    tiny32 = np.float32(1e-40)
+    assert tiny64 * np.float64(1.0) != 0.0
+    assert tiny32 * np.float32(1.0) != 0.0

@@ -27,8 +27,11 @@ import jaxlib
 _SOURCES = ("gravity.cc", "neighbors.cc")
 _TARGETS = ("simlib_gravity_f32", "simlib_gravity_f64", "simlib_neighbors_f32",
             "simlib_neighbors_f64")
-_FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only",
-          "-std=c++17", "-shared", "-fPIC")
+# Not -ffast-math: linking with it (or -Ofast, -funsafe-math-optimizations) pulls in
+# crtfastmath.o, which turns on flush-to-zero for the whole process when the library loads.
+_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+          "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math", "-std=c++17",
+          "-shared", "-fPIC")
 _lock = threading.Lock()
 _state: dict = {}
 
