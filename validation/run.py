@@ -27,6 +27,7 @@ from validation import (  # noqa: E402
     convergence,
     energy,
     gradients,
+    particles,
     work_precision,
 )
 
@@ -36,6 +37,7 @@ PARTS = {
     "energy": energy,
     "work_precision": work_precision,
     "gradients": gradients,
+    "particles": particles,
 }
 
 
@@ -51,7 +53,7 @@ def _header(quick: bool, parts: list[str], seconds: float) -> str:
         "```",
         "python -m validation            # full run (this report: "
         f"{'quick' if quick else 'full'} mode)",
-        "python -m validation --quick    # reduced run, under about two minutes",
+        "python -m validation --quick    # reduced run, about three minutes",
         "```",
         "",
         f"This report was produced by `{command}`"
