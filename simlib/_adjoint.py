@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -160,6 +161,23 @@ def checkpointed_scan(body, carry0, n_iter: int, segment: int):
     return carry, outs
 
 
+def _hoist_constants(fn, example):
+    """``(fn2, consts)`` with ``fn2(x, *consts) == fn(x)`` and every value ``fn`` closes
+    over, integer tracers included (``jax.closure_convert`` hoists only float ones), in
+    ``consts``, so that a custom VJP can take them as arguments."""
+    closed = jax.make_jaxpr(fn)(example)
+    out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, example))
+    jaxpr_fn = jax.extend.core.jaxpr_as_fun(
+        jax.extend.core.ClosedJaxpr(closed.jaxpr.replace(
+            invars=closed.jaxpr.constvars + closed.jaxpr.invars, constvars=[]), []))
+
+    def fn2(x, *consts):
+        return jax.tree_util.tree_unflatten(
+            out_tree, jaxpr_fn(*consts, *jax.tree_util.tree_leaves(x)))
+
+    return fn2, list(closed.consts)
+
+
 def _zero_cotangent(tree):
     """Zero cotangents for inputs that are not differentiated (float0 for integers)."""
     return jax.tree_util.tree_map(
@@ -180,28 +198,51 @@ def reversible_scan(f, solver, mode, n_save, advance, carry0, n_iter, args):
     """The fixed-step scan with a backward pass that integrates backwards.
 
     Returns what ``lax.scan(body, carry0, None, length=n_iter)`` would for the fixed-step
-    body: ``(carry, outs)``. The time walk (times only) runs first; the state scan is a
-    ``custom_vjp`` whose backward pass steps from ``y_{k+1}`` back to ``y_k`` with ``-h``
-    and applies the step's VJP there, injecting the cotangents of saved values.
+    body: ``(carry, outs)``. The state scan is a ``custom_vjp`` whose backward pass steps
+    from ``y_{k+1}`` back to ``y_k`` with ``-h`` and applies the step's VJP there,
+    injecting the cotangents of saved values.
+
+    The time plan (each step's ``t``, ``h``, save slot and count) depends on times only.
+    It is not stored: a walk-only pass keeps the walker's state at the start of every
+    segment of ``ceil(sqrt(n_iter))`` steps, and each segment's plan is regenerated from
+    there, in the forward and again in the backward pass. So memory holds
+    ``O(sqrt(n_iter))`` scalars besides a few states, independent of the step count in
+    practice. (``SaveAt(steps=True)`` returns every step anyway and keeps the full plan.)
     """
     t0, y0, _, k0, i0, buf0, result0, fail_t0, fail_step0, count0 = carry0
+    segment = max(1, math.ceil(math.sqrt(n_iter))) if mode != "steps" else n_iter
+    n_seg = -(-n_iter // segment)
 
     def walk(c, _):
         t, k, i, count = c
         target, h, k, save = advance(t, k, i)
         slot = jnp.where(save, i, n_save)
-        return (target, k, i + save.astype(i.dtype), count + (h != 0).astype(count.dtype)), (
-            t, h, slot, count + (h != 0).astype(count.dtype))
+        count = count + (h != 0).astype(count.dtype)
+        return (target, k, i + save.astype(i.dtype), count), (t, h, slot, count)
 
-    (t_end, k_end, i_end, count_end), plan = lax.scan(
-        walk, (t0, k0, i0, count0), None, length=n_iter)
-    # Values the vector field closes over become explicit inputs of the custom VJP.
+    def segment_plan(start):
+        return lax.scan(walk, start, None, length=segment)
+
+    def walk_segment(c, _):
+        end, plan = segment_plan(c)
+        return end, (c, plan if mode == "steps" else None)
+
+    (t_end, k_end, i_end, count_end), (starts, full_plan) = lax.scan(
+        walk_segment, (t0, k0, i0, count0), None, length=n_seg)
+    if mode == "steps":
+        full_plan = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:])[:n_iter],
+                                           full_plan)
+    # Values the vector field and the walker close over become explicit inputs of the
+    # custom VJP (a backward pass that closed over them would leak tracers of an enclosing
+    # jit).
     f, args = convert_closure(f, t0, y0, args)
+    plan_fn, walk_consts = _hoist_constants(
+        segment_plan, jax.tree_util.tree_map(lambda x: x[0], starts))
 
     def one_step(t, y, h, a):
         return solver.step(f, t, y, h, a, solver.init(f, t, y, a))[0]
 
-    def forward(y0, a, plan, init):
+    def forward(y0, a, starts, init, walk_consts):
         buf0, result0, fail_t0, fail_step0 = init
 
         def body(c, xs):
@@ -214,22 +255,26 @@ def reversible_scan(f, solver, mode, n_save, advance, carry0, n_iter, args):
                     lambda b, x: lax.dynamic_update_index_in_dim(b, x, slot, 0), buf, y1)
             return (y1, state1, buf, result, fail_t, fail_step), (y1 if mode == "steps" else None)
 
-        c0 = (y0, solver.init(f, plan[0][0], y0, a), buf0, result0, fail_t0, fail_step0)
-        (y, _, buf, result, fail_t, fail_step), ys = lax.scan(body, c0, plan)
+        def run_segment(c, start):
+            _, plan = plan_fn(start, *walk_consts)
+            return lax.scan(body, c, plan)
+
+        c0 = (y0, solver.init(f, starts[0][0], y0, a), buf0, result0, fail_t0, fail_step0)
+        (y, _, buf, result, fail_t, fail_step), ys = lax.scan(run_segment, c0, starts)
+        if mode == "steps":
+            ys = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:])[:n_iter], ys)
         return (y, buf, ys), (result, fail_t, fail_step)
 
-    # Everything the custom VJP uses is an argument: a backward pass that closed over
-    # the plan would leak tracers of the enclosing jit.
     @jax.custom_vjp
-    def run(y0, a, plan, init):
-        return forward(y0, a, plan, init)
+    def run(y0, a, starts, init, walk_consts):
+        return forward(y0, a, starts, init, walk_consts)
 
-    def run_fwd(y0, a, plan, init):
-        out = forward(y0, a, plan, init)
-        return out, (out[0][0], a, plan, init)
+    def run_fwd(y0, a, starts, init, walk_consts):
+        out = forward(y0, a, starts, init, walk_consts)
+        return out, (out[0][0], a, starts, init, walk_consts)
 
     def run_bwd(res, cotangent):
-        y_end, a, plan, init = res
+        y_end, a, starts, init, walk_consts = res
         (d_y, d_buf, d_ys), _ = cotangent
         zero_a = jax.tree_util.tree_map(jnp.zeros_like, a)
 
@@ -241,20 +286,31 @@ def reversible_scan(f, solver, mode, n_save, advance, carry0, n_iter, args):
                     lambda gl, db: gl + jnp.where(slot < n_save,
                                                   db[jnp.minimum(slot, n_save)], 0.0), g, d_buf)
             if d_ys is not None:
-                g = jax.tree_util.tree_map(lambda gl, dl: gl + dl[index], g, d_ys)
+                g = jax.tree_util.tree_map(
+                    lambda gl, dl: gl + jnp.where(index < n_iter,
+                                                  dl[jnp.minimum(index, n_iter - 1)], 0.0),
+                    g, d_ys)
             y = one_step(t + h, y1, -h, a)
             _, vjp = jax.vjp(lambda yy, aa: one_step(t, yy, h, aa), y, a)
             gy, gaa = vjp(g)
             ga = jax.tree_util.tree_map(jnp.add, ga, gaa)
             return (y, gy, ga), None
 
-        xs = (*plan, jnp.arange(n_iter))
-        (_, g0, ga), _ = lax.scan(back, (y_end, d_y, zero_a), xs, reverse=True)
-        return g0, ga, _zero_cotangent(plan), _zero_cotangent(init)
+        def back_segment(c, xs):
+            start, j = xs
+            _, plan = plan_fn(start, *walk_consts)
+            index = j * segment + jnp.arange(segment)
+            c, _ = lax.scan(back, c, (*plan, index), reverse=True)
+            return c, None
+
+        (_, g0, ga), _ = lax.scan(back_segment, (y_end, d_y, zero_a),
+                                  (starts, jnp.arange(n_seg)), reverse=True)
+        return (g0, ga, _zero_cotangent(starts), _zero_cotangent(init),
+                _zero_cotangent(walk_consts))
 
     run.defvjp(run_fwd, run_bwd)
     (y, buf, ys), (result, fail_t, fail_step) = run(
-        y0, args, plan, (buf0, result0, fail_t0, fail_step0))
+        y0, args, starts, (buf0, result0, fail_t0, fail_step0), walk_consts)
     carry = (t_end, y, None, k_end, i_end, buf, result, fail_t, fail_step, count_end)
-    outs = (plan[0] + plan[1], ys) if mode == "steps" else None
+    outs = (full_plan[0] + full_plan[1], ys) if mode == "steps" else None
     return carry, outs
