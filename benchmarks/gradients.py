@@ -73,6 +73,7 @@ from typing import ClassVar  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _format import fmt_r, fmt_s  # noqa: E402  (benchmarks/_format.py, next to this file)
 from jax import lax  # noqa: E402
 
 import simlib as sl  # noqa: E402
@@ -592,16 +593,6 @@ def memory_scaling(steps: list[int], dim: int, limit_gb: float, timeout: float) 
 # the run
 
 
-def fmt_s(x) -> str:
-    if x is None:
-        return "-"
-    if x >= 1.0:
-        return f"{x:.2f} s"
-    if x >= 1e-3:
-        return f"{x * 1e3:.1f} ms"
-    return f"{x * 1e6:.0f} us"
-
-
 def fmt_b(x) -> str:
     if x is None:
         return "-"
@@ -610,10 +601,6 @@ def fmt_b(x) -> str:
     if abs(x) >= 2**20:
         return f"{x / 2**20:.1f} MiB"
     return f"{x / 2**10:.0f} KiB"
-
-
-def fmt_r(x) -> str:
-    return "-" if x is None else f"{x:.1f}x"
 
 
 def _simlib_commit():
@@ -751,9 +738,9 @@ def report(results: dict) -> str:
             continue
         p(f"{r['case']:22s} {r['name']:34s} {fmt_s(r.get('forward_s')):>9s} "
           f"{fmt_s(r['grad_s']) + ('+' if r['timed_by_warmup'] else ''):>9s} "
-          f"{fmt_r(r.get('ratio')):>8s} "
+          f"{fmt_r(r.get('ratio'), digits=1):>8s} "
           f"{r['ns_per_member_step']:9.1f} {fmt_s(r.get('peer_grad_s')):>12s} "
-          f"{fmt_r(r.get('speedup')):>8s} {fmt_s(r['compile_s']):>9s} "
+          f"{fmt_r(r.get('speedup'), digits=1):>8s} {fmt_s(r['compile_s']):>9s} "
           + (f"{r['rel_diff']:8.1e}" if "rel_diff" in r else f"{'-':>8s}"))
     p("grad/fwd = gradient time / the same family's forward time (loss with the default "
       "adjoint; diffrax: its own forward).")

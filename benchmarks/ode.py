@@ -63,6 +63,7 @@ from pathlib import Path  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _format import fmt_r, fmt_s  # noqa: E402  (benchmarks/_format.py, next to this file)
 from jax import lax  # noqa: E402
 
 import simlib as sl  # noqa: E402
@@ -348,20 +349,6 @@ def callbacks_per_member(fn) -> tuple[int, int]:
 SIMLIB_VMAP = "simlib vmap"
 SIMLIB_NOTHROW = "simlib vmap throw=False"
 SIMLIB_BATCHED = "simlib batched"
-
-
-def fmt_s(x) -> str:
-    if x is None:
-        return "-"
-    if x >= 1.0:
-        return f"{x:.2f} s"
-    if x >= 1e-3:
-        return f"{x * 1e3:.1f} ms"
-    return f"{x * 1e6:.0f} us"
-
-
-def fmt_r(x) -> str:
-    return "-" if x is None else f"{x:.2f}x"
 
 
 def _simlib_commit():

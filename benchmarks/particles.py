@@ -82,6 +82,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _particle_peers as peers  # noqa: E402
+from _format import fmt_r, fmt_s  # noqa: E402
 
 RESULTS_DIR = HERE / "results"
 RHO, R_CUT, SKIN, KT = peers.RHO_LJ, peers.LJ_CUTOFF, peers.LJ_SKIN, peers.LJ_KT
@@ -181,20 +182,6 @@ def fmt_rate(x) -> str:
         if abs(x) >= scale:
             return f"{x / scale:.3g} {unit}"
     return f"{x:.3g}"
-
-
-def fmt_s(x) -> str:
-    if x is None:
-        return "-"
-    if x >= 1.0:
-        return f"{x:.2f} s"
-    if x >= 1e-3:
-        return f"{x * 1e3:.1f} ms"
-    return f"{x * 1e6:.0f} us"
-
-
-def fmt_r(x) -> str:
-    return "-" if x is None else f"{x:.2f}x"
 
 
 def ratio(a, b):
