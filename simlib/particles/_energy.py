@@ -276,7 +276,7 @@ def _gravity_ffi(energy, positions, masses, constants):
 
 
 @jax.custom_vjp
-def _gravity_kernel_vjp(energy, positions, masses, constants):
+def _gravity_kernel(energy, positions, masses, constants):
     return lax.platform_dependent(
         positions, masses, constants,
         cpu=lambda *a: _gravity_ffi(energy, *a),
@@ -284,7 +284,7 @@ def _gravity_kernel_vjp(energy, positions, masses, constants):
 
 
 def _gravity_kernel_fwd(energy, positions, masses, constants):
-    out = _gravity_kernel_vjp(energy, positions, masses, constants)
+    out = _gravity_kernel(energy, positions, masses, constants)
     return out, (energy, positions, masses, constants)
 
 
@@ -294,11 +294,7 @@ def _gravity_kernel_bwd(res, cotangent):
     return (jax.tree_util.tree_map(jnp.zeros_like, energy), *vjp(cotangent))
 
 
-_gravity_kernel_vjp.defvjp(_gravity_kernel_fwd, _gravity_kernel_bwd)
-
-
-def _gravity_kernel(energy, positions, masses, constants):
-    return _gravity_kernel_vjp(energy, positions, masses, constants)
+_gravity_kernel.defvjp(_gravity_kernel_fwd, _gravity_kernel_bwd)
 
 
 def pair_energy(potential: Callable, space: Space, r_cut: float | None = None, *,

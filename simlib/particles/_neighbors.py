@@ -139,7 +139,7 @@ def _build_jit(nl, positions):
     return nl.build(positions)
 
 
-def _candidate_pairs_all(space, positions):
+def _candidate_pairs_all(positions):
     n = positions.shape[0]
     cand = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None, :], (n, n))
     return cand
@@ -281,7 +281,7 @@ def _build_pure(nl, positions):
     """``(idx, max count, cell overflow, max occupancy)`` from the pure-JAX build."""
     radius = nl.r_cut + nl.skin
     if nl.grid is None:
-        cand = _candidate_pairs_all(nl.space, positions)
+        cand = _candidate_pairs_all(positions)
         mask = _within(nl, positions, cand, radius)
         mask, cand = lax.optimization_barrier((mask, cand))
         count = jnp.max(jnp.sum(mask, 1, dtype=jnp.int32))
