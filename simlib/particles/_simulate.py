@@ -282,10 +282,12 @@ def _simulate_traced(model, integrator, state, masses, params, dt, key, n_frames
 def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frames, save_every,
                       neighbors, adjoint, throw, progress, chunk_steps):
     reallocations = 0
-    while neighbors is not None and bool(neighbors.update(state.positions).overflow):
-        neighbors = reallocate(neighbors, model.space.wrap(jnp.asarray(state.positions)))
-        reallocations += 1
     carry0 = _start_jit(model, state, params, neighbors)
+    while neighbors is not None and bool(carry0.neighbors.overflow):
+        # The list given (or its update at the start) is too small: reallocate first.
+        neighbors = reallocate(carry0.neighbors, carry0.positions)
+        reallocations += 1
+        carry0 = _start_jit(model, state, params, neighbors)
     frames_per_chunk = max(1, int(chunk_steps) // save_every)
     carry, done, pieces = carry0, 0, []
     code = int(_status_jit(carry0))
