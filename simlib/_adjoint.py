@@ -21,6 +21,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax.flatten_util import ravel_pytree
 
 from ._solver._base import register_static
@@ -100,51 +101,98 @@ TANGENTS_ONLY = _TangentsOnly()
 def forward_mode(fn, y0, fargs, consts):
     """``fn(y0, fargs, consts) -> Solution`` with a VJP built from its forward-mode Jacobian.
 
-    Gradients flow to the floating-point leaves of ``y0`` and ``fargs``; ``consts`` (the
-    times and tolerances) get zero cotangents. Every traced value is an argument of the
-    custom VJP, none is closed over.
+    The forward pass pushes one tangent per component of the floating-point inputs that
+    are being differentiated (``y0``, ``fargs`` and the times or tolerances in
+    ``consts``; the custom VJP is told which are, ``symbolic_zeros=True``) through the
+    plain computation, so a gradient with respect to ``args`` alone pays for no ``y0``
+    tangents, and one with respect to ``t1`` is the exact derivative of the discrete
+    solution. Every traced value is an argument of the custom VJP, none is closed over.
     """
-    leaves, treedef = jax.tree_util.tree_flatten((y0, fargs))
-    diff = [i for i, x in enumerate(leaves) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-    rest = [i for i in range(len(leaves)) if i not in diff]
+    leaves, treedef = jax.tree_util.tree_flatten((y0, fargs, consts))
+    is_float = [jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves]
 
-    def call(diff_leaves, rest_leaves, consts):
-        full = [None] * len(leaves)
-        for i, x in zip(diff, diff_leaves, strict=True):
-            full[i] = x
-        for i, x in zip(rest, rest_leaves, strict=True):
-            full[i] = x
-        return fn(*jax.tree_util.tree_unflatten(treedef, full), consts)
+    def call(float_leaves, other_leaves):
+        floats, others = iter(float_leaves), iter(other_leaves)
+        full = [next(floats) if f else next(others) for f in is_float]
+        return fn(*jax.tree_util.tree_unflatten(treedef, full))
 
     @jax.custom_vjp
-    def run(diff_leaves, rest_leaves, consts):
-        return call(diff_leaves, rest_leaves, consts)
+    def run(float_leaves, other_leaves):
+        return call(float_leaves, other_leaves)
 
-    def run_fwd(diff_leaves, rest_leaves, consts):
-        # One forward pass that carries a tangent per input component (vmap of jvp, as
+    def run_fwd(float_leaves, other_leaves):
+        values = [x.value for x in float_leaves]
+        others = [x.value for x in other_leaves]
+        active = [i for i, x in enumerate(float_leaves) if x.perturbed]
+
+        def with_active(act):
+            full = list(values)
+            for i, a in zip(active, act, strict=True):
+                full[i] = a
+            return call(full, others)
+
+        act0 = [values[i] for i in active]
+        flat, unravel = ravel_pytree(act0)
+        if flat.size == 0:
+            return call(values, others), (None, [None] * len(values))
+
+        # One forward pass that carries a tangent per active component (vmap of jvp, as
         # jax.jacfwd does) and returns the primal solution unbatched alongside.
-        flat, unravel = ravel_pytree(diff_leaves)
-
         def push(v):
-            sol, tangent = jax.jvp(lambda d: call(d, rest_leaves, consts), (diff_leaves,),
-                                   (unravel(v),))
+            sol, tangent = jax.jvp(with_active, (act0,), (unravel(v),))
             return sol, (tangent.ts, tangent.ys)
 
-        sol, (d_ts, d_ys) = jax.vmap(push, out_axes=(None, -1))(jnp.eye(flat.size,
-                                                                        dtype=flat.dtype))
-        return sol, ((d_ts, d_ys), diff_leaves, rest_leaves, consts)
+        sol, jac = jax.vmap(push, out_axes=(None, -1))(jnp.eye(flat.size, dtype=flat.dtype))
+        marks = [values[i] if i in active else None for i in range(len(values))]
+        return sol, (jac, marks)
 
     def run_bwd(res, cotangent):
-        (d_ts, d_ys), diff_leaves, rest_leaves, consts = res
-        _, unravel = ravel_pytree(diff_leaves)
-        total = 0.0
+        jac, marks = res
+        n_other = len(leaves) - len(marks)
+        if jac is None:
+            return [None] * len(marks), [None] * n_other
+        flat, unravel = ravel_pytree([m for m in marks if m is not None])
+        total = jnp.zeros_like(flat)
         for ct, jl in zip(jax.tree_util.tree_leaves((cotangent.ts, cotangent.ys)),
-                          jax.tree_util.tree_leaves((d_ts, d_ys)), strict=True):
-            total = total + jnp.tensordot(ct, jl, axes=ct.ndim)
-        return unravel(total), _zero_cotangent(rest_leaves), _zero_cotangent(consts)
+                          jax.tree_util.tree_leaves(jac), strict=True):
+            if not isinstance(ct, SymbolicZero):
+                total = total + jnp.tensordot(ct, jl, axes=ct.ndim)
+        per_active = iter(unravel(total))
+        return [None if m is None else next(per_active) for m in marks], [None] * n_other
 
-    run.defvjp(run_fwd, run_bwd)
-    return run([leaves[i] for i in diff], [leaves[i] for i in rest], consts)
+    run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
+    return run([x for x, f in zip(leaves, is_float, strict=True) if f],
+               [x for x, f in zip(leaves, is_float, strict=True) if not f])
+
+
+def reject_time_gradients(times, strategy: str):
+    """``times`` unchanged; a gradient that would flow into them raises instead of being
+    silently zero (for strategies that treat the time grid as a constant)."""
+
+    @jax.custom_vjp
+    def guard(x):
+        return x
+
+    def guard_fwd(x):
+        primals = jax.tree_util.tree_leaves(x, is_leaf=lambda v: isinstance(v, CustomVJPPrimal))
+        if any(v.perturbed for v in primals):
+            raise ValueError(
+                f"adjoint={strategy}() treats the times (t0, t1, dt, saveat.ts) as constants, "
+                "so it cannot differentiate with respect to them; use simlib.Checkpointed(), "
+                "simlib.Direct() or simlib.ForwardMode() for gradients with respect to times")
+        return jax.tree_util.tree_map(lambda v: v.value, x,
+                                      is_leaf=lambda v: isinstance(v, CustomVJPPrimal)), None
+
+    def guard_bwd(_, cotangent):
+        return (cotangent,)
+
+    guard.defvjp(guard_fwd, guard_bwd, symbolic_zeros=True)
+    floats = [jnp.issubdtype(jnp.result_type(v), jnp.inexact)
+              for v in jax.tree_util.tree_leaves(times)]
+    leaves, treedef = jax.tree_util.tree_flatten(times)
+    guarded = iter(guard([v for v, f in zip(leaves, floats, strict=True) if f]))
+    return jax.tree_util.tree_unflatten(
+        treedef, [next(guarded) if f else v for v, f in zip(leaves, floats, strict=True)])
 
 
 def checkpointed_scan(body, carry0, n_iter: int, segment: int):

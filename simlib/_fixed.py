@@ -20,6 +20,7 @@ from ._adjoint import (
     Reversible,
     checkpointed_scan,
     forward_mode,
+    reject_time_gradients,
     reversible_scan,
 )
 from ._errors import Result, check_solution
@@ -96,6 +97,8 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
                                             False, max_steps, TANGENTS_ONLY, y0, *c, fargs),
             y0, fargs, (t0, t1, dt, n_grid, ts))
         return check_solution(sol, in_graph_check, t1, max_steps)
+    if isinstance(adjoint, Reversible):
+        t0, t1, dt, ts = reject_time_gradients((t0, t1, dt, ts), "Reversible")
     t0 = jnp.asarray(t0, tdtype)
     t1 = jnp.asarray(t1, tdtype)
     direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(tdtype)

@@ -86,6 +86,17 @@ def test_reversible_needs_nve():
                     integrator=sp.Langevin(1.0, 1.0), key=jax.random.key(0))
 
 
+def test_reversible_refuses_a_gradient_with_respect_to_dt():
+    def final(dt, adjoint):
+        t = sp.simulate(CHAIN, sp.State(CHAIN_X0, CHAIN_V0, CHAIN_M), dict(k=1.0, r0=1.0),
+                        space=sp.free(), dt=dt, n_steps=10, adjoint=adjoint)
+        return jnp.sum(t.final.positions ** 2)
+
+    with pytest.raises(ValueError, match="Reversible.*times"):
+        jax.jit(jax.grad(final), static_argnums=1)(0.01, sl.Reversible())
+    assert float(jax.jit(jax.grad(final), static_argnums=1)(0.01, sl.Checkpointed())) != 0.0
+
+
 @pytest.fixture(scope="module")
 def lj_setup():
     x, box = sp.lattice(3, 0.8)

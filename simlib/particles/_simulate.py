@@ -17,7 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._adjoint import AbstractAdjoint, Checkpointed, Direct, Reversible
+from .._adjoint import (
+    AbstractAdjoint,
+    Checkpointed,
+    Direct,
+    Reversible,
+    reject_time_gradients,
+)
 from .._errors import Result, SolverError, check_in_graph, raise_on_failure
 from .._util import inside_trace
 from ._dynamics import NVE, Carry, Integrator, State
@@ -363,7 +369,7 @@ def _reversible(model, integrator, neighbors, dt, key, n_frames, save_every, x0,
     go back and one force VJP. Round-off in the reconstruction grows with the steps, and
     exponentially on chaotic systems (a liquid): compare with ``Checkpointed`` when in doubt.
     """
-    dt = lax.stop_gradient(dt)
+    dt = lax.stop_gradient(reject_time_gradients(dt, "Reversible"))
 
     def start(x0, v0, params):
         return _start(model, State(x0, v0, masses), params, neighbors)
