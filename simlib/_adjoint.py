@@ -123,7 +123,8 @@ def forward_mode(fn, y0, fargs, consts):
     def run_fwd(float_leaves, other_leaves):
         values = [x.value for x in float_leaves]
         others = [x.value for x in other_leaves]
-        active = [i for i, x in enumerate(float_leaves) if x.perturbed]
+        marks = [x.value if x.perturbed else None for x in float_leaves]
+        active = [i for i, m in enumerate(marks) if m is not None]
 
         def with_active(act):
             full = list(values)
@@ -134,7 +135,7 @@ def forward_mode(fn, y0, fargs, consts):
         act0 = [values[i] for i in active]
         flat, unravel = ravel_pytree(act0)
         if flat.size == 0:
-            return call(values, others), (None, [None] * len(values))
+            return call(values, others), (None, marks)
 
         # One forward pass that carries a tangent per active component (vmap of jvp, as
         # jax.jacfwd does) and returns the primal solution unbatched alongside.
@@ -143,7 +144,6 @@ def forward_mode(fn, y0, fargs, consts):
             return sol, (tangent.ts, tangent.ys)
 
         sol, jac = jax.vmap(push, out_axes=(None, -1))(jnp.eye(flat.size, dtype=flat.dtype))
-        marks = [values[i] if i in active else None for i in range(len(values))]
         return sol, (jac, marks)
 
     def run_bwd(res, cotangent):
@@ -187,9 +187,8 @@ def reject_time_gradients(times, strategy: str):
         return (cotangent,)
 
     guard.defvjp(guard_fwd, guard_bwd, symbolic_zeros=True)
-    floats = [jnp.issubdtype(jnp.result_type(v), jnp.inexact)
-              for v in jax.tree_util.tree_leaves(times)]
     leaves, treedef = jax.tree_util.tree_flatten(times)
+    floats = [jnp.issubdtype(jnp.result_type(v), jnp.inexact) for v in leaves]
     guarded = iter(guard([v for v, f in zip(leaves, floats, strict=True) if f]))
     return jax.tree_util.tree_unflatten(
         treedef, [next(guarded) if f else v for v, f in zip(leaves, floats, strict=True)])
