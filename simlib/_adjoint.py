@@ -108,13 +108,10 @@ def forward_mode(fn, y0, fargs, consts):
     tangents, and one with respect to ``t1`` is the exact derivative of the discrete
     solution. Every traced value is an argument of the custom VJP, none is closed over.
     """
-    leaves, treedef = jax.tree_util.tree_flatten((y0, fargs, consts))
-    is_float = [jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves]
+    float_leaves0, other_leaves0, merge = _split_inexact((y0, fargs, consts))
 
     def call(float_leaves, other_leaves):
-        floats, others = iter(float_leaves), iter(other_leaves)
-        full = [next(floats) if f else next(others) for f in is_float]
-        return fn(*jax.tree_util.tree_unflatten(treedef, full))
+        return fn(*merge(float_leaves, other_leaves))
 
     @jax.custom_vjp
     def run(float_leaves, other_leaves):
@@ -148,7 +145,7 @@ def forward_mode(fn, y0, fargs, consts):
 
     def run_bwd(res, cotangent):
         jac, marks = res
-        n_other = len(leaves) - len(marks)
+        n_other = len(other_leaves0)
         if jac is None:
             return [None] * len(marks), [None] * n_other
         flat, unravel = ravel_pytree([m for m in marks if m is not None])
@@ -161,8 +158,7 @@ def forward_mode(fn, y0, fargs, consts):
         return [None if m is None else next(per_active) for m in marks], [None] * n_other
 
     run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
-    return run([x for x, f in zip(leaves, is_float, strict=True) if f],
-               [x for x, f in zip(leaves, is_float, strict=True) if not f])
+    return run(float_leaves0, other_leaves0)
 
 
 def reject_time_gradients(times, strategy: str):
@@ -187,11 +183,23 @@ def reject_time_gradients(times, strategy: str):
         return (cotangent,)
 
     guard.defvjp(guard_fwd, guard_bwd, symbolic_zeros=True)
-    leaves, treedef = jax.tree_util.tree_flatten(times)
-    floats = [jnp.issubdtype(jnp.result_type(v), jnp.inexact) for v in leaves]
-    guarded = iter(guard([v for v, f in zip(leaves, floats, strict=True) if f]))
-    return jax.tree_util.tree_unflatten(
-        treedef, [next(guarded) if f else v for v, f in zip(leaves, floats, strict=True)])
+    floats, others, merge = _split_inexact(times)
+    return merge(guard(floats), others)
+
+
+def _split_inexact(tree):
+    """``(floats, others, merge)``: the floating-point leaves of ``tree``, its other leaves,
+    and ``merge(floats, others)``, which puts (new) leaves back into the tree."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    is_float = [jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves]
+
+    def merge(floats, others):
+        fi, oi = iter(floats), iter(others)
+        return jax.tree_util.tree_unflatten(treedef, [next(fi) if f else next(oi)
+                                                      for f in is_float])
+
+    return ([x for x, f in zip(leaves, is_float, strict=True) if f],
+            [x for x, f in zip(leaves, is_float, strict=True) if not f], merge)
 
 
 def checkpointed_scan(body, carry0, n_iter: int, segment: int):
