@@ -4,9 +4,12 @@ The pure-JAX paths are the reference: the native kernels must give the same forc
 energies and neighbour sets, and simlib must work unchanged without them.
 """
 
+import functools
 import os
+import pickle
 import subprocess
 import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +20,23 @@ from simlib import particles as sp
 from simlib.particles import _native
 from simlib.particles._neighbors import _build_native, _build_pure
 
-native = pytest.mark.skipif(_native.load() is None, reason="no native kernels on this machine")
+REQUIRE_NATIVE = os.environ.get("SIMLIB_REQUIRE_NATIVE", "0") == "1"
+
+
+def native(test):
+    """Run ``test`` only where the native kernels load: skip elsewhere, but fail under
+    ``SIMLIB_REQUIRE_NATIVE=1`` (CI), so a broken build cannot pass as "skipped"."""
+
+    @functools.wraps(test)
+    def wrapper(*args, **kwargs):
+        if _native.load() is None:
+            message = f"native kernels unavailable: {_native.unavailable_reason()}"
+            if REQUIRE_NATIVE:
+                pytest.fail(message + " (SIMLIB_REQUIRE_NATIVE=1)")
+            pytest.skip(message)
+        return test(*args, **kwargs)
+
+    return wrapper
 
 
 def _numpy_gravity(x, m, G, eps):
@@ -118,3 +137,264 @@ def test_loading_native_kernels_keeps_subnormal_floats():
     tiny32 = np.float32(1e-40)
     assert tiny64 * np.float64(1.0) != 0.0
     assert tiny32 * np.float32(1.0) != 0.0
+
+
+# --- Extreme inputs: the kernels must never crash, whatever the positions. -----------------
+# Each run happens in a subprocess, so a segfault fails the test instead of killing pytest.
+
+_KERNEL_SCRIPT = textwrap.dedent("""
+    import pickle, sys
+    import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    from simlib.particles import _native
+    assert _native.load() is not None, _native.unavailable_reason()
+    cases = pickle.load(open(sys.argv[1], "rb"))
+    out = {}
+
+    def neighbors(c):
+        x = np.asarray(c["x"])
+        n, d = x.shape
+        geometry = np.concatenate([c["origin"], c["size"], c["box"]]).astype(x.dtype)
+        name = "simlib_neighbors_f32" if x.dtype == np.float32 else "simlib_neighbors_f64"
+        call = jax.ffi.ffi_call(name, (jax.ShapeDtypeStruct((n, c["capacity"]), jnp.int32),
+                                       jax.ShapeDtypeStruct((2,), jnp.int32)))
+        g = tuple(c["grid"]) + (1,) * (3 - len(c["grid"]))
+        idx, stats = jax.jit(lambda x, geo: call(x, geo, periodic=int(c["periodic"]),
+                             g0=g[0], g1=g[1], g2=g[2], reach=float(c["reach"])))(x, geometry)
+        return dict(idx=np.asarray(idx), stats=np.asarray(stats))
+
+    def gravity(c):
+        x = np.asarray(c["x"])
+        name = "simlib_gravity_f32" if x.dtype == np.float32 else "simlib_gravity_f64"
+        call = jax.ffi.ffi_call(name, (jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                       jax.ShapeDtypeStruct((), x.dtype)))
+        forces, e = jax.jit(call)(x, np.asarray(c["masses"]), np.asarray(c["constants"]))
+        return dict(forces=np.asarray(forces), energy=float(e))
+
+    for name, c in cases.items():
+        print("case", name, flush=True)           # the last one printed is the one that died
+        try:
+            out[name] = (neighbors if c["kernel"] == "neighbors" else gravity)(c)
+        except Exception as err:                  # an FFI error is fine; a crash is not
+            out[name] = dict(error=f"{type(err).__name__}: {err}")
+    pickle.dump(out, open(sys.argv[2], "wb"))
+    print("done", flush=True)
+""")
+
+
+def _run_kernels(tmp_path, cases):
+    """Run the native kernels on ``cases`` in a subprocess; its exit code must be 0."""
+    src, dst = tmp_path / "cases.pkl", tmp_path / "out.pkl"
+    src.write_bytes(pickle.dumps(cases))
+    env = dict(os.environ, SIMLIB_NATIVE="1")
+    run = subprocess.run([sys.executable, "-c", _KERNEL_SCRIPT, str(src), str(dst)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, (f"exit {run.returncode} (negative: killed by a signal)\n"
+                                 f"{run.stdout[-1500:]}\n{run.stderr[-2500:]}")
+    return pickle.loads(dst.read_bytes())
+
+
+def _brute_neighbors(x, box, reach, periodic):
+    """Pairs within ``reach`` among the finite rows of ``x`` (numpy, float64 minimum image),
+    and the pairs within a relative 1e-5 of ``reach`` (rounding may put them either side)."""
+    x = np.asarray(x, np.float64)
+    finite = np.all(np.isfinite(x), axis=1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = x[:, None, :] - x[None, :, :]
+        if periodic:
+            d = d - box * np.round(d / box)
+        r = np.sqrt(np.sum(d * d, axis=-1))
+    ok = finite[:, None] & finite[None, :] & ~np.eye(len(x), dtype=bool)
+    return ok & (r < reach), ok & (np.abs(r - reach) <= 1e-5 * reach)
+
+
+def _check_structure(res, n, capacity):
+    idx = res["idx"]
+    assert idx.shape == (n, capacity)
+    assert idx.min(initial=n) >= 0 and idx.max(initial=n) <= n
+    for i, row in enumerate(idx):
+        listed = row[row < n]
+        assert i not in listed                           # never its own neighbour
+        assert len(set(listed.tolist())) == len(listed)  # no duplicates
+        assert np.all(row[len(listed):] == n)            # padding after the neighbours
+    assert 0 <= res["stats"][0] and 0 <= res["stats"][1] <= n
+
+
+def _check_against_brute(res, x, box, reach, periodic, rows=None, columns=None):
+    """Rows ``rows`` (default: the finite ones) list exactly the brute-force neighbours among
+    ``columns`` (default: all); non-finite rows are empty and appear in no row."""
+    n = len(x)
+    close, band = _brute_neighbors(x, box, reach, periodic)
+    finite = np.all(np.isfinite(np.asarray(x, np.float64)), axis=1)
+    rows = np.flatnonzero(finite) if rows is None else rows
+    columns = np.arange(n) if columns is None else columns
+    idx = res["idx"]
+    for i in np.flatnonzero(~finite):
+        assert np.all(idx[i] == n), f"non-finite particle {i} has neighbours {idx[i]}"
+        assert not np.any(idx == i), f"non-finite particle {i} is listed as a neighbour"
+    for i in rows:
+        got = set(idx[i][idx[i] < n].tolist()) & set(columns.tolist())
+        want = set(np.flatnonzero(close[i]).tolist()) & set(columns.tolist())
+        unsure = set(np.flatnonzero(band[i]).tolist())
+        assert got - unsure == want - unsure, f"row {i}: {sorted(got ^ want)}"
+
+
+def _uniform(n, d, box, seed):
+    return np.random.default_rng(seed).uniform(0, box, (n, d))
+
+
+def _neighbor_case(x, dtype, *, box, reach=1.5, periodic=True, grid=None, origin=None,
+                   size=None, capacity=None):
+    x = np.asarray(x, dtype)
+    d = x.shape[1]
+    box_v = np.full(d, box, np.float64)
+    grid = tuple(grid) if grid is not None else tuple(
+        np.maximum(np.floor(box_v / reach), 1).astype(int).tolist())
+    return dict(kernel="neighbors", x=x, periodic=periodic, reach=reach, grid=grid,
+                origin=np.zeros(d) if origin is None else np.asarray(origin, np.float64),
+                size=box_v / np.asarray(grid) if size is None else np.asarray(size, np.float64),
+                box=box_v if periodic else np.zeros(d), capacity=capacity or max(len(x), 1))
+
+
+def _bad_rows(x, dtype):
+    x = np.array(x, np.float64)
+    x[3, 0] = np.nan
+    x[7] = np.nan
+    x[11, 1] = np.inf
+    x[12, -1] = -np.inf
+    x[20] = [np.inf, -np.inf, np.nan][: x.shape[1]]
+    return x.astype(dtype)
+
+
+@native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_native_neighbor_kernel_survives_extreme_positions(tmp_path, dtype):
+    box, reach = 8.0, 1.5
+    base = _uniform(150, 3, box, 0)
+    huge = base.copy()
+    big = [1e30, -1e30, 1e20, 3e38, 1e300 if dtype == np.float64 else 3.4e38]
+    for k, v in enumerate(big):
+        huge[30 + k] = [v, 0.5, -v]
+    far = base.copy()
+    far[40] = [1000.3, -37.1, 4.0]                 # finite, far outside the periodic box
+    far[41] = [-24.2, 2.0, 801.7]
+    two_d = _uniform(120, 2, box, 1)
+    cases = {
+        "periodic_nonfinite": _neighbor_case(_bad_rows(base, dtype), dtype, box=box),
+        "free_nonfinite": _neighbor_case(_bad_rows(base, dtype), dtype, box=box, periodic=False,
+                                         grid=(5, 5, 5), size=np.full(3, 1.6)),
+        "periodic_huge": _neighbor_case(huge, dtype, box=box),
+        "free_huge": _neighbor_case(huge, dtype, box=box, periodic=False, grid=(5, 5, 5),
+                                    size=np.full(3, 1.6)),
+        "periodic_far": _neighbor_case(far, dtype, box=box),
+        "free_far": _neighbor_case(far, dtype, box=box, periodic=False, grid=(5, 5, 5),
+                                   size=np.full(3, 1.6)),
+        "periodic_2d_nonfinite": _neighbor_case(_bad_rows(two_d, dtype), dtype, box=box),
+        "periodic_grid_1": _neighbor_case(base, dtype, box=box, grid=(1, 1, 1)),
+        "periodic_grid_2": _neighbor_case(base, dtype, box=box, grid=(2, 2, 2)),
+        "periodic_grid_1_2_5": _neighbor_case(base, dtype, box=box, grid=(1, 2, 5)),
+        "free_grid_1": _neighbor_case(base, dtype, box=box, periodic=False, grid=(1, 1, 1),
+                                      size=np.full(3, box)),
+        "n0": _neighbor_case(np.zeros((0, 3)), dtype, box=box, capacity=4),
+        "n1": _neighbor_case([[1.0, 2.0, 3.0]], dtype, box=box),
+        "n1_nan": _neighbor_case([[np.nan, 2.0, 3.0]], dtype, box=box),
+        "tiny_box": _neighbor_case(base[:20] * 1e-4, dtype, box=8e-4, grid=(3, 3, 3)),
+        "zero_box": _neighbor_case(base[:20], dtype, box=0.0, grid=(3, 3, 3)),
+        "nan_geometry": _neighbor_case(base[:20], dtype, box=np.nan, grid=(3, 3, 3)),
+        "zero_cell_size": _neighbor_case(base[:20], dtype, box=box, periodic=False,
+                                         grid=(5, 5, 5), size=np.zeros(3)),
+        "grid_0": _neighbor_case(base[:20], dtype, box=box, grid=(0, 4, 4), size=np.ones(3)),
+        "grid_huge": _neighbor_case(base[:20], dtype, box=box, grid=(2**20, 2**20, 2**20),
+                                    size=np.ones(3)),
+    }
+    out = _run_kernels(tmp_path, cases)
+    for name in ("grid_0", "grid_huge"):                   # refused with an error, no crash
+        assert "grid sizes must be >= 1" in out[name].get("error", ""), out[name]
+    for name, case in cases.items():
+        if name in ("grid_0", "grid_huge"):
+            continue
+        res, x = out[name], case["x"]
+        assert "error" not in res, (name, res)
+        _check_structure(res, len(x), case["capacity"])
+        box_k, periodic = case["box"][:1], case["periodic"]
+        if name.endswith("huge") and periodic:     # huge finite values wrap to somewhere:
+            normal = np.setdiff1d(np.arange(len(x)), np.arange(30, 35))
+            _check_against_brute(res, x, box, reach, True, rows=normal, columns=normal)
+        elif name in ("zero_box", "nan_geometry"):
+            assert np.all(res["idx"] == len(x)), name        # no usable box: no neighbours
+        elif name not in ("tiny_box", "zero_cell_size"):
+            _check_against_brute(res, x, box_k if periodic else None, reach, periodic)
+        if name in ("periodic_grid_1", "periodic_grid_2", "free_far", "periodic_far"):
+            counts = np.sum(res["idx"] < len(x), axis=1)
+            assert res["stats"][0] == counts.max() > 0
+
+
+@native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_native_gravity_kernel_survives_extreme_positions(tmp_path, dtype):
+    x = np.random.default_rng(2).normal(size=(20, 3))
+    m = np.linspace(0.5, 1.5, 20)
+    constants = np.array([1.3, 0.05])
+
+    def case(x, masses=None):
+        x = np.asarray(x, dtype)
+        return dict(kernel="gravity", x=x, constants=constants.astype(dtype),
+                    masses=np.asarray(m[: len(x)] if masses is None else masses, dtype))
+
+    nan_x, inf_x, huge_x = x.copy(), x.copy(), x.copy()
+    nan_x[4, 1] = np.nan
+    inf_x[5, 0] = np.inf
+    huge_x[6] = [1e30, -1e30, 1e30] if dtype == np.float64 else [1e18, -1e18, 1e18]
+    cases = dict(n0=case(np.zeros((0, 3))), n1=case(x[:1]), normal=case(x), nan=case(nan_x),
+                 inf=case(inf_x), huge=case(huge_x), masses_too_short=case(x, m[:19]))
+    out = _run_kernels(tmp_path, cases)
+    assert "need masses (n,)" in out["masses_too_short"].get("error", "")
+    assert out["n0"]["forces"].shape == (0, 3) and out["n0"]["energy"] == 0.0
+    assert np.all(out["n1"]["forces"] == 0.0) and out["n1"]["energy"] == 0.0
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for name in ("normal", "nan", "inf", "huge"):
+        xc = np.asarray(cases[name]["x"], np.float64)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            e_np, f_np = _numpy_gravity(xc, m, 1.3, 0.05)
+        f = out[name]["forces"].astype(np.float64)
+        # Non-finite inputs give non-finite outputs where numpy's do (the caller detects
+        # them), never a crash; finite entries agree with numpy.
+        np.testing.assert_array_equal(np.isfinite(f), np.isfinite(f_np), err_msg=name)
+        assert np.isfinite(out[name]["energy"]) == np.isfinite(e_np), name
+        ok = np.isfinite(f_np)
+        scale = np.max(np.abs(f_np[ok]), initial=1.0)
+        assert np.max(np.abs(f[ok] - f_np[ok]), initial=0.0) <= tol * scale, name
+        if np.isfinite(e_np):
+            assert abs(out[name]["energy"] - e_np) <= tol * abs(e_np), name
+
+
+_BLOWUP_SCRIPT = textwrap.dedent("""
+    import jax
+    from simlib import particles as sp
+    from simlib.particles import _native
+    assert _native.load() is not None, _native.unavailable_reason()
+    positions, box = sp.lattice(6, 0.8442); space = sp.periodic(box)
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5, shift=True)
+    vel = sp.maxwell_boltzmann(1.0, 0.722, key=jax.random.key(0), n=len(positions))
+    nb = sp.neighbor_list(space, positions, r_cut=2.5, skin=0.3)
+    assert nb.grid is not None                  # the native cell-list build is used
+    pos = positions.at[1].set(positions[0] + 0.01)
+    try:
+        sp.simulate(energy, sp.State(pos, vel, 1.0), dict(sigma=1.0, epsilon=1.0),
+                    space=space, dt=0.005, n_steps=200, save_every=100, neighbors=nb,
+                    throw=False)
+    except Exception as err:                    # an error is acceptable; a crash is not
+        print("raised", type(err).__name__, err)
+    print("survived")
+""")
+
+
+@native
+def test_blown_up_lennard_jones_run_does_not_crash_the_process():
+    """The issue's reproduction: two atoms 0.01 sigma apart blow up (positions go to NaN or
+    inf); the native neighbour build segfaulted on them (exit 139)."""
+    env = dict(os.environ, SIMLIB_NATIVE="1")
+    run = subprocess.run([sys.executable, "-c", _BLOWUP_SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, f"exit {run.returncode}\n{run.stderr[-3000:]}"
+    assert "survived" in run.stdout

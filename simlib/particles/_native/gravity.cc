@@ -6,34 +6,32 @@
 // Positions are copied into structure-of-arrays form so that the inner loop over j is a
 // straight SIMD loop; rows i are shared between OpenMP threads. simlib's pure-JAX tiled
 // sum is the reference that tests this kernel and the fallback where it cannot be built.
+//
+// Memory safety: every index runs over [0, n) of buffers whose sizes are checked against n
+// first (mismatches are FFI errors, i.e. Python exceptions); no index depends on the values,
+// so NaN, infinite or huge positions give NaN/inf forces and energy, never a stray access.
+// n = 0 gives zero energy; n = 1 gives zero force (the self term is masked).
 #include <cmath>
 #include <cstdint>
+#include <exception>
+#include <string>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
-template <typename T, ffi::DataType DT>
-static ffi::Error Gravity(ffi::Buffer<DT> positions, ffi::Buffer<DT> masses,
-                          ffi::Buffer<DT> constants, ffi::ResultBuffer<DT> forces,
-                          ffi::ResultBuffer<DT> energy) {
-  const auto dims = positions.dimensions();
-  if (dims.size() != 2 || dims[1] != 3) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "positions must have shape (n, 3)");
-  }
-  const int64_t n = dims[0];
-  const T* x = positions.typed_data();
-  const T* m = masses.typed_data();
-  const T G = constants.typed_data()[0];
-  const T eps2 = constants.typed_data()[1] * constants.typed_data()[1];
+template <typename T>
+static ffi::Error GravitySum(const T* x, const T* m, const T* constants, int64_t n, T* f,
+                             T* energy) {
+  const T G = constants[0];
+  const T eps2 = constants[1] * constants[1];
   std::vector<T> xs(n), ys(n), zs(n);
   for (int64_t i = 0; i < n; ++i) {
     xs[i] = x[3 * i];
     ys[i] = x[3 * i + 1];
     zs[i] = x[3 * i + 2];
   }
-  T* f = forces->typed_data();
   double total = 0.0;
 #pragma omp parallel for schedule(dynamic, 64) reduction(+ : total)
   for (int64_t i = 0; i < n; ++i) {
@@ -59,8 +57,31 @@ static ffi::Error Gravity(ffi::Buffer<DT> positions, ffi::Buffer<DT> masses,
     f[3 * i + 2] = gm * az;
     total += -0.5 * static_cast<double>(gm) * static_cast<double>(pot);
   }
-  energy->typed_data()[0] = static_cast<T>(total);
+  energy[0] = static_cast<T>(total);
   return ffi::Error::Success();
+}
+
+template <typename T, ffi::DataType DT>
+static ffi::Error Gravity(ffi::Buffer<DT> positions, ffi::Buffer<DT> masses,
+                          ffi::Buffer<DT> constants, ffi::ResultBuffer<DT> forces,
+                          ffi::ResultBuffer<DT> energy) {
+  const auto dims = positions.dimensions();
+  if (dims.size() != 2 || dims[1] != 3) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "positions must have shape (n, 3)");
+  }
+  const int64_t n = dims[0];
+  if (masses.element_count() != static_cast<size_t>(n) || constants.element_count() < 2 ||
+      forces->element_count() != static_cast<size_t>(3 * n) || energy->element_count() < 1) {
+    return ffi::Error::InvalidArgument("simlib_gravity: need masses (n,), constants (2,), "
+                                       "forces (n, 3) and a scalar energy");
+  }
+  try {
+    return GravitySum<T>(positions.typed_data(), masses.typed_data(), constants.typed_data(),
+                         n, forces->typed_data(), energy->typed_data());
+  } catch (const std::exception& err) {     // std::bad_alloc: never let it cross the FFI
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      std::string("simlib_gravity: ") + err.what());
+  }
 }
 
 #define SIMLIB_GRAVITY_HANDLER(NAME, T, DT)                                     \
