@@ -735,8 +735,7 @@ def run(quick: bool = False) -> Section:
             "U_c = U_cs + u(r_c) N_pairs; the second pair of rows reweights the same frames "
             "by exp(-u(r_c) N_pairs / kT) (N_pairs inside r_c: "
             f"{nist['pairs_mean']:.0f} ± {nist['pairs_std']:.0f} per frame, effective "
-            f"sample fraction {nist['ess'] / nist['n_frames']:.2f}). lj_reference.py notes a "
-            "longer MD run 0.001 below NIST in U and 0.010 below in P at this point. Mean "
+            f"sample fraction {nist['ess'] / nist['n_frames']:.2f}). Mean "
             f"2K/3N {_pm(nist['T'], nist['T_err'])}. {r['sim_seconds']:.1f} s "
             f"({r['ms_per_step']:.2f} ms/step; the box is under 3 (r_c + skin) wide, so "
             "the list is built from all pairs).", "",
