@@ -29,7 +29,14 @@ from ._util import checked_step, convert_closure
 
 
 class AbstractAdjoint:
-    """How ``jax.grad`` goes through a :func:`~simlib.solve`."""
+    """How ``jax.grad`` goes through a :func:`~simlib.solve` (its ``adjoint=`` argument).
+
+    The base class of :class:`Direct`, :class:`Checkpointed`, :class:`Reversible` and
+    :class:`ForwardMode`. It is not an extension point: ``solve`` and ``simulate`` dispatch
+    on these four classes, so a new subclass would be rejected or treated as ``Direct``.
+    Strategies are frozen dataclasses registered as pytrees without leaves (static
+    arguments of the compiled cores); see docs/gradients.md.
+    """
 
 
 @register_static
@@ -83,10 +90,15 @@ class ForwardMode(AbstractAdjoint):
     """Gradients from forward-mode derivatives (``jax.jvp``), for a handful of inputs.
 
     The forward pass carries one tangent per differentiated input component alongside the
-    state (``jax.jacfwd``), so it costs about ``1 + n`` forward passes for ``n`` components
-    of ``y0`` and ``args``, in memory independent of the steps; the backward pass is a
-    contraction with that Jacobian. Gradients flow to ``y0`` and ``args`` (and values the
-    vector field closes over); the times and tolerances are treated as constants.
+    state (``jax.jacfwd``), so it costs about ``1 + n`` forward passes for ``n``
+    differentiated components, in memory independent of the steps; the backward pass is a
+    contraction with that Jacobian. Gradients flow to ``y0``, ``args`` (and values the
+    vector field closes over), and to the times (``t0``, ``t1``, ``dt``, ``saveat.ts``):
+    the exact derivative of the discrete solution (tests/test_adjoint.py checks it against
+    ``Direct()`` and central differences). Adaptive runs push tangents for ``rtol`` and
+    ``atol`` as well when they are differentiated (that derivative has no test).
+    Only the inputs actually differentiated get tangents. Works for fixed-step and adaptive
+    runs; ``jax.jvp`` of the solve itself still cannot go through (it is a custom VJP).
     """
 
 

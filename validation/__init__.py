@@ -4,9 +4,12 @@ particles.
 Heavier than the unit tests. Run it from the repository root with
 
     python -m validation            # full run, about 15 minutes on 2 cores
-    python -m validation --quick    # reduced run, about three minutes
+    python -m validation --quick    # fast subset run by CI, 1-2 minutes on 2 cores
 
-It writes ``validation/report.md`` and the figures under ``validation/figures/``.
+The full run writes ``validation/report.md`` and the figures under ``validation/figures/``;
+``--quick`` writes to a temporary folder unless ``--output`` is given. The exit status is
+non-zero when any check failed (each part records its failed checks in
+``Section.failures``; the last line printed lists them).
 The suite switches JAX to float64 itself (``jax.config.update`` in
 :mod:`validation.common`); simlib never does.
 """

@@ -423,13 +423,19 @@ def block(tree):
 
 @dataclass
 class Section:
-    """One part of the report: markdown body, findings, raw data and its runtime."""
+    """One part of the report: markdown body, findings, raw data and its runtime.
+
+    ``findings`` are the report's observations; ``failures`` the checks of this part that
+    failed (each one line naming the check). ``python -m validation`` exits non-zero when any
+    part has a failure.
+    """
 
     title: str
     body: str
     findings: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)
     seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)
 
 
 def fmt(x, digits: int = 2) -> str:

@@ -235,5 +235,7 @@ def run(quick: bool = False) -> Section:
     data = {c.name: {m: {k: np.asarray(v).tolist() if isinstance(v, np.ndarray) else v
                          for k, v in r.items()} for m, r in results[c.name].items()}
             for c, *_ in cases}
+    failures = [f.removeprefix("Convergence: ").join(("convergence: ", ""))
+                for f in findings if "below the theoretical" in f or "literature order" in f]
     return Section(title="2. Convergence orders", body="\n".join(parts), findings=findings,
-                   data=data, seconds=time.perf_counter() - start)
+                   data=data, seconds=time.perf_counter() - start, failures=failures)

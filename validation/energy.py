@@ -131,7 +131,11 @@ def run(quick: bool = False) -> Section:
             + ", ".join(f"{r['method']} {fmt(r['growth'])}" for r in sym)
             + "; max errors " + ", ".join(f"{r['method']} {fmt(r['max'])}" for r in sym) + "."
         )
+    failures = [f"energy: {f.removeprefix('Energy: ')}" for f in findings
+                if "(not bounded)" in f]
+    failures += [f"energy: {r['method']} on {r['case']}: non-finite energy error"
+                 for r in results if not np.isfinite(r["max"])]
     return Section(title="3. Energy error of symplectic methods vs RK4", body="\n".join(parts),
-                   findings=findings, data=dict(records=results),
+                   findings=findings, data=dict(records=results), failures=failures,
                    seconds=time.perf_counter() - start)
 

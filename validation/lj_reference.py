@@ -27,7 +27,10 @@ r < r_c forces onto the full potential.  The impulsive correction
 of the *c* model itself.  All tail terms assume g(r) = 1 beyond r_c.
 
 Sources (every number below was read from these, or computed here from their
-published coefficients and checked against their tabulated values):
+published coefficients and checked against their tabulated values). Every value
+names a source a reader can open; values whose source could not be named were
+dropped (a NIST grid copied from an unnamed script, and the pressure at
+(0.85, 0.776) that only it gave).
 
 [NIST] NIST Standard Reference Simulation Website (SRD 173), "Lennard-Jones Fluid
     Properties", page "MC: NVT Monte Carlo results ... along two isotherms of
@@ -53,9 +56,6 @@ published coefficients and checked against their tabulated values):
         (0.85, 0.776, -5.5121, 4.55e-4), (0.85, 0.007, -7.2834e-2, 1.34e-4),
         (0.90, 0.776, -5.4689, 4.20e-4); it adds the energy tail
         (8/9) pi rho (r_c^-9 - 3 r_c^-3) to a truncated r_c = 3 MC energy.
-      - A public plotting script (find_string index id 16979611730, repository
-        not named by the index) with the whole U/P grid for T = 0.85, 0.90 without
-        uncertainties; every entry that overlaps hoomd-blue's copies agrees.
     Independent re-run by NIST's FEASST (hhatch/gormms,
     models/lennard_jones/canonical_monte_carlo/readme.ipynb; N = 500, r_c = 3 +
     LRC, 5e7 equilibration + 2.5e8 production trials): U = -5.468437(300) at
@@ -76,10 +76,13 @@ published coefficients and checked against their tabulated values):
     Coefficients of both as transcribed in Allen-Tildesley/examples,
     python_examples/eos_lj_module.py (Tables 2 and 1 of the papers).
 [AT] M. P. Allen, D. J. Tildesley, "Computer Simulation of Liquids", 2nd ed.
-    (OUP 2017), example-code guides Allen-Tildesley/examples GUIDE.md and
-    python_examples/GUIDE.md: EOS values at (rho, T) = (0.75, 1.0) and simulation
-    results for r_c = 2.5 (cs for MD, c for MC), used below as checks.
-    (Their "E" is the total energy per atom; U = E - 1.5 T.)
+    (OUP 2017), and its example codes, https://github.com/Allen-Tildesley/examples:
+    GUIDE.md (and python_examples/GUIDE.md), section on the Lennard-Jones MD and MC
+    programs, the table of results at rho = 0.75, T = 1.0, r_c = 2.5 (cs for MD, c
+    for MC): rows `md_nvt_lj_ll` (N = 864: E = -2.927(2), P = 0.994(3)) and
+    `md_nve_lj_ll` (T = 1.0010(1), E = -2.9272, P = 0.992(1)); and the table of EOS
+    evaluations (rows "Thol et al (2015) (cs)" and "Thol et al (2016) (f)") used as
+    checks of the EOS code below. Their "E" is the total energy per atom; U = E - 1.5 T.
 
 Recommendation (see ``RECOMMENDED`` and the __main__ printout):
 * r_c = 2.5, MD: compare with the cs model at (rho, T) = (0.75, 1.0):
@@ -88,15 +91,9 @@ Recommendation (see ``RECOMMENDED`` and the __main__ printout):
 * r_c = 3.0: NIST MC at (rho, T) = (0.776, 0.90): U = -5.4689(4), P = 0.2406(27)
   with tails added to the truncated (unshifted) pair sum and virial.
 
-Size of the approximations (not reference data: one throwaway N = 500 Langevin MD
-run per cutoff at (0.776, 0.90), dt = 0.005, 2e5 steps, 20-block errors, written
-for this note and not kept in the repository):
-  r_c = 3.0, tails added: U = -5.4700(8), P = 0.231(3)  -> NIST minus 0.001 / 0.010
-  r_c = 2.5, cs directly: U_cs = -4.6530(9), P_cs = 0.854(4); THOL15: -4.6527, 0.8664
-  r_c = 2.5, tails added: U = -5.4804(9), P = 0.210(4)  -> full-LJ minus 0.012 / 0.030
-So r_c = 2.5 plus tails is NOT comparable with full-LJ data (NIST, JZG, THOL16)
-within their error bars; r_c = 2.5 needs the cs reference (THOL15 / AT), and the
-two full-LJ EOSs themselves differ by up to ~0.012 in U and ~0.01 in P here.
+r_c = 2.5 plus tail corrections is not the full potential: the tails assume
+g(r) = 1 beyond r_c, which is not accurate to the precision of full-LJ data (NIST,
+JZG, THOL16), so r_c = 2.5 runs are compared with the cs reference (THOL15 / AT).
 """
 
 import numpy as np
@@ -310,7 +307,8 @@ def thol2015_cs25_pressure(rho, T):
 NIST_MC_RC3 = [
     dict(T=0.90, rho=0.776, U=-5.4689, U_unc=4.20e-4, P=2.4056e-1, P_unc=2.74e-3),
     dict(T=0.85, rho=0.860, U=-6.0305, U_unc=2.38e-3, P=1.2660, P_unc=1.36e-2),
-    dict(T=0.85, rho=0.776, U=-5.5121, U_unc=4.55e-4, P=6.7714e-3, P_unc=None),
+    # Energy only (hoomd-blue lj_spheres.py); no named source for its pressure was found.
+    dict(T=0.85, rho=0.776, U=-5.5121, U_unc=4.55e-4, P=None, P_unc=None),
     # Vapour points (hoomd-blue copies).  A hoomd-blue comment says the tail seems to be
     # in the NIST pressure only at liquid densities, but its own tail formula there is
     # linear in rho (should be rho^2); THOL16 gives P = 4.1000e-3 at (0.85, 0.005),
@@ -324,25 +322,15 @@ NIST_MC_RC3_CONVENTION = dict(
     P="rho*T + W(r < 3)/(3V) + tail_pressure(rho, 3); no impulsive term",
 )
 
-# Liquid part of the NIST grid without uncertainties (plotting-script copy, see docstring).
-NIST_MC_RC3_GRID = {
-    0.85: dict(rho=[0.776, 0.780, 0.820, 0.860, 0.900],
-               U=[-5.5121, -5.5386, -5.7947, -6.0305, -6.2391],
-               P=[6.7714e-3, 4.7924e-2, 5.5355e-1, 1.2660, 2.2314]),
-    0.90: dict(rho=[0.776, 0.780, 0.820, 0.860, 0.900],
-               U=[-5.4689, -5.4956, -5.7456, -5.9753, -6.1773],
-               P=[2.4056e-1, 2.7851e-1, 8.2386e-1, 1.5781, 2.5848]),
-}
-
 # [AT] values at (rho, T) = (0.75, 1.0), converted from E (total) to U = E - 1.5 T.
-AT_EOS_TABLE = [  # python_examples/GUIDE.md and GUIDE.md, tabulated EOS evaluations
+AT_EOS_TABLE = [  # [AT] GUIDE.md and python_examples/GUIDE.md, tables of EOS evaluations
     dict(model="cs2.5", source="THOL15 via AT", rho=0.75, T=1.0, U=-2.9286 - 1.5, P=0.9897),
     dict(model="full", source="THOL16 via AT", rho=0.75, T=1.0, U=-3.7212 - 1.5, P=0.3996),
     dict(model="full", source="THOL16 via AT", rho=0.75, T=0.8772, U=-4.0017 - 1.5 * 0.8772, P=-0.1070),
     dict(model="full", source="THOL16 via AT", rho=0.75, T=1.1400, U=-3.4070 - 1.5 * 1.14, P=0.9559),
     dict(model="full", source="THOL16 via AT", rho=0.75, T=1.2996, U=-3.0539 - 1.5 * 1.2996, P=1.5655),
 ]
-AT_MD_CS25 = [  # Allen-Tildesley/examples GUIDE.md, MD with the cs potential at r_c = 2.5, rho = 0.75
+AT_MD_CS25 = [  # [AT] GUIDE.md, Lennard-Jones results table, cs at r_c = 2.5, rho = 0.75
     dict(program="md_nvt_lj_ll", N=864, T=1.00, U=-2.927 - 1.5, U_unc=0.002, P=0.994, P_unc=0.003),
     dict(program="md_nve_lj_ll", N=864, T=1.0010, U=-2.9272 - 1.5 * 1.0010, U_unc=None, P=0.992, P_unc=0.001),
 ]
@@ -386,14 +374,10 @@ if __name__ == "__main__":
     for e in NIST_MC_RC3:
         if e["rho"] < 0.5:
             continue
-        pu = "   n/a  " if e["P_unc"] is None else f"{e['P_unc']:.1e}"
+        pn = "     n/a           " if e["P"] is None else f"{e['P']:8.4f}({e['P_unc']:.1e})"
         print(f"  {e['T']:.2f}  {e['rho']:.3f} {e['U']:8.4f}({e['U_unc']:.1e}) "
               f"{jzg_energy_per_particle(e['rho'], e['T']):8.4f} {thol2016_energy_per_particle(e['rho'], e['T']):8.4f} |"
-              f" {e['P']:8.4f}({pu}) {jzg_pressure(e['rho'], e['T']):8.4f} {thol2016_pressure(e['rho'], e['T']):8.4f}")
-    for T, g in NIST_MC_RC3_GRID.items():
-        for rho, u, p in zip(g["rho"], g["U"], g["P"], strict=True):
-            print(f"  grid T={T:.2f} rho={rho:.3f}: U {u:8.4f} JZG {jzg_energy_per_particle(rho, T):8.4f}"
-                  f" | P {p:8.4f} JZG {jzg_pressure(rho, T):8.4f}")
+              f" {pn} {jzg_pressure(e['rho'], e['T']):8.4f} {thol2016_pressure(e['rho'], e['T']):8.4f}")
 
     print("\nWhat a truncated simulation should produce (raw pair sums, before adding tails)")
     for rc in (2.5, 3.0):

@@ -2,8 +2,13 @@
 
 Usage (from the repository root)::
 
-    python -m validation [--quick] [--parts accuracy,convergence,...]
-    python validation/run.py [--quick]
+    python -m validation                 # full run; rewrites validation/report.md
+    python -m validation --quick         # the fast CI subset, report in a temporary folder
+    python -m validation --quick --output validation/report.md   # ... or where you ask
+    python -m validation --parts accuracy,convergence [--quick]
+
+The exit status is 1 when any check of the parts run failed (a summary line lists them),
+2 on bad arguments, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ jax.config.update("jax_enable_x64", True)  # the suite runs in float64; simlib n
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -41,6 +47,14 @@ PARTS = {
 }
 
 
+# The fast subset (--quick): the checks that catch a wrong coefficient or a broken gradient
+# (measured orders of every method, accuracy against scipy on the quick problems, symplectic
+# energy bounds, gradients against the sensitivity equations and central differences), in
+# their reduced configurations. Work-precision (timings) and particles (statistics of long
+# runs) need the full run.
+QUICK_PARTS = ("convergence", "accuracy", "energy", "gradients")
+
+
 def _header(quick: bool, parts: list[str], seconds: float) -> str:
     info = common.machine_info()
     command = "python -m validation" + (" --quick" if quick else "")
@@ -53,7 +67,7 @@ def _header(quick: bool, parts: list[str], seconds: float) -> str:
         "```",
         "python -m validation            # full run (this report: "
         f"{'quick' if quick else 'full'} mode)",
-        "python -m validation --quick    # reduced run, about three minutes",
+        "python -m validation --quick    # fast subset (CI), report in a temp folder",
         "```",
         "",
         f"This report was produced by `{command}`"
@@ -68,14 +82,23 @@ def _header(quick: bool, parts: list[str], seconds: float) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite; returns the exit status (1 if any check failed)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="reduced run (fewer tolerances and step sizes, 1e4 energy steps)")
-    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"fast subset for CI: parts {', '.join(QUICK_PARTS)} in reduced "
+                        "configurations; writes to a temporary folder unless --output is given")
+    parser.add_argument("--parts", default=None,
                         help=f"comma-separated subset of {', '.join(PARTS)}")
-    parser.add_argument("--output", default=str(common.REPORT_PATH), help="report path")
+    parser.add_argument("--output", default=None,
+                        help="report path (default validation/report.md, or a temporary "
+                        "folder with --quick); figures go next to it")
     opts = parser.parse_args(argv)
+    if opts.parts is None:
+        opts.parts = ",".join(QUICK_PARTS if opts.quick else PARTS)
+    if opts.output is None:
+        opts.output = (str(Path(tempfile.mkdtemp(prefix="simlib-validation-")) / "report.md")
+                       if opts.quick else str(common.REPORT_PATH))
     parts = [p.strip() for p in opts.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
@@ -98,12 +121,19 @@ def main(argv: list[str] | None = None) -> None:
                 body=f"This part raised an exception:\n\n```\n{tb}\n```",
                 findings=[f"{name}: the part raised an exception (see its section)."],
                 seconds=time.perf_counter() - t,
+                failures=[f"{name}: raised {tb.strip().splitlines()[-1]}"],
             )
-        print(f"[validation] {name} done in {section.seconds:.1f} s", flush=True)
+        print(f"[validation] {name} done in {section.seconds:.1f} s"
+              + (f", {len(section.failures)} FAILED checks" if section.failures else ""),
+              flush=True)
         sections.append(section)
     seconds = time.perf_counter() - start
 
     out = [_header(opts.quick, parts, seconds)]
+    failures = [f for s in sections for f in s.failures]
+    out.append("## Failed checks\n")
+    out += [f"- {f}" for f in failures] or ["None: every check of the parts run passed."]
+    out.append("")
     out.append("## Contents\n")
     out += [f"- {s.title} ({s.seconds:.0f} s)" for s in sections]
     out.append("- Findings\n")
@@ -120,7 +150,13 @@ def main(argv: list[str] | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out))
     print(f"[validation] wrote {path} in {seconds:.1f} s")
+    if failures:
+        print(f"[validation] FAILED: {len(failures)} checks failed: " + "; ".join(failures),
+              flush=True)
+        return 1
+    print(f"[validation] passed: every check of {', '.join(parts)} passed", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -52,14 +52,22 @@ def linear_combination(terms: list[tuple[float, PyTree]]) -> PyTree:
 
 
 class AbstractSolver:
-    """A one-step method ``y_{n+1} = Phi(t_n, y_n, h)``.
+    """A one-step method ``y_{n+1} = Phi(t_n, y_n, h)``: the base class of every solver.
 
     Subclasses provide:
         order: Order of the method.
         adaptive: Whether ``step`` returns an embedded error estimate.
         symplectic: Whether the method needs a separable ``(q, p)`` state.
-        init(f, t, y, args): per-run state carried between steps (e.g. the FSAL stage).
-        step(f, t, y, h, args, state): returns ``(y1, error_info, dense_info, new_state)``.
+        init(f, t, y, args): per-run state carried between steps (e.g. the FSAL stage);
+            ``None`` by default.
+        step(f, t, y, h, args, state): returns ``(y1, error_info, dense_info, new_state)``,
+            pure JAX on pytrees, with ``h`` possibly traced.
+        Adaptive solvers also ``error_order``, ``error_ratio(y, y1, err, h, rtol, atol)``
+        (accept when at most one) and ``interpolate(f, args, t, y, h, y1, dense_info,
+        theta)`` for ``SaveAt(ts=...)``; see :class:`ExplicitRungeKutta`, which provides all
+        of this from a :class:`ButcherTableau`. Solvers compare and hash by class, since
+        they are static arguments of the compiled cores: keep configuration in class
+        attributes. Adding a method: docs/extending.md.
     """
 
     order: int = 0

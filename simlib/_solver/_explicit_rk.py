@@ -45,7 +45,19 @@ def error_scale(y: PyTree, y1: PyTree, rtol, atol) -> PyTree:
 
 
 class ExplicitRungeKutta(AbstractSolver):
-    """An explicit Runge-Kutta method given by ``tableau``."""
+    """An explicit Runge-Kutta method given by ``tableau``.
+
+    A subclass provides only the class attribute ``tableau`` (a :class:`ButcherTableau`);
+    order, adaptivity (when the tableau has ``b_error``), FSAL reuse, the error norm and
+    dense output (the tableau's ``dense`` weights, or cubic Hermite) all follow from it::
+
+        class SSPRK3(sl.ExplicitRungeKutta):
+            tableau = sl.ButcherTableau(name="SSPRK3", reference="Shu & Osher 1988",
+                                        order=3, a=((), (1.0,), (0.25, 0.25)),
+                                        b=(1 / 6, 1 / 6, 2 / 3), c=(0.0, 1.0, 0.5))
+
+    See docs/extending.md.
+    """
 
     tableau: ClassVar[ButcherTableau]
 

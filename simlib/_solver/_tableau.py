@@ -29,7 +29,12 @@ _CHECK_TOL = 1e-12
 
 @dataclass(frozen=True)
 class ButcherTableau:
-    """An explicit Runge-Kutta method as data.
+    """An explicit Runge-Kutta method as data (a frozen dataclass; build one, do not
+    subclass it). Give it to a subclass of :class:`ExplicitRungeKutta` as its ``tableau``
+    class attribute (docs/extending.md). Construction checks that the rows of ``a`` sum to
+    ``c``, ``b`` sums to one, error weights sum to zero, an FSAL tableau's last row is
+    ``b`` and dense weights reproduce ``b`` at ``theta = 1``; order conditions beyond the
+    first are not checked (tests/test_tableau.py does it for the built-in methods).
 
     Attributes:
         name: Method name, e.g. ``"Tsit5"``.

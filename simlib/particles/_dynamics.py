@@ -42,7 +42,17 @@ def _inverse_mass(masses, like):
 
 
 class Integrator:
-    """A particle integrator: ``step(model, carry, masses, params, dt, key) -> carry``."""
+    """A particle integrator: ``step(model, carry, masses, params, dt, key) -> carry``.
+
+    Subclasses provide ``step``, called once per step inside :func:`simulate`'s scan:
+    ``model.space.shift(x, dx)`` moves positions and ``model.energy_and_forces(x, params,
+    neighbors)`` evaluates the energy; ``carry`` holds ``positions``, ``velocities`` and the
+    ``forces`` and ``potential_energy`` at them, ``neighbors`` and ``step``. Return
+    ``carry._replace(...)`` with forces and energy at the new positions, the neighbour list
+    updated (``neighbors.update(x)`` when not ``None``) and ``step + 1``. A subclass must be
+    a pytree (it is an argument of a compiled function; array attributes such as ``kT`` as
+    leaves) and sets ``stochastic = True`` if it needs ``key``. See docs/extending.md.
+    """
 
     stochastic = False
 

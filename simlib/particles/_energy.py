@@ -35,7 +35,12 @@ def _min_image(d, box_k, periodic):
 class Energy:
     """Base class: ``energy(positions, params, neighbors=None) -> scalar``.
 
-    Subclasses provide :meth:`energy_and_forces`. Energies add: ``lj + bonds``.
+    Subclasses provide ``__call__`` (the total energy, pure JAX) and a ``space`` attribute,
+    and must be pytrees (energies are arguments of compiled functions). Optional:
+    :meth:`energy_and_forces` (default: ``jax.value_and_grad`` of ``__call__``),
+    :meth:`virial` (for :func:`pressure`) and ``r_cut`` (needed with a neighbour list).
+    Pair potentials need no subclass: give ``u(r, params)`` to :func:`pair_energy`
+    (docs/extending.md). Energies add: ``lj + bonds``.
     """
 
     space: Space
