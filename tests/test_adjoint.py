@@ -113,6 +113,19 @@ def test_symplectic_gradients_match_finite_differences(adjoint):
     np.testing.assert_allclose(float(g_mu), fd_mu[0], rtol=1e-6)
 
 
+@pytest.mark.parametrize("solver", [sl.Yoshida4(), sl.PEFRL()], ids=lambda s: type(s).__name__)
+def test_fourth_order_symplectic_gradients_match_finite_differences(solver):
+    """Yoshida4 and PEFRL: Reversible against central differences (the test above shows
+    Direct, Checkpointed and ForwardMode agree with Reversible to 1e-8)."""
+    save = SAVES["ts"]
+    g_q, g_mu = jax.grad(kepler_loss, argnums=(0, 1))(Q0, 1.0, sl.Reversible(), solver, save)
+    fd_q = central_differences(lambda q: kepler_loss(q, 1.0, None, solver, save), Q0, 1e-6)
+    fd_mu = central_differences(
+        lambda m: kepler_loss(Q0, m[0], None, solver, save), jnp.array([1.0]), 1e-6)
+    np.testing.assert_allclose(np.asarray(g_q), fd_q, rtol=1e-6)
+    np.testing.assert_allclose(float(g_mu), fd_mu[0], rtol=1e-6)
+
+
 def test_reversible_under_vmap_matches_direct():
     q0s = Q0 + 0.01 * jnp.arange(3.0)[:, None]
 
@@ -170,7 +183,11 @@ def test_forward_mode_gradient_with_respect_to_dt():
     gf = float(jax.grad(final)(0.03, sl.ForwardMode()))
     gd = float(jax.grad(final)(0.03, sl.Direct()))
     np.testing.assert_allclose(gf, gd, rtol=1e-10)
-    assert gd != 0.0
+    # 34 steps (the last one short) for every dt within 0.03 +- h: the discrete map is smooth.
+    # (measured: the difference quotient converges as h^2 to 1e-7 relative at h = 1e-6)
+    fd = central_differences(lambda d: final(d[0], sl.Direct()), jnp.array([0.03]), 1e-6)[0]
+    assert abs(fd) > 1e-6
+    np.testing.assert_allclose(gd, fd, rtol=1e-6)
 
 
 def test_reversible_refuses_time_gradients():
@@ -183,4 +200,6 @@ def test_reversible_refuses_time_gradients():
 
     with pytest.raises(ValueError, match="Reversible.*times"):
         jax.grad(final)(2.0, Q0)
-    assert np.all(np.isfinite(np.asarray(jax.grad(final, argnums=1)(2.0, Q0))))
+    g = np.asarray(jax.grad(final, argnums=1)(2.0, Q0))
+    np.testing.assert_allclose(g, central_differences(lambda q: final(2.0, q), Q0, 1e-6),
+                               rtol=1e-6)

@@ -139,11 +139,28 @@ def test_fit_argument_errors(kwargs, error, pattern):
 
 
 def test_transform_prefix_applies_to_subtree():
-    # one Positive() for the whole tree; None for identity leaves
-    res = fit(quad, P0, transforms=Positive(), steps=5, progress=False)
-    assert isinstance(res, FitResult)
-    res = fit(quad, P0, transforms={"a": Positive(), "b": None}, steps=5, progress=False)
-    assert res.n_steps == 5
+    """One Positive() for the whole tree, or None for identity leaves: the fit must equal a
+    hand-written optax loop over u with a = exp(u_a) (and b = exp(u_b) or b = u_b). The
+    loss's minimum lies at negative values, which only untransformed leaves can reach."""
+    def loss(p):
+        return jnp.sum((p["a"] + 1.0) ** 2) + (p["b"] + 1.0) ** 2
+
+    steps = 25
+    for transforms, b_positive in ((Positive(), True), ({"a": Positive(), "b": None}, False)):
+        def to_params(u, b_positive=b_positive):
+            return {"a": jnp.exp(u["a"]), "b": jnp.exp(u["b"]) if b_positive else u["b"]}
+
+        u0 = {"a": jnp.log(P0["a"]), "b": jnp.log(P0["b"]) if b_positive else P0["b"]}
+        u_final, _ = _optax_loop(jax.jit(lambda u, f=to_params: loss(f(u))), u0,
+                                 optax.adam(0.1), steps)
+        expected = to_params(u_final)
+        res = fit(loss, P0, optimizer=optax.adam(0.1), steps=steps, transforms=transforms,
+                  progress=False)
+        assert isinstance(res, FitResult) and res.n_steps == steps
+        np.testing.assert_allclose(res.params["a"], expected["a"], rtol=1e-12)
+        np.testing.assert_allclose(res.params["b"], expected["b"], rtol=1e-12)
+        assert np.all(np.asarray(res.params["a"]) > 0)
+        assert (float(res.params["b"]) > 0) == b_positive   # untransformed b goes below 0
 
 
 # --------------------------------------------------------------------------------------
@@ -438,7 +455,9 @@ def test_gauss_newton_through_an_adaptive_solve(lv_fit, lv_data):
     np.testing.assert_allclose(np.asarray(gn.stderr), np.asarray(lv_fit.stderr), rtol=1e-5)
 
 
-def test_lotka_volterra_matches_scipy_least_squares(lv_fit, lv_data):
+@pytest.fixture(scope="module")
+def lv_scipy(lv_data):
+    """scipy.optimize.least_squares over scipy's DOP853 on the same data and start."""
     obs, sigma = lv_data
     t_obs = np.asarray(LV_TS)
 
@@ -457,10 +476,15 @@ def test_lotka_volterra_matches_scipy_least_squares(lv_fit, lv_data):
     ref = least_squares(residuals, p0, jac="2-point", bounds=(0.0, np.inf), xtol=1e-12,
                         ftol=1e-12, gtol=1e-12)
     assert ref.success
-    np.testing.assert_allclose(np.asarray(lv_fit.params), ref.x, rtol=1e-4)
     # scipy's own covariance estimate from its (finite-difference) Jacobian
     s2 = 2 * ref.cost / (ref.fun.size - 4)
     se_ref = np.sqrt(np.diag(s2 * np.linalg.inv(ref.jac.T @ ref.jac)))
+    return ref.x, se_ref
+
+
+def test_lotka_volterra_matches_scipy_least_squares(lv_fit, lv_scipy):
+    x_ref, se_ref = lv_scipy
+    np.testing.assert_allclose(np.asarray(lv_fit.params), x_ref, rtol=1e-4)
     np.testing.assert_allclose(np.asarray(lv_fit.stderr), se_ref, rtol=1e-2)
 
 
@@ -621,8 +645,9 @@ def test_least_squares_solves_a_linear_problem_exactly():
                                rtol=0, atol=1e-9)
 
 
-def test_least_squares_lotka_volterra_matches_scipy_and_fit(lv_fit, lv_data):
+def test_least_squares_lotka_volterra_matches_scipy_and_fit(lv_fit, lv_data, lv_scipy):
     obs, sigma = lv_data
+    x_ref, se_ref = lv_scipy
 
     def residuals(p):
         return trajectory_residuals(lv_predict(p), obs, sigma=sigma)
@@ -632,6 +657,8 @@ def test_least_squares_lotka_volterra_matches_scipy_and_fit(lv_fit, lv_data):
                            stderr=True)
     assert res.converged, res.message
     assert res.n_steps < 40
+    np.testing.assert_allclose(np.asarray(res.params), x_ref, rtol=1e-4)   # scipy's optimum
+    np.testing.assert_allclose(np.asarray(res.stderr), se_ref, rtol=1e-2)
     np.testing.assert_allclose(np.asarray(res.params), np.asarray(lv_fit.params), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(res.stderr), np.asarray(lv_fit.stderr), rtol=1e-4)
     np.testing.assert_allclose(np.asarray(res.params), LV_TRUE, rtol=0.02)

@@ -6,7 +6,6 @@ differences.
 
 from __future__ import annotations
 
-import logging
 import math
 
 import jax
@@ -18,6 +17,7 @@ from scipy.integrate import solve_ivp
 
 import simlib as sl
 from simlib import particles as sp
+from simlib.particles import _simulate
 
 LJ = dict(sigma=1.0, epsilon=1.0)
 
@@ -427,38 +427,59 @@ def test_a_list_for_other_particles_or_an_energy_without_cutoff_is_refused(small
                     n_steps=10, neighbors=nbrs)
 
 
-class _Compiles(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.names = []
+def _cache_sizes():
+    """Entries in the jit caches of simulate's compiled pieces."""
+    return tuple(fn._cache_size() for fn in (
+        _simulate._frames_jit, _simulate._start_jit, _simulate._status_jit,
+        _simulate._assemble_jit, _simulate._concatenate))
 
-    def emit(self, record):
-        msg = record.getMessage()
-        if msg.startswith("Compiling "):
-            self.names.append(msg.split(" ")[1])
+
+class _CompileCounter:
+    """Counts XLA backend compilations (every jit cache miss, eager op dispatch included)."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, event, duration, **kwargs):
+        if event == self.EVENT:
+            self.count += 1
+
+    def __enter__(self):
+        jax.monitoring.register_event_duration_secs_listener(self)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self)
 
 
 def test_new_values_do_not_recompile(small):
     nbrs = sp.neighbor_list(small["space"], small["x"], 2.0, 0.3)
-    small_run(small, nbrs)                                      # compiles
-    handler = _Compiles()
-    logger = logging.getLogger("jax")
-    logger.addHandler(handler)
-    try:
-        with jax.log_compiles(True):
-            rng = np.random.default_rng(0)
-            for dt, sigma in ((0.004, 0.98), (0.003, 1.02)):
-                traj = sp.simulate(
-                    small["energy"],
-                    sp.State(small["x"] + 0.01 * rng.normal(size=small["x"].shape),
-                             small["v"] * 1.1, 1.3 * jnp.ones(len(small["x"]))),
-                    dict(sigma=sigma, epsilon=1.1), space=small["space"], dt=dt, n_steps=40,
-                    save_every=10, neighbors=nbrs)
-                assert float(traj.times[-1]) == pytest.approx(40 * dt)
-    finally:
-        logger.removeHandler(handler)
-    heavy = [name for name in handler.names if "_frames" in name or "_start" in name]
-    assert heavy == [], handler.names
+    rng = np.random.default_rng(0)
+
+    def run(dt, sigma, save_every=10):
+        return sp.simulate(
+            small["energy"],
+            sp.State(small["x"] + 0.01 * rng.normal(size=small["x"].shape), small["v"] * 1.1,
+                     1.3 * jnp.ones(len(small["x"]))),
+            dict(sigma=sigma, epsilon=1.1), space=small["space"], dt=dt, n_steps=40,
+            save_every=save_every, neighbors=nbrs)
+
+    assert float(run(0.005, 1.0).times[-1]) == pytest.approx(0.2)   # compiles everything
+    before = _cache_sizes()
+    assert before[0] >= 1 and before[1] >= 1
+    with _CompileCounter() as counter:
+        for dt, sigma in ((0.004, 0.98), (0.003, 1.02)):
+            traj = run(dt, sigma)
+            assert float(traj.times[-1]) == pytest.approx(40 * dt)
+    assert counter.count == 0
+    assert _cache_sizes() == before
+    # Positive control: a new save_every (a static argument) must show up in both counters.
+    with _CompileCounter() as counter:
+        run(0.003, 1.02, save_every=20)
+    assert counter.count >= 1
+    assert _cache_sizes()[0] == before[0] + 1
 
 
 def test_vmap_over_initial_velocities_equals_a_loop(small):
@@ -571,3 +592,20 @@ def test_gradients_are_finite_at_the_cutoff_and_through_padded_slots():
         assert float(value) == pytest.approx(u + 2 * du**2, rel=1e-12)
         g = np.asarray(grads[0])
         np.testing.assert_allclose(g[[1, 3]], 0.0, atol=0)
+        if nb is None:   # all pairs: covered by the finite differences through simulate
+            continue
+        # Through the padded list: central differences in directions that do not move pair
+        # (0, 1) across r_cut (a sideways shift of particle 0 keeps r_01 > r_cut both ways).
+        h, picks = 1e-6, ((0, 1), (2, 1), (2, 0), (0, 2))
+        bumps = np.zeros((2 * len(picks) + 2,) + x.shape)
+        for k, idx in enumerate(picks):
+            bumps[(2 * k, *idx)], bumps[(2 * k + 1, *idx)] = h, -h
+        sigmas = np.ones(len(bumps))
+        sigmas[-2:] += (h, -h)
+        value_at = jax.jit(loss)
+        values = np.array([float(value_at(jnp.asarray(np.asarray(x) + b), s, nb))
+                           for b, s in zip(bumps, sigmas, strict=True)])
+        fd = (values[0::2] - values[1::2]) / (2 * h)
+        for k, idx in enumerate(picks):
+            assert g[idx] == pytest.approx(fd[k], rel=1e-6, abs=1e-6), idx
+        assert float(grads[1]) == pytest.approx(fd[-1], rel=1e-6)

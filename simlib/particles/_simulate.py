@@ -22,6 +22,7 @@ from .._adjoint import (
     Checkpointed,
     Direct,
     Reversible,
+    _split_inexact,
     reject_time_gradients,
 )
 from .._errors import Result, SolverError, check_in_graph, raise_on_failure
@@ -370,29 +371,37 @@ def _reversible(model, integrator, neighbors, dt, key, n_frames, save_every, x0,
     exponentially on chaotic systems (a liquid): compare with ``Checkpointed`` when in doubt.
     """
     dt = lax.stop_gradient(reject_time_gradients(dt, "Reversible"))
+    # The model's and the list's floating-point leaves (the box) are explicit inputs of the
+    # custom VJP, so box gradients flow (a backward pass closing over them would leak
+    # tracers of an enclosing grad).
+    model_floats, model_others, merge_model = _split_inexact(model)
+    nbr_floats, nbr_others, merge_nbrs = _split_inexact(neighbors)
 
-    def start(x0, v0, params):
-        return _start(model, State(x0, v0, masses), params, neighbors)
+    def start(x0, v0, params, mf, nf):
+        return _start(merge_model(mf, model_others), State(x0, v0, masses),
+                      params, merge_nbrs(nf, nbr_others))
 
     @jax.custom_vjp
-    def run(x0, v0, masses, params):
-        carry0 = start(x0, v0, params)
-        out, records = _frames(model, integrator, carry0, masses, params, dt, key, n_frames,
-                               save_every, Direct())
+    def run(x0, v0, masses, params, mf, nf):
+        carry0 = start(x0, v0, params, mf, nf)
+        out, records = _frames(merge_model(mf, model_others), integrator, carry0, masses,
+                               params, dt, key, n_frames, save_every, Direct())
         return carry0, out, records
 
-    def run_fwd(x0, v0, masses, params):
-        carry0, out, records = run(x0, v0, masses, params)
-        return (carry0, out, records), (out[0], x0, v0, masses, params)
+    def run_fwd(x0, v0, masses, params, mf, nf):
+        carry0, out, records = run(x0, v0, masses, params, mf, nf)
+        return (carry0, out, records), (out[0], x0, v0, masses, params, mf, nf)
 
     def run_bwd(res, cotangents):
-        final, x0, v0, masses, params = res
+        final, x0, v0, masses, params, mf, nf = res
+        model = merge_model(mf, model_others)
         ct0, (ct_final, _, _), (ct_x, ct_v, ct_e, ct_k) = cotangents
-        zero_p = jax.tree_util.tree_map(jnp.zeros_like, params)
+        zero_p = jax.tree_util.tree_map(jnp.zeros_like, (params, mf))
         m_col = jnp.asarray(masses)[:, None] if jnp.ndim(masses) == 1 else masses
 
-        def step_fn(x, v, f, masses, params, nbrs, step):
-            c = integrator.step(model, Carry(x, v, f, jnp.zeros((), x.dtype), nbrs, step),
+        def step_fn(x, v, f, masses, params, mf, nbrs, step):
+            c = integrator.step(merge_model(mf, model_others),
+                                Carry(x, v, f, jnp.zeros((), x.dtype), nbrs, step),
                                 masses, params, dt, key)
             return c.positions, c.velocities, c.forces, c.potential_energy
 
@@ -400,12 +409,12 @@ def _reversible(model, integrator, neighbors, dt, key, n_frames, save_every, x0,
             carry, adj, m_bar, p_bar = state
             prev = integrator.step(model, carry, masses, params, -dt, key)
             prev = prev._replace(step=carry.step - 1)
-            _, vjp = jax.vjp(lambda x, v, f, m, p: step_fn(x, v, f, m, p, prev.neighbors,
-                                                           prev.step),
-                             prev.positions, prev.velocities, prev.forces, masses, params)
-            x_bar, v_bar, f_bar, dm, dp = vjp(adj)
+            _, vjp = jax.vjp(lambda x, v, f, m, p, mf_: step_fn(x, v, f, m, p, mf_,
+                                                                prev.neighbors, prev.step),
+                             prev.positions, prev.velocities, prev.forces, masses, params, mf)
+            x_bar, v_bar, f_bar, dm, dp, dmf = vjp(adj)
             adj = (x_bar, v_bar, f_bar, jnp.zeros_like(adj[3]))
-            p_bar = jax.tree_util.tree_map(jnp.add, p_bar, dp)
+            p_bar = jax.tree_util.tree_map(jnp.add, p_bar, (dp, dmf))
             return (prev, adj, m_bar + dm, p_bar), None
 
         def back_frame(state, cts):
@@ -424,13 +433,14 @@ def _reversible(model, integrator, neighbors, dt, key, n_frames, save_every, x0,
                                                  reverse=True)
         adj = (adj[0] + ct0.positions, adj[1] + ct0.velocities, adj[2] + ct0.forces,
                adj[3] + ct0.potential_energy)
-        _, vjp = jax.vjp(lambda x, v, p: _start_outputs(start(x, v, p)), x0, v0, params)
-        x_bar, v_bar, dp = vjp(adj)
-        p_bar = jax.tree_util.tree_map(jnp.add, p_bar, dp)
-        return x_bar, v_bar, m_bar.astype(jnp.asarray(masses).dtype), p_bar
+        _, vjp = jax.vjp(lambda x, v, p, mf_, nf_: _start_outputs(start(x, v, p, mf_, nf_)),
+                         x0, v0, params, mf, nf)
+        x_bar, v_bar, dp, dmf, dnf = vjp(adj)
+        p_bar, mf_bar = jax.tree_util.tree_map(jnp.add, p_bar, (dp, dmf))
+        return x_bar, v_bar, m_bar.astype(jnp.asarray(masses).dtype), p_bar, mf_bar, dnf
 
     run.defvjp(run_fwd, run_bwd)
-    return run(x0, v0, masses, params)
+    return run(x0, v0, masses, params, model_floats, nbr_floats)
 
 
 def _start_outputs(carry):
