@@ -204,12 +204,9 @@ def _build_cells(nl, positions, radius):
     cand = table[_cell_neighbors(grid, nl.space.periodic)].reshape(n_cells, -1)
     x_pad = jnp.concatenate([positions, jnp.zeros((1, d), positions.dtype)])
     xm, xc = x_pad[members], x_pad[cand]                            # (n_cells, cap|C, d)
-    box = nl.space.box_vector(d, positions.dtype) if nl.space.periodic else None
     r2 = 0.0
     for k in range(d):
-        dk = xm[:, :, None, k] - xc[:, None, :, k]
-        if box is not None:
-            dk = dk - box[k] * jnp.round(dk / box[k])
+        dk = nl.space.minimum_image(xm[:, :, None, k] - xc[:, None, :, k], k)
         r2 = r2 + dk * dk
     mask = ((members[:, :, None] < n) & (cand[:, None, :] < n)
             & (members[:, :, None] != cand[:, None, :]) & (r2 < radius**2))
@@ -227,12 +224,9 @@ def _within(nl, positions, cand, radius):
     valid = (cand < n) & (cand != jnp.arange(n)[:, None])
     j = jnp.where(valid, cand, 0)
     xt = positions.T
-    box = nl.space.box_vector(d, positions.dtype) if nl.space.periodic else None
     r2 = 0.0
     for k in range(d):
-        dk = xt[k][:, None] - xt[k][j]
-        if box is not None:
-            dk = dk - box[k] * jnp.round(dk / box[k])
+        dk = nl.space.minimum_image(xt[k][:, None] - xt[k][j], k)
         r2 = r2 + dk * dk
     return valid & (r2 < radius**2)
 
