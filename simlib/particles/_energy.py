@@ -140,6 +140,8 @@ class PairEnergy(Energy):
         positions = jnp.asarray(positions)
         if positions.ndim != 2:
             raise ValueError(f"positions must have shape (n, d), got {positions.shape}")
+        if positions.shape[0] == 0:
+            raise ValueError(f"positions has no particles (shape {positions.shape})")
         if neighbors is not None:
             if self.r_cut is None:
                 raise ValueError("a neighbour list was given but this energy has no r_cut; "

@@ -233,6 +233,8 @@ def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neigh
     v = jnp.asarray(state.velocities)
     if x.ndim != 2:
         raise ValueError(f"simulate: state.positions must have shape (n, d), got {x.shape}")
+    if x.shape[0] == 0:
+        raise ValueError(f"simulate: state.positions has no particles (shape {x.shape})")
     if v.shape != x.shape:
         raise ValueError(f"simulate: state.velocities has shape {v.shape}, but positions have "
                          f"shape {x.shape}")
@@ -266,6 +268,13 @@ def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neigh
                          f"particles, state has {x.shape[0]}")
     if neighbors is not None and getattr(energy, "r_cut", None) is None:
         raise ValueError("simulate: a neighbour list was given but the energy has no r_cut")
+    r_cut = getattr(energy, "r_cut", None)
+    if space.periodic and r_cut is not None and not isinstance(space.box, jax.core.Tracer):
+        half = 0.5 * float(np.min(np.asarray(space.box)))
+        if r_cut > half:
+            raise ValueError(f"simulate: the energy's r_cut={r_cut} exceeds half the shortest "
+                             f"side of the box ({half:.6g}): minimum images would miss pairs; "
+                             f"use a larger box (space=periodic(...)) or a smaller r_cut")
     if not np.isscalar(dt) and jnp.ndim(dt) != 0:
         raise ValueError(f"simulate: dt must be a scalar, got shape {jnp.shape(dt)}")
     if adjoint is not None and not isinstance(adjoint, (Direct, Checkpointed, Reversible)):
