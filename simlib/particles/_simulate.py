@@ -45,7 +45,9 @@ class Trajectory(NamedTuple):
         neighbors: The neighbour list after the last step (``None`` without one).
         result: A :class:`~simlib.Result` code (0 on success).
         stats: ``n_steps``, ``n_builds`` (builds of the neighbour list since it was
-            allocated, this call included) and ``n_reallocations`` (in this call).
+            allocated, this call included), ``n_reallocations`` (in this call),
+            ``failed_step`` (the step of the first failure, -1 if none) and
+            ``failed_atom`` (the atom a non-finite or unstable failure names, -1 if none).
     """
 
     times: jax.Array
@@ -307,8 +309,8 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
         key: PRNG key, required by stochastic integrators. The noise of step ``k`` is drawn
             from ``fold_in(key, k)`` with ``k`` counted from 0 in every call, so continue a
             run from ``traj.final`` with a new key (``jax.random.split``), not the same one.
-        throw: Raise :class:`~simlib.SolverError` on failure (non-finite state, neighbour
-            overflow under ``jit``); with ``False`` the code is in ``result``.
+        throw: Raise :class:`~simlib.SolverError` on failure (see Failures below); with
+            ``False`` the code is in ``result`` and the step and atom in ``stats``.
         progress: Show a progress bar (eager calls).
         adjoint: ``Checkpointed()`` (default: each frame and each step recomputed in reverse
             mode, so memory holds one carry per step; ``steps_per_segment`` is not used
@@ -318,6 +320,29 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
 
     Returns:
         A :class:`Trajectory` with ``n_steps // save_every + 1`` frames.
+
+    Failures:
+        Every step is checked (a few O(n) reductions, no measurable cost), and the first
+        failure is reported with its step ``k`` and time ``k dt``: raised as a
+        :class:`~simlib.SolverError` (eagerly with the partial trajectory in
+        ``err.solution`` and the atom in the message), or with ``throw=False`` as
+        ``traj.result`` with ``traj.stats["failed_step"]`` and ``["failed_atom"]``.
+
+        * ``Result.UNSTABLE_DYNAMICS``, a blown-up run: some atom's speed carries it further
+          in one step than the move limit, ``max_i |v_i| dt > min(L/2, skin, r_cut)``
+          (half the shortest side of a periodic box, the neighbour list's skin, the
+          energy's cutoff; whichever apply), or an atom starts so far outside a periodic
+          box that wrapping loses its place in it (``eps |x| > L / 1024``). Typical causes:
+          overlapping atoms at the start, or a ``dt`` too large. The atom named is the
+          fastest one (the farthest outside the box, at the start).
+        * ``Result.NONFINITE_STATE``: positions, velocities, or the potential or kinetic
+          energy (in the state's dtype) are not finite; the atom named is the first one with
+          a non-finite velocity (or position, at the start).
+        * ``Result.NEIGHBOR_LIST_OVERFLOW`` / ``NEIGHBOR_LIST_MISSED_PAIRS``: see
+          :func:`neighbor_list` (eager calls reallocate and re-run instead).
+
+        At the same step, a non-finite state comes first, then a blow-up, then the list's
+        codes: a list that overflows at the step an atom flew off did so because of it.
 
     Example:
         >>> traj = simulate(energy, State(x, v, 1.0), dict(sigma=1.0, epsilon=1.0),
