@@ -19,6 +19,7 @@ class Result(IntEnum):
     STEP_SIZE_TOO_SMALL = 3
     NEIGHBOR_LIST_OVERFLOW = 4
     NEIGHBOR_LIST_MISSED_PAIRS = 5
+    UNSTABLE_DYNAMICS = 6
 
 
 _MESSAGES = {
@@ -44,6 +45,13 @@ _MESSAGES = {
     Result.NEIGHBOR_LIST_MISSED_PAIRS: (
         "the debug check found pairs within r_cut missing from the neighbour list by "
         "t={t:.17g} (step {step}); this is a bug in simlib, please report it"
+    ),
+    Result.UNSTABLE_DYNAMICS: (
+        "the particle dynamics blew up at t={t:.17g} (step {step}): an atom's velocity "
+        "carried it further in one step than half the periodic box, the neighbour list's "
+        "skin or the energy's r_cut (|v| dt > limit), or an atom started so far outside the "
+        "periodic box that wrapping loses its place in it; dt may be too large, or atoms "
+        "overlap (traj.stats['failed_atom'] names the atom; throw=False keeps the trajectory)"
     ),
 }
 

@@ -24,12 +24,8 @@ from jax import lax
 
 from . import _native
 from ._mixing import MIXING_RULES, PairParams
-from ._potentials import gravity
+from ._potentials import gravity, is_long_range
 from ._space import Space
-
-
-def _min_image(d, box_k, periodic):
-    return d - box_k * jnp.round(d / box_k) if periodic else d
 
 
 class Energy:
@@ -149,6 +145,8 @@ class PairEnergy(Energy):
         positions = jnp.asarray(positions)
         if positions.ndim != 2:
             raise ValueError(f"positions must have shape (n, d), got {positions.shape}")
+        if positions.shape[0] == 0:
+            raise ValueError(f"positions has no particles (shape {positions.shape})")
         if neighbors is not None:
             if self.r_cut is None:
                 raise ValueError("a neighbour list was given but this energy has no r_cut; "
@@ -161,18 +159,13 @@ class PairEnergy(Energy):
                                  f"positions has {positions.shape[0]}")
         return positions
 
-    def _box(self, d, dtype):
-        return self.space.box_vector(d, dtype) if self.space.periodic else [None] * d
-
     def _neighbor_pass(self, positions, params, neighbors, want_derivative):
         n, d = positions.shape
         idx = neighbors.idx
         valid = idx < n
         j = jnp.where(valid, idx, 0)
-        box = self._box(d, positions.dtype)
         xt = positions.T
-        dr = [_min_image(xt[k][:, None] - xt[k][j], box[k], self.space.periodic)
-              for k in range(d)]
+        dr = [self.space.minimum_image(xt[k][:, None] - xt[k][j], k) for k in range(d)]
         pp = PairParams(params, n, lambda a: a[:, None], lambda a: a[j], self.rules)
         u, c, r = self._terms(dr, valid, pp, want_derivative)
         return u, c, r, dr
@@ -183,14 +176,13 @@ class PairEnergy(Energy):
         tile = min(self.tile, n)
         n_tiles = -(-n // tile)
         rows = jnp.arange(n_tiles * tile).reshape(n_tiles, tile)
-        box = self._box(d, positions.dtype)
         xt = positions.T
         cols = jnp.arange(n)
 
         def one(rows):
             i = jnp.minimum(rows, n - 1)
             valid = (rows[:, None] < n) & (rows[:, None] != cols[None, :])
-            dr = [_min_image(xt[k][i][:, None] - xt[k][None, :], box[k], self.space.periodic)
+            dr = [self.space.minimum_image(xt[k][i][:, None] - xt[k][None, :], k)
                   for k in range(d)]
             pp = PairParams(params, n, lambda a: a[i][:, None], lambda a: a[None, :],
                             self.rules)
@@ -336,9 +328,11 @@ def pair_energy(potential: Callable, space: Space, r_cut: float | None = None, *
         raise ValueError(f"pair_energy: r_cut must be positive, got {r_cut!r}")
     if shift and r_cut is None:
         raise ValueError("pair_energy: shift=True needs an r_cut to shift at")
-    if space.periodic and getattr(potential, "__name__", "") == "coulomb":
-        raise ValueError("pair_energy: coulomb is for free space; the minimum-image sum of 1/r "
-                         "in a periodic box does not converge to the lattice sum")
+    if space.periodic and is_long_range(potential):
+        name = getattr(potential, "__name__", None) or repr(potential)
+        raise ValueError(f"pair_energy: {name} is for free space (it is marked long_range); "
+                         f"the minimum-image sum of 1/r in a periodic box does not converge "
+                         f"to the lattice sum (use Ewald summation)")
     if int(tile) < 1:
         raise ValueError(f"pair_energy: tile must be a positive integer, got {tile!r}")
     return PairEnergy(potential, space, None if r_cut is None else float(r_cut), bool(shift),

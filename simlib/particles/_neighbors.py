@@ -107,7 +107,8 @@ class NeighborList:
     def needs_rebuild(self, positions) -> jax.Array:
         """Whether some particle moved more than ``skin / 2`` since the last build."""
         d = self.space.displacement(positions, self.reference_positions)
-        return jnp.max(jnp.sum(d * d, axis=-1)) > (0.5 * self.skin) ** 2
+        # Written so that a nan displacement (non-finite positions) also rebuilds.
+        return ~(jnp.max(jnp.sum(d * d, axis=-1)) <= (0.5 * self.skin) ** 2)
 
     def update(self, positions) -> NeighborList:
         """Rebuild if needed (``lax.cond``); with ``debug``, also count missed pairs.
@@ -146,12 +147,19 @@ def _candidate_pairs_all(positions):
 
 
 def _cell_index(nl, positions):
-    """Integer cell coordinates ``(n, d)``: wrapped in a periodic box, clamped in free space."""
-    grid = jnp.asarray(nl.grid, jnp.int32)
-    c = jnp.floor((positions - nl.cell_origin) / nl.cell_size).astype(jnp.int32)
-    if nl.space.periodic:
-        return jnp.mod(c, grid)
-    return jnp.clip(c, 0, grid - 1)
+    """Integer cell coordinates ``(n, d)``, always inside the grid.
+
+    In a periodic box positions are wrapped first, so the cell is the one the minimum image
+    sees whatever the position (a far-away position's floor would overflow int32 and land
+    in an unrelated cell); in free space cells are clamped to the grid's edge. The clamp is
+    done in floating point, before the cast, and a non-finite position goes to cell 0
+    (its distances are nan, so it has no neighbours and no one has it as one).
+    """
+    grid = jnp.asarray(nl.grid, positions.dtype)
+    x = nl.space.wrap(positions) if nl.space.periodic else positions
+    c = jnp.floor((x - nl.cell_origin) / nl.cell_size)
+    c = jnp.where(jnp.isfinite(c), c, 0.0)
+    return jnp.clip(c, 0.0, grid - 1.0).astype(jnp.int32)
 
 
 def _flat(c, grid):
@@ -204,12 +212,9 @@ def _build_cells(nl, positions, radius):
     cand = table[_cell_neighbors(grid, nl.space.periodic)].reshape(n_cells, -1)
     x_pad = jnp.concatenate([positions, jnp.zeros((1, d), positions.dtype)])
     xm, xc = x_pad[members], x_pad[cand]                            # (n_cells, cap|C, d)
-    box = nl.space.box_vector(d, positions.dtype) if nl.space.periodic else None
     r2 = 0.0
     for k in range(d):
-        dk = xm[:, :, None, k] - xc[:, None, :, k]
-        if box is not None:
-            dk = dk - box[k] * jnp.round(dk / box[k])
+        dk = nl.space.minimum_image(xm[:, :, None, k] - xc[:, None, :, k], k)
         r2 = r2 + dk * dk
     mask = ((members[:, :, None] < n) & (cand[:, None, :] < n)
             & (members[:, :, None] != cand[:, None, :]) & (r2 < radius**2))
@@ -227,12 +232,9 @@ def _within(nl, positions, cand, radius):
     valid = (cand < n) & (cand != jnp.arange(n)[:, None])
     j = jnp.where(valid, cand, 0)
     xt = positions.T
-    box = nl.space.box_vector(d, positions.dtype) if nl.space.periodic else None
     r2 = 0.0
     for k in range(d):
-        dk = xt[k][:, None] - xt[k][j]
-        if box is not None:
-            dk = dk - box[k] * jnp.round(dk / box[k])
+        dk = nl.space.minimum_image(xt[k][:, None] - xt[k][j], k)
         r2 = r2 + dk * dk
     return valid & (r2 < radius**2)
 
@@ -365,6 +367,23 @@ def neighbor_list(space: Space, positions, r_cut: float, skin: float = 0.3, *,
     if isinstance(positions, jax.core.Tracer):
         raise ValueError("neighbor_list: allocate the list outside jit (its capacity is sized "
                          "from concrete positions); inside jit use nbrs.update(positions)")
+    if positions.shape[0] == 0:
+        raise ValueError(f"neighbor_list: positions has no particles (shape "
+                         f"{positions.shape}); a list needs at least one")
+    finite = np.all(np.isfinite(np.asarray(positions)), axis=-1)
+    if not finite.all():
+        i = int(np.argmin(finite))
+        raise ValueError(f"neighbor_list: positions must be finite; particle {i} is at "
+                         f"{np.asarray(positions[i])}")
+    if space.periodic:
+        # As simulate(): beyond eps |x| > L / 1024 wrapping loses a particle's place in the box.
+        box = np.broadcast_to(np.asarray(space.box, np.float64), (positions.shape[1],))
+        far = np.any(np.abs(np.asarray(positions, np.float64))
+                     * np.finfo(positions.dtype).eps > box / 1024, axis=-1)
+        if far.any():
+            i = int(np.argmax(far))
+            raise ValueError(f"neighbor_list: positions are too far outside the periodic box "
+                             f"to wrap into it; particle {i} is at {np.asarray(positions[i])}")
     if not r_cut > 0 or skin < 0:
         raise ValueError(f"neighbor_list: need r_cut > 0 and skin >= 0, got r_cut={r_cut!r}, "
                          f"skin={skin!r}")
@@ -391,7 +410,8 @@ def _allocate(space, positions, r_cut, skin, capacity, cell_capacity, multiplier
     else:
         origin = x.min(0)
         extent = np.maximum(x.max(0) - origin, reach)
-        grid = np.maximum(np.floor(extent / reach).astype(int), 1)
+        # (capped before the cast: a far-away particle must not overflow the integer)
+        grid = np.maximum(np.floor(np.minimum(extent / reach, 2.0**20)).astype(int), 1)
         while np.prod(grid) > 2 * n + 27 and grid.max() > 1:   # sparse: larger cells
             grid = np.maximum(grid // 2, 1)
     size = extent / grid

@@ -5,6 +5,11 @@ Each potential reads its parameters from ``params`` by name. Inside
 (see :mod:`._mixing`), so one function serves equal and mixed particles alike. Any user
 function with the same signature works the same way, as long as it acts elementwise on
 ``r``. Cutoffs and the energy shift at the cutoff are applied by ``pair_energy``.
+
+A potential whose pair sum does not converge under the minimum-image convention (a
+``1/r`` tail: Coulomb, gravity) carries the attribute ``long_range = True``;
+``pair_energy`` refuses it in a periodic box. Give a user potential the same attribute to
+get the same check (``functools.wraps`` copies it to a wrapper).
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ def gravity(r, params):
     return -params["G"] * params["masses"] / jnp.sqrt(r * r + params["softening"] ** 2)
 
 
+gravity.long_range = True
+
+
 def coulomb(r, params):
     r"""Coulomb in free space: :math:`u = k q_i q_j / r`.
 
@@ -74,3 +82,16 @@ def coulomb(r, params):
     """
     k = params["k"] if "k" in params else 1.0
     return k * params["charges"] / r
+
+
+coulomb.long_range = True
+
+
+def is_long_range(potential) -> bool:
+    """Whether ``potential`` (or the function a ``functools.partial`` wraps) is marked
+    ``long_range``: its minimum-image pair sum in a periodic box does not converge."""
+    while potential is not None:
+        if getattr(potential, "long_range", False):
+            return True
+        potential = getattr(potential, "func", None) or getattr(potential, "__wrapped__", None)
+    return False

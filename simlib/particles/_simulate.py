@@ -46,7 +46,9 @@ class Trajectory(NamedTuple):
         neighbors: The neighbour list after the last step (``None`` without one).
         result: A :class:`~simlib.Result` code (0 on success).
         stats: ``n_steps``, ``n_builds`` (builds of the neighbour list since it was
-            allocated, this call included) and ``n_reallocations`` (in this call).
+            allocated, this call included), ``n_reallocations`` (in this call),
+            ``failed_step`` (the step of the first failure, -1 if none) and
+            ``failed_atom`` (the atom a non-finite or unstable failure names, -1 if none).
     """
 
     times: jax.Array
@@ -89,39 +91,122 @@ def _kinetic(v, masses):
     return 0.5 * jnp.sum(m * v * v)
 
 
-def _status(carry: Carry):
-    code = jnp.int32(Result.SUCCESSFUL)
-    finite = jnp.all(jnp.isfinite(carry.positions)) & jnp.all(jnp.isfinite(carry.velocities))
-    code = jnp.where(finite, code, Result.NONFINITE_STATE)
+class _Failure(NamedTuple):
+    """Where a run first failed: the step (-1 if none) and the atom named (-1 if none)."""
+
+    step: jax.Array
+    atom: jax.Array
+
+
+def _move_limit(model, neighbors, dtype):
+    """The longest move an atom may make in one step before the run counts as blown up.
+
+    Half the shortest side of a periodic box (beyond it the minimum image, the list's
+    rebuild test and the wrapped trajectory can no longer tell where the atom went), the
+    neighbour list's skin (the margin the list was sized with) and the energy's cutoff (a
+    step through the whole interaction range is not resolved); ``inf`` when none applies.
+    A healthy Lennard-Jones run at ``dt = 0.005`` moves atoms ~0.01 sigma per step.
+    """
+    limit = jnp.asarray(jnp.inf, dtype)
+    if neighbors is not None and neighbors.skin > 0:
+        limit = jnp.minimum(limit, neighbors.skin)
+    r_cut = getattr(model.energy, "r_cut", None)
+    if r_cut is not None:
+        limit = jnp.minimum(limit, r_cut)
+    if model.space.periodic:
+        box = lax.stop_gradient(jnp.asarray(model.space.box, dtype))
+        limit = jnp.minimum(limit, 0.5 * jnp.min(box))
+    return limit
+
+
+def _status(carry: Carry, masses, dt, limit):
+    """The failure code of ``carry`` and the atom it names (cheap: O(n) reductions).
+
+    At one step, the first that applies: non-finite positions or velocities
+    (``NONFINITE_STATE``); an atom whose speed carries it further than ``limit`` in one step
+    (``UNSTABLE_DYNAMICS``); a neighbour-list overflow, then missed pairs; a non-finite
+    potential or kinetic energy (``NONFINITE_STATE``). The atom is the fastest (the first
+    with a non-finite speed), for the first two.
+    """
+    x = lax.stop_gradient(carry.positions)
+    v = lax.stop_gradient(carry.velocities)
+    v2 = jnp.sum(v * v, axis=-1)
+    atom = jnp.argmax(v2).astype(jnp.int32) if v2.size else jnp.int32(-1)
+    fastest = jnp.max(v2, initial=0.0) if v2.size else jnp.zeros((), v.dtype)
+    energies = jnp.isfinite(lax.stop_gradient(carry.potential_energy)) & jnp.isfinite(
+        _kinetic(v, lax.stop_gradient(masses)))
+    code = jnp.where(energies, jnp.int32(Result.SUCCESSFUL), jnp.int32(Result.NONFINITE_STATE))
     if carry.neighbors is not None:
         # An overflow drops pairs, so it explains missed pairs and takes precedence.
         code = jnp.where(carry.neighbors.missed_pairs > 0, Result.NEIGHBOR_LIST_MISSED_PAIRS,
                          code)
         code = jnp.where(carry.neighbors.overflow, Result.NEIGHBOR_LIST_OVERFLOW, code)
-    return code
+    dt = lax.stop_gradient(dt)
+    too_far = fastest * (dt * dt) > limit * limit           # nan compares False: see below
+    code = jnp.where(too_far, Result.UNSTABLE_DYNAMICS, code)
+    finite = jnp.all(jnp.isfinite(x)) & jnp.all(jnp.isfinite(v))
+    code = jnp.where(finite, code, Result.NONFINITE_STATE)
+    named = (code == Result.UNSTABLE_DYNAMICS) | (code == Result.NONFINITE_STATE)
+    return code, jnp.where(named, atom, -1)
+
+
+def _escaped(space, positions):
+    """``UNSTABLE_DYNAMICS`` and the first atom where a starting position lies so far outside
+    the periodic box that wrapping it loses its place there (an error over L/1024 from
+    the float resolution, eps |x| > L / 1024); ``NONFINITE_STATE`` for a non-finite one."""
+    x = lax.stop_gradient(jnp.asarray(positions))
+    n = x.shape[0]
+    if n == 0:
+        return jnp.int32(0), jnp.int32(-1)
+    bad_x = ~jnp.all(jnp.isfinite(x), axis=-1)
+    code = jnp.where(jnp.any(bad_x), Result.NONFINITE_STATE, Result.SUCCESSFUL)
+    atom = jnp.where(jnp.any(bad_x), jnp.argmax(bad_x), -1)
+    if space.periodic:
+        box = lax.stop_gradient(space.box_vector(x.shape[1], x.dtype))
+        far = jnp.any(jnp.abs(x) * jnp.finfo(x.dtype).eps > box / 1024, axis=-1) & ~bad_x
+        first = jnp.argmax(far)
+        code = jnp.where((code == 0) & jnp.any(far), Result.UNSTABLE_DYNAMICS, code)
+        atom = jnp.where((atom < 0) & jnp.any(far), first, atom)
+    return code.astype(jnp.int32), atom.astype(jnp.int32)
+
+
+def _merge(first, then):
+    """The first failure of two ``(code, _Failure)``, ``first`` coming earlier in time."""
+    code0, fail0 = first
+    code1, fail1 = then
+    keep = code0 != 0
+    return (jnp.where(keep, code0, code1),
+            _Failure(jnp.where(keep, fail0.step, fail1.step),
+                     jnp.where(keep, fail0.atom, fail1.atom)))
 
 
 def _frames(model, integrator, carry, masses, params, dt, key, n_frames, save_every, adjoint):
-    """Run ``n_frames * save_every`` steps; return the carry and the per-frame records."""
+    """Run ``n_frames * save_every`` steps; return ``(carry, code, _Failure)`` and the
+    per-frame records. Every step is checked (:func:`_status`); the first failure sticks."""
     step = integrator.step
     if isinstance(adjoint, Checkpointed):
         step = jax.checkpoint(step)
+    limit = _move_limit(model, carry.neighbors, carry.positions.dtype)
 
-    def one_step(c, _):
-        return step(model, c, masses, params, dt, key), None
+    def checked(c):
+        new, atom = _status(c, masses, dt, limit)
+        return new, _Failure(jnp.where(new != 0, c.step, -1), atom)
+
+    def one_step(state, _):
+        c, code, failure = state
+        c = step(model, c, masses, params, dt, key)
+        code, failure = _merge((code, failure), checked(c))
+        return (c, code, failure), None
 
     def one_frame(state, _):
-        c, code, failed_at = state
-        c, _ = lax.scan(one_step, c, None, length=save_every)
-        new = _status(c)
-        failed_at = jnp.where((code == 0) & (new != 0), c.step, failed_at)
-        code = jnp.where(code == 0, new, code)
+        state, _ = lax.scan(one_step, state, None, length=save_every)
+        c = state[0]
         record = (c.positions, c.velocities, c.potential_energy, _kinetic(c.velocities, masses))
-        return (c, code, failed_at), record
+        return state, record
 
     if isinstance(adjoint, Checkpointed):
         one_frame = jax.checkpoint(one_frame)
-    init = (carry, _status(carry), jnp.where(_status(carry) != 0, carry.step, -1))
+    init = (carry, *checked(carry))
     return lax.scan(one_frame, init, None, length=n_frames)
 
 
@@ -151,6 +236,8 @@ def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neigh
     v = jnp.asarray(state.velocities)
     if x.ndim != 2:
         raise ValueError(f"simulate: state.positions must have shape (n, d), got {x.shape}")
+    if x.shape[0] == 0:
+        raise ValueError(f"simulate: state.positions has no particles (shape {x.shape})")
     if v.shape != x.shape:
         raise ValueError(f"simulate: state.velocities has shape {v.shape}, but positions have "
                          f"shape {x.shape}")
@@ -184,6 +271,13 @@ def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neigh
                          f"particles, state has {x.shape[0]}")
     if neighbors is not None and getattr(energy, "r_cut", None) is None:
         raise ValueError("simulate: a neighbour list was given but the energy has no r_cut")
+    r_cut = getattr(energy, "r_cut", None)
+    if space.periodic and r_cut is not None and not isinstance(space.box, jax.core.Tracer):
+        half = 0.5 * float(np.min(np.asarray(space.box)))
+        if r_cut > half:
+            raise ValueError(f"simulate: the energy's r_cut={r_cut} exceeds half the shortest "
+                             f"side of the box ({half:.6g}): minimum images would miss pairs; "
+                             f"use a larger box (space=periodic(...)) or a smaller r_cut")
     if not np.isscalar(dt) and jnp.ndim(dt) != 0:
         raise ValueError(f"simulate: dt must be a scalar, got shape {jnp.shape(dt)}")
     if adjoint is not None and not isinstance(adjoint, (Direct, Checkpointed, Reversible)):
@@ -216,8 +310,8 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
         key: PRNG key, required by stochastic integrators. The noise of step ``k`` is drawn
             from ``fold_in(key, k)`` with ``k`` counted from 0 in every call, so continue a
             run from ``traj.final`` with a new key (``jax.random.split``), not the same one.
-        throw: Raise :class:`~simlib.SolverError` on failure (non-finite state, neighbour
-            overflow under ``jit``); with ``False`` the code is in ``result``.
+        throw: Raise :class:`~simlib.SolverError` on failure (see Failures below); with
+            ``False`` the code is in ``result`` and the step and atom in ``stats``.
         progress: Show a progress bar (eager calls).
         adjoint: ``Checkpointed()`` (default: each frame and each step recomputed in reverse
             mode, so memory holds one carry per step; ``steps_per_segment`` is not used
@@ -227,6 +321,29 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
 
     Returns:
         A :class:`Trajectory` with ``n_steps // save_every + 1`` frames.
+
+    Failures:
+        Every step is checked (a few O(n) reductions, no measurable cost), and the first
+        failure is reported with its step ``k`` and time ``k dt``: raised as a
+        :class:`~simlib.SolverError` (eagerly with the partial trajectory in
+        ``err.solution`` and the atom in the message), or with ``throw=False`` as
+        ``traj.result`` with ``traj.stats["failed_step"]`` and ``["failed_atom"]``.
+
+        * ``Result.UNSTABLE_DYNAMICS``, a blown-up run: some atom's speed carries it further
+          in one step than the move limit, ``max_i |v_i| dt > min(L/2, skin, r_cut)``
+          (half the shortest side of a periodic box, the neighbour list's skin, the
+          energy's cutoff; whichever apply), or an atom starts so far outside a periodic
+          box that wrapping loses its place in it (``eps |x| > L / 1024``). Typical causes:
+          overlapping atoms at the start, or a ``dt`` too large. The atom named is the
+          fastest one (the farthest outside the box, at the start).
+        * ``Result.NONFINITE_STATE``: positions, velocities, or the potential or kinetic
+          energy (in the state's dtype) are not finite; the atom named is the first one with
+          a non-finite velocity (or position, at the start).
+        * ``Result.NEIGHBOR_LIST_OVERFLOW`` / ``NEIGHBOR_LIST_MISSED_PAIRS``: see
+          :func:`neighbor_list` (eager calls reallocate and re-run instead).
+
+        At the same step, a non-finite state comes first, then a blow-up, then the list's
+        codes: a list that overflows at the step an atom flew off did so because of it.
 
     Example:
         >>> traj = simulate(energy, State(x, v, 1.0), dict(sigma=1.0, epsilon=1.0),
@@ -251,14 +368,16 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
                              save_every, neighbors, adjoint, throw, progress, chunk_steps)
 
 
-def _assemble(carry0, records, carry, masses, dt, save_every, code, builds, reallocations):
+def _assemble(carry0, records, carry, masses, dt, save_every, code, failure, builds,
+              reallocations):
     x, v, e, k = records
     x = jnp.concatenate([carry0.positions[None], x])
     v = jnp.concatenate([carry0.velocities[None], v])
     e = jnp.concatenate([carry0.potential_energy[None], e])
     k = jnp.concatenate([_kinetic(carry0.velocities, masses)[None], k])
     times = jnp.arange(x.shape[0], dtype=x.dtype) * (save_every * dt)
-    stats = dict(n_steps=carry.step, n_builds=builds, n_reallocations=reallocations)
+    stats = dict(n_steps=carry.step, n_builds=builds, n_reallocations=reallocations,
+                 failed_step=failure.step, failed_atom=failure.atom)
     return Trajectory(times, x, v, e, k, State(carry.positions, carry.velocities, masses),
                       carry.neighbors, code, stats)
 
@@ -270,20 +389,27 @@ def _builds(nbrs):
 def _simulate_traced(model, integrator, state, masses, params, dt, key, n_frames, save_every,
                      neighbors, adjoint, throw):
     if isinstance(adjoint, Reversible):
-        carry0, (carry, code, failed_at), records = _reversible(
+        carry0, (carry, code, failure), records = _reversible(
             model, integrator, neighbors, dt, key, n_frames, save_every,
             jnp.asarray(state.positions), jnp.asarray(state.velocities), masses, params)
     else:
         carry0 = _start(model, state, params, neighbors)
-        (carry, code, failed_at), records = _frames(model, integrator, carry0, masses, params,
-                                                    dt, key, n_frames, save_every, adjoint)
-    traj = _assemble(carry0, records, carry, masses, dt, save_every, code,
+        (carry, code, failure), records = _frames(model, integrator, carry0, masses, params,
+                                                  dt, key, n_frames, save_every, adjoint)
+    code, failure = _merge(_initial(model.space, state.positions), (code, failure))
+    traj = _assemble(carry0, records, carry, masses, dt, save_every, code, failure,
                      _builds(carry.neighbors), jnp.int32(0))
     if throw:
-        t_fail = failed_at.astype(dt.dtype) * dt
-        traj = check_in_graph(traj, code, t_fail, failed_at, n_frames * save_every * dt,
+        t_fail = failure.step.astype(dt.dtype) * dt
+        traj = check_in_graph(traj, code, t_fail, failure.step, n_frames * save_every * dt,
                               n_frames * save_every, caller="simulate")
     return traj
+
+
+def _initial(space, positions):
+    """The start's own failure (non-finite, or far outside the box), at step 0."""
+    code, atom = _escaped(space, positions)
+    return code, _Failure(jnp.where(code != 0, 0, -1).astype(jnp.int32), atom)
 
 
 def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frames, save_every,
@@ -297,12 +423,12 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
         carry0 = _start_jit(model, state, params, neighbors)
     frames_per_chunk = max(1, int(chunk_steps) // save_every)
     carry, done, pieces = carry0, 0, []
-    code = int(_status_jit(carry0))
-    failed_at = 0 if code else -1
+    code, failure = _initial_jit(model, carry0, state.positions, masses, dt)
+    code, failed_at, failed_atom = int(code), int(failure.step), int(failure.atom)
     bar = _progress_bar(progress, n_frames * save_every)
     while done < n_frames and code == 0:
         k = min(frames_per_chunk, n_frames - done)
-        (new, new_code, new_failed), records = _frames_jit(
+        (new, new_code, new_failure), records = _frames_jit(
             model, integrator, carry, masses, params, dt, key, k, save_every, adjoint)
         new_code = int(new_code)
         if new_code == Result.NEIGHBOR_LIST_OVERFLOW:
@@ -315,7 +441,8 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
         pieces.append(records)
         carry, done = new, done + k
         if new_code:
-            code, failed_at = new_code, int(new_failed)
+            code = new_code
+            failed_at, failed_atom = int(new_failure.step), int(new_failure.atom)
         if bar is not None:
             bar.update(k * save_every)
     if bar is not None:
@@ -324,8 +451,9 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
         records = _concatenate(pieces) if len(pieces) > 1 else pieces[0]
     else:
         records = _empty_records(carry0, masses)
+    failure = _Failure(jnp.int32(failed_at), jnp.int32(failed_atom))
     traj = _assemble_jit(carry0, records, carry, masses, dt, save_every, jnp.int32(code),
-                     _builds(carry.neighbors), jnp.int32(reallocations))
+                         failure, _builds(carry.neighbors), jnp.int32(reallocations))
     if code and throw:
         try:
             raise_on_failure(code, float(failed_at * dt), failed_at,
@@ -333,11 +461,19 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
                              caller="simulate")
         except SolverError as err:
             err.solution = traj
+            if failed_atom >= 0:
+                err.args = (f"{err.args[0]} [atom {failed_atom}]",)
             raise
     return traj
 
 
-_status_jit = jax.jit(_status)
+@jax.jit
+def _initial_jit(model, carry0, positions, masses, dt):
+    """The start's failure: its own (:func:`_initial`), then the first carry's."""
+    limit = _move_limit(model, carry0.neighbors, carry0.positions.dtype)
+    code, atom = _status(carry0, masses, dt, limit)
+    return _merge(_initial(model.space, positions),
+                  (code, _Failure(jnp.where(code != 0, 0, -1).astype(jnp.int32), atom)))
 _assemble_jit = jax.jit(_assemble, static_argnums=5)
 
 

@@ -36,13 +36,25 @@ class Space:
     def __repr__(self) -> str:
         return f"periodic(box={self.box!r})" if self.periodic else "free()"
 
+    def minimum_image(self, d: jax.Array, axis: int | None = None) -> jax.Array:
+        """The minimum image ``d - L round(d / L)`` of displacements ``d`` (``d`` itself in
+        free space). The one implementation every energy, neighbour list and observable uses.
+
+        Args:
+            d: Displacements: ``(..., dim)`` vectors, or one component when ``axis`` is given.
+            axis: Which side length applies to a single component ``d`` (``None``: the box
+                broadcasts against the last axis of ``d``).
+        """
+        if not self.periodic:
+            return d
+        box = jnp.asarray(self.box, d.dtype)
+        if axis is not None and box.ndim:
+            box = box[axis]
+        return d - box * jnp.round(d / box)
+
     def displacement(self, a: jax.Array, b: jax.Array) -> jax.Array:
         """``a - b``, the minimum image in a periodic box: ``d - L round(d / L)``."""
-        d = a - b
-        if self.periodic:
-            box = jnp.asarray(self.box, d.dtype)
-            d = d - box * jnp.round(d / box)
-        return d
+        return self.minimum_image(a - b)
 
     def wrap(self, x: jax.Array) -> jax.Array:
         """Positions mapped into the box ``[0, L)`` (unchanged in free space)."""
