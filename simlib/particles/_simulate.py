@@ -474,6 +474,8 @@ def _initial_jit(model, carry0, positions, masses, dt):
     code, atom = _status(carry0, masses, dt, limit)
     return _merge(_initial(model.space, positions),
                   (code, _Failure(jnp.where(code != 0, 0, -1).astype(jnp.int32), atom)))
+
+
 _assemble_jit = jax.jit(_assemble, static_argnums=5)
 
 
