@@ -210,12 +210,14 @@ def test_jit_vmap_and_dense_output():
         assert err <= 10.0, (float(k1), err)
 
 
-def test_gradient_against_finite_differences():
-    # d y1(40) / d k1 through the differentiable replay of the adaptive loop
+@pytest.mark.parametrize("adjoint", [sl.Direct(), sl.Checkpointed(), sl.ForwardMode()],
+                         ids=["direct", "checkpointed", "forward"])
+def test_gradient_against_finite_differences(adjoint):
+    # d y1(40) / d k1, through the LU solves and the Jacobian, with every adjoint
     def y1_at_40(k1):
         return sl.solve(robertson, jnp.array([1.0, 0.0, 0.0]), 0.0, 40.0,
                         solver=sl.Rosenbrock23(), rtol=1e-8, atol=1e-14,
-                        args=(k1, 3e7, 1e4), max_steps=20_000).ys[-1, 0]
+                        args=(k1, 3e7, 1e4), max_steps=20_000, adjoint=adjoint).ys[-1, 0]
 
     def ref(k1):
         return solve_ivp(robertson_np, (0.0, 40.0), [1.0, 0.0, 0.0], method="Radau",
