@@ -19,13 +19,12 @@ from jax import lax
 from ._adjoint import TANGENTS_ONLY, Checkpointed, ForwardMode, _TangentsOnly, forward_mode
 from ._control import initial_step, log_error_ratio, pi_factor
 from ._errors import Result, check_solution
-from ._solution import Solution
+from ._solution import assemble_solution
 from ._solver._base import PyTree
 from ._util import (
     all_finite,
     buffer,
     convert_closure,
-    fevals_per_step,
     time_dtype,
     tree_where,
     where_rows,
@@ -44,7 +43,7 @@ class _Attempt(NamedTuple):
     y: PyTree
     h: jax.Array
     log_ratio_prev: jax.Array
-    fsal: PyTree
+    state: PyTree
     n_steps: jax.Array
     n_accepted: jax.Array
     result: jax.Array
@@ -53,12 +52,13 @@ class _Attempt(NamedTuple):
 def _attempt(f, solver, k_exp, carry: _Attempt, t1, direction, rtol, atol, args):
     """One step attempt: take a step, accept or reject it, propose the next step size.
 
-    Returns the new carry and the data of the attempt: ``(t, y, h, accepted, y1, ks)``.
+    Returns the new carry and the data of the attempt: ``(t, y, h, accepted, y1, dense)``,
+    ``dense`` being the solver's opaque dense-output data.
     """
     t, y, h = carry.t, carry.y, carry.h
     last = direction * (t + h - t1) >= 0
     h = jnp.where(last, t1 - t, h)
-    y1, err, ks, fsal1 = solver.step(f, t, y, h, args, carry.fsal)
+    y1, err, dense, state1 = solver.step(f, t, y, h, args, carry.state)
     ratio = solver.error_ratio(y, y1, err, h, rtol, atol)
     finite = jnp.isfinite(ratio) & all_finite(y1)
     ratio = jnp.where(finite, ratio, jnp.inf)
@@ -81,12 +81,12 @@ def _attempt(f, solver, k_exp, carry: _Attempt, t1, direction, rtol, atol, args)
         h=h_next,
         log_ratio_prev=jnp.where(accept, jnp.maximum(log_ratio, _LOG_RATIO_FLOOR),
                                  carry.log_ratio_prev),
-        fsal=None if carry.fsal is None else tree_where(accept, fsal1, carry.fsal),
+        state=tree_where(accept, state1, carry.state),
         n_steps=carry.n_steps + 1,
         n_accepted=carry.n_accepted + accept.astype(jnp.int32),
         result=result,
     )
-    return new, (t, y, h, accept, y1, ks)
+    return new, (t, y, h, accept, y1, dense)
 
 
 def _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args):
@@ -94,17 +94,24 @@ def _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args):
     t0 = jnp.asarray(t0, tdtype)
     t1 = jnp.asarray(t1, tdtype)
     direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(tdtype)
-    f0 = f(t0, y0, args)
-    if dt0 is None:
+    if dt0 is None:  # f(t0, y0) and one Euler probe; the solver's init reuses f(t0, y0)
+        f0 = f(t0, y0, args)
         h0 = initial_step(f, t0, y0, f0, args, direction, solver.order, rtol, atol)
-        init_fevals = 2
+        state = solver.init(f, t0, y0, args, f0)
     else:
         h0 = direction * jnp.abs(jnp.asarray(dt0, tdtype))
-        init_fevals = 1
-    fsal = f0 if getattr(solver, "tableau", None) is not None and solver.tableau.fsal else None
+        state = solver.init(f, t0, y0, args)
     zero = jnp.array(0, jnp.int32)
-    carry = _Attempt(t0, y0, h0.astype(tdtype), jnp.asarray(0.0, tdtype), fsal, zero, zero, zero)
-    return carry, t0, t1, direction, init_fevals
+    carry = _Attempt(t0, y0, h0.astype(tdtype), jnp.asarray(0.0, tdtype), state, zero, zero,
+                     zero)
+    return carry, t0, t1, direction
+
+
+def _placeholder_dense(f, solver, carry: _Attempt, args):
+    """Zeros shaped like one step's dense-output data (the solver's, opaque here)."""
+    shapes = jax.eval_shape(lambda t, y, h, a, s: solver.step(f, t, y, h, a, s)[2],
+                            carry.t, carry.y, carry.h, args, carry.state)
+    return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
 def _k_exponent(solver) -> int:
@@ -118,7 +125,7 @@ def _not_done(c: _Attempt, t1, direction, max_steps):
 def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol, atol, ts,
                       args):
     """The while-loop forward pass. Returns ``(final carry, saved, steps_out)``."""
-    carry, t0, t1, direction, _ = _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args)
+    carry, t0, t1, direction = _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args)
     k_exp = _k_exponent(solver)
     tdtype = t0.dtype
     ts_arr = None if ts is None else jnp.asarray(ts, tdtype)
@@ -136,21 +143,19 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
         # at every iteration.
         def follow(s):
             c, last = s
-            new, (t, y, h, accept, y1, ks) = attempt(c)
-            return new, tree_where(accept, (t, y, h, y1, ks), last)
+            new, (t, y, h, accept, y1, dense) = attempt(c)
+            return new, tree_where(accept, (t, y, h, y1, dense), last)
 
         def save(s, t_save):
             s = lax.while_loop(until(lambda s: direction * (t_save - s[0].t) > 0), follow, s)
-            c, (t, y, h, y1, ks) = s
+            c, (t, y, h, y1, dense) = s
             theta = (t_save - t) / jnp.where(h == 0, 1.0, h)
-            value = solver.interpolate(f, args, t, y, h, y1, ks, theta)
+            value = solver.interpolate(f, args, t, y, h, y1, dense, theta)
             reached = direction * (t_save - c.t) <= 0
             return s, tree_where(reached, value, jax.tree_util.tree_map(
                 lambda v: jnp.full_like(v, jnp.nan), value))
 
-        f0 = f(t0, y0, args)
-        stages = solver.tableau.stages
-        last = (t0, y0, jnp.zeros_like(t0), y0, [f0] * stages)
+        last = (t0, y0, jnp.zeros_like(t0), y0, _placeholder_dense(f, solver, carry, args))
         (carry, _), saved = lax.scan(save, (carry, last), ts_arr)
         c = lax.while_loop(until(lambda s: True), lambda s: (attempt(s[0])[0],), (carry,))[0]
         return c, saved, (None, None)
@@ -179,7 +184,7 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
     Every attempt is recorded; saved values are then rebuilt from the recorded
     accepted steps with the method's dense output.
     """
-    carry, t0, t1, direction, _ = _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args)
+    carry, t0, t1, direction = _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args)
     k_exp = _k_exponent(solver)
     tdtype = t0.dtype
     # Chunks of attempts, skipped once the run is done. Checkpointed: chunks of about
@@ -231,10 +236,9 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
         def interp(s, m):
             t, h = t_rec[m], h_rec[m]
             y = jax.tree_util.tree_map(lambda r: r[m], y_rec)
-            fsal = solver.init(f, t, y, args)
-            y1, _, ks, _ = solver.step(f, t, y, h, args, fsal)
+            y1, _, dense, _ = solver.step(f, t, y, h, args, solver.init(f, t, y, args))
             theta = (s - t) / jnp.where(h == 0, 1.0, h)
-            return solver.interpolate(f, args, t, y, h, y1, ks, theta)
+            return solver.interpolate(f, args, t, y, h, y1, dense, theta)
 
         saved = jax.vmap(interp)(ts_arr, src)
         # Save times at t0 take y0 (there may be no accepted step, if t0 == t1).
@@ -311,25 +315,12 @@ def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, a
     direction = jnp.where(t1a >= t0a, 1.0, -1.0)
     unfinished = (result == 0) & (direction * (t1a - t_end) > 0)
     result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
-    if mode == "t1":
-        ts_out, ys_out = t_end[None], jax.tree_util.tree_map(lambda x: x[None], y_end)
-    elif mode == "ts":
-        ts_out, ys_out = inputs["ts"], saved
-    else:
-        ts_out, ys_out = sts, sys_
-    if save_t0:
-        ts_out = jnp.concatenate([t0a[None], ts_out])
-        ys_out = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b]), y0, ys_out)
-    init_fevals = 1 if dt0 is not None else 2  # f(t0, y0), and one Euler probe for h0
-    stats = dict(
-        num_steps=n_steps,
-        num_accepted=n_acc,
-        num_rejected=n_steps - n_acc,
-        num_fevals=n_steps * fevals_per_step(solver) + init_fevals,
-        t_final=t_end,
-    )
-    return check_solution(Solution(ts_out, ys_out, stats, result), in_graph_check, t1a,
-                          max_steps)
+    # f(t0, y0) and the Euler probe of initial_step (f0 then reaches init), or init's own
+    init_fevals = 2 if dt0 is None else solver.init_fevals
+    n_fevals = solver.num_fevals(n_steps, n_acc) + init_fevals
+    return assemble_solution(mode, save_t0, t0a, y0, t_end, y_end, inputs["ts"], saved,
+                             (sts, sys_), (n_steps, n_acc, n_fevals, t_end), result,
+                             in_graph_check, t1a, max_steps)
 
 
 adaptive_jit = jax.jit(adaptive_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7))

@@ -13,8 +13,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ._solver._base import PyTree, VectorField, axpy
-from ._solver._explicit_rk import error_scale, safe_sqrt
+from ._solver._base import PyTree, VectorField, axpy, error_scale, safe_sqrt
 
 SAFETY = 0.9
 FACTOR_MIN = 0.2

@@ -24,8 +24,8 @@ from ._adjoint import (
     reversible_scan,
 )
 from ._errors import Result, check_solution
-from ._solution import Solution
-from ._util import buffer, checked_step, convert_closure, fevals_per_step, time_dtype, write
+from ._solution import assemble_solution
+from ._util import buffer, checked_step, convert_closure, time_dtype, write
 
 
 def grid_count(t0: float, t1: float, dt: float) -> int:
@@ -111,9 +111,7 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
 
     advance = _walker(mode, n_save, t0, t1, direction, step, n_grid,
                       None if ts is None else jnp.asarray(ts, tdtype), tdtype)
-    per_step = fevals_per_step(solver)
     state0 = solver.init(f, t0, y0, args)
-    init_fevals = 1 if state0 is not None else 0
     ts_arr = None if ts is None else jnp.asarray(ts, tdtype)
 
     # The time, the grid index, the save index and the step count never depend on the
@@ -148,28 +146,11 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
     t_final = jnp.where(failed, fail_t, t)
     step_final = jnp.where(failed, fail_step, count)
 
-    if mode == "t1":
-        ts_out = t[None]
-        ys_out = jax.tree_util.tree_map(lambda x: x[None], y)
-    elif mode == "ts":
-        ts_out = ts_arr
-        ys_out = jax.tree_util.tree_map(lambda b: b[:n_save], buf)
-    else:
-        ts_out, ys_out = outs
-    if save_t0:
-        ts_out = jnp.concatenate([t0[None], ts_out])
-        ys_out = jax.tree_util.tree_map(
-            lambda a, b: jnp.concatenate([a[None], b]), y0, ys_out
-        )
-    stats = dict(
-        num_steps=step_final,
-        num_accepted=step_final,
-        num_rejected=jnp.zeros_like(step_final),
-        num_fevals=step_final * per_step + init_fevals,
-        t_final=t_final,
-    )
-    return check_solution(Solution(ts_out, ys_out, stats, result), in_graph_check, t1,
-                          max_steps)
+    n_fevals = solver.num_fevals(step_final, step_final) + solver.init_fevals
+    return assemble_solution(mode, save_t0, t0, y0, t, y, ts_arr,
+                             jax.tree_util.tree_map(lambda b: b[:n_save], buf) if mode == "ts"
+                             else None, outs, (step_final, step_final, n_fevals, t_final),
+                             result, in_graph_check, t1, max_steps)
 
 
 fixed_jit = jax.jit(fixed_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8))

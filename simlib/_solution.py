@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from ._errors import Result
+from ._errors import Result, check_solution
 from ._solver._base import PyTree
 
 
@@ -69,3 +70,39 @@ class Solution(NamedTuple):
         if code == 0:
             return "the integration reached t1"
         return Result(code).name
+
+
+def assemble_solution(mode: str, save_t0: bool, t0, y0: PyTree, t_end, y_end: PyTree, ts_arr,
+                      saved: PyTree, steps_out, stats: tuple, result, in_graph_check: bool,
+                      t1, max_steps: int) -> Solution:
+    """The :class:`Solution` of a run, the same for the fixed-step and adaptive drivers.
+
+    Args:
+        mode: ``"t1"``, ``"ts"`` or ``"steps"`` (:meth:`SaveAt.mode`).
+        save_t0: Put ``(t0, y0)`` first.
+        t_end, y_end: Where the run stopped (the ``t1`` output).
+        ts_arr, saved: The save times and the states saved there (``ts``).
+        steps_out: ``(times, states)`` after every step (``steps``).
+        stats: ``(num_steps, num_accepted, num_fevals, t_final)``.
+        result: The :class:`Result` code of the run.
+        in_graph_check, t1, max_steps: Passed to :func:`check_solution`.
+    """
+    if mode == "t1":
+        ts_out, ys_out = t_end[None], jax.tree_util.tree_map(lambda x: x[None], y_end)
+    elif mode == "ts":
+        ts_out, ys_out = ts_arr, saved
+    else:
+        ts_out, ys_out = steps_out
+    if save_t0:
+        ts_out = jnp.concatenate([t0[None], ts_out])
+        ys_out = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b]), y0, ys_out)
+    n_steps, n_accepted, n_fevals, t_final = stats
+    stats = dict(
+        num_steps=n_steps,
+        num_accepted=n_accepted,
+        num_rejected=n_steps - n_accepted,
+        num_fevals=n_fevals,
+        t_final=t_final,
+    )
+    return check_solution(Solution(ts_out, ys_out, stats, result), in_graph_check, t1,
+                          max_steps)

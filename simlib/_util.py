@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._errors import Result
-from ._solver._base import AbstractSolver, PyTree
+from ._solver._base import PyTree
 
 
 def is_tracer(x) -> bool:
@@ -51,18 +51,6 @@ def write(buf: PyTree, index, y: PyTree) -> PyTree:
     return jax.tree_util.tree_map(
         lambda b, x: lax.dynamic_update_index_in_dim(b, x.astype(b.dtype), index, 0), buf, y
     )
-
-
-def fevals_per_step(solver: AbstractSolver) -> int:
-    from ._solver._explicit_rk import ExplicitRungeKutta
-    from ._solver._symplectic import SymplecticSplitting
-
-    if isinstance(solver, ExplicitRungeKutta):
-        return solver.tableau.stages - (1 if solver.tableau.fsal else 0)
-    if isinstance(solver, SymplecticSplitting):
-        kicks = sum(1 for b in solver.kicks if b != 0.0) - (1 if solver.carries_force else 0)
-        return kicks + len(solver.drifts)
-    return 0
 
 
 def time_dtype(y0: PyTree):

@@ -34,6 +34,7 @@ PUBLIC = [
     "RK4",
     "Result",
     "Reversible",
+    "Rosenbrock23",
     "SaveAt",
     "SemiImplicitEuler",
     "Solution",
@@ -67,8 +68,9 @@ SOLVER_ORDERS = {
     "Leapfrog": 2,
     "Yoshida4": 4,
     "PEFRL": 4,
+    "Rosenbrock23": 2,
 }
-ADAPTIVE = {"Heun", "Bosh3", "Tsit5", "Dopri5", "Dopri8"}
+ADAPTIVE = {"Heun", "Bosh3", "Tsit5", "Dopri5", "Dopri8", "Rosenbrock23"}
 SYMPLECTIC = {"SemiImplicitEuler", "VelocityVerlet", "Leapfrog", "Yoshida4", "PEFRL"}
 
 
@@ -114,7 +116,7 @@ def test_result_codes():
     assert sl.Result.SUCCESSFUL == 0
     assert {r.name for r in sl.Result} == {
         "SUCCESSFUL", "MAX_STEPS_REACHED", "NONFINITE_STATE", "STEP_SIZE_TOO_SMALL",
-        "NEIGHBOR_LIST_OVERFLOW", "NEIGHBOR_LIST_MISSED_PAIRS",
+        "NEIGHBOR_LIST_OVERFLOW", "NEIGHBOR_LIST_MISSED_PAIRS", "UNSTABLE_DYNAMICS",
     }
     assert issubclass(sl.SolverError, RuntimeError)
 

@@ -1,4 +1,4 @@
-"""Solvers: explicit Runge-Kutta tableaus and symplectic splittings."""
+"""Solvers: explicit Runge-Kutta tableaus, Rosenbrock methods and symplectic splittings."""
 
 from ._base import AbstractSolver
 from ._explicit_rk import (
@@ -12,6 +12,7 @@ from ._explicit_rk import (
     Midpoint,
     Tsit5,
 )
+from ._rosenbrock import Rosenbrock23
 from ._symplectic import (
     PEFRL,
     Leapfrog,
@@ -35,6 +36,7 @@ __all__ = [
     "Midpoint",
     "PEFRL",
     "RK4",
+    "Rosenbrock23",
     "SemiImplicitEuler",
     "SymplecticSplitting",
     "Tsit5",

@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 PyTree = Any
 VectorField = Callable[[Any, PyTree, Any], PyTree]
@@ -51,41 +52,115 @@ def linear_combination(terms: list[tuple[float, PyTree]]) -> PyTree:
     return jax.tree_util.tree_map(leaf, *[k for _, k in terms])
 
 
+def _sum_squares(tree: PyTree) -> jax.Array:
+    return sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree))
+
+
+def safe_sqrt(x: jax.Array) -> jax.Array:
+    """``sqrt(x)`` whose gradient at ``x = 0`` is zero instead of nan (the double-where)."""
+    positive = x > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
+
+
+def tree_size(tree: PyTree) -> int:
+    return sum(int(np.prod(jnp.shape(x))) for x in jax.tree_util.tree_leaves(tree))
+
+
+def error_scale(y: PyTree, y1: PyTree, rtol, atol) -> PyTree:
+    """``atol + rtol * max(|y|, |y1|)``, the per-component tolerance (Hairer et al. II.4)."""
+    return jax.tree_util.tree_map(
+        lambda a, b: atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b)), y, y1
+    )
+
+
+def rms_error_ratio(y: PyTree, y1: PyTree, err: PyTree, rtol, atol, factor=1.0) -> jax.Array:
+    """``factor * sqrt(mean((err / (atol + rtol max(|y|, |y1|)))^2))`` over every component."""
+    scale = error_scale(y, y1, rtol, atol)
+    scaled = jax.tree_util.tree_map(lambda e, s: e / s, err, scale)
+    return factor * safe_sqrt(_sum_squares(scaled) / tree_size(y))
+
+
 class AbstractSolver:
     """A one-step method ``y_{n+1} = Phi(t_n, y_n, h)``: the base class of every solver.
 
-    Subclasses provide:
+    The drivers (fixed step and adaptive) see a solver only through this protocol; they
+    never look inside its error estimate, its dense output or its carried state.
+
+    Attributes:
         order: Order of the method.
-        adaptive: Whether ``step`` returns an embedded error estimate.
+        adaptive: Whether ``step`` returns an embedded error estimate (``rtol``/``atol``).
+        error_order: Order of the embedded method (``None``: ``order - 1``); the step-size
+            controller uses ``error_order + 1``.
         symplectic: Whether the method needs a separable ``(q, p)`` state.
-        init(f, t, y, args): per-run state carried between steps (e.g. the FSAL stage);
-            ``None`` by default.
-        step(f, t, y, h, args, state): returns ``(y1, error_info, dense_info, new_state)``,
-            pure JAX on pytrees, with ``h`` possibly traced.
-        Adaptive solvers also ``error_order``, ``error_ratio(y, y1, err, h, rtol, atol)``
-        (accept when at most one) and ``interpolate(f, args, t, y, h, y1, dense_info,
-        theta)`` for ``SaveAt(ts=...)``; see :class:`ExplicitRungeKutta`, which provides all
-        of this from a :class:`ButcherTableau`. Solvers compare and hash by class, since
-        they are static arguments of the compiled cores: keep configuration in class
-        attributes. Adding a method: docs/extending.md.
+        reference: Where the method comes from.
+        fevals_per_step: Evaluations of ``f`` in one ``step`` (carried state reused).
+        init_fevals: Evaluations of ``f`` in ``init`` when it is not given ``f0``.
+
+    Methods a subclass provides or overrides:
+        init(f, t, y, args, f0=None): the state carried from step to step (an FSAL stage
+            today; a Jacobian or an LU factorisation for an implicit method), any pytree of
+            arrays with a shape fixed for the run; ``None`` by default. ``f0``, when given,
+            is ``f(t, y, args)`` already evaluated by the driver: use it rather than
+            evaluating ``f`` again.
+        step(f, t, y, h, args, state): ``(y1, err, dense, state1)``, pure JAX on pytrees,
+            ``h`` possibly traced. ``err`` is the solver's error information (``None`` for
+            a fixed-step method), given back to ``error_ratio``; ``dense`` is opaque data
+            for ``interpolate``, stored by the adaptive driver for ``SaveAt(ts=...)``;
+            ``state1`` is the carried state after the step (an adaptive run keeps the old
+            one when it rejects the step).
+        error_ratio(y, y1, err, h, rtol, atol): the scaled error of a step, accepted when
+            at most one. The default takes ``err`` to be the local error estimate itself
+            and returns its RMS norm
+            ``sqrt(mean((err / (atol + rtol max(|y|, |y1|)))^2))`` (Hairer, Norsett and
+            Wanner, *Solving ODEs I*, 2nd ed., 1993, II.4, eq. 4.11).
+        interpolate(f, args, t, y, h, y1, dense, theta): dense output ``y(t + theta h)``
+            for ``theta`` in ``[0, 1]`` from a completed step (adaptive solvers).
+        num_fevals(n_steps, n_accepted): evaluations of ``f`` in ``n_steps`` step
+            attempts of which ``n_accepted`` were accepted (``init`` excluded); by default
+            ``n_steps * fevals_per_step``.
+
+    Solvers are static arguments of the compiled cores, so they compare and hash by their
+    class and their settings (:meth:`settings`: every instance attribute, which must be
+    hashable); a solver configured in ``__init__`` therefore never reuses a function
+    compiled for other settings. :class:`ExplicitRungeKutta` provides all of this from a
+    :class:`ButcherTableau`. Adding a method: docs/extending.md.
     """
 
     order: int = 0
     adaptive: bool = False
+    error_order: int | None = None
     symplectic: bool = False
     reference: str = ""
+    fevals_per_step: int = 0
+    init_fevals: int = 0
 
-    def init(self, f: VectorField, t, y: PyTree, args) -> PyTree:
+    def init(self, f: VectorField, t, y: PyTree, args, f0: PyTree = None) -> PyTree:
         return None
 
     def step(self, f: VectorField, t, y: PyTree, h, args, state: PyTree):
         raise NotImplementedError
 
+    def error_ratio(self, y: PyTree, y1: PyTree, err: PyTree, h, rtol, atol) -> jax.Array:
+        """RMS norm of ``err / (atol + rtol max(|y|, |y1|))`` (Hairer et al. II.4)."""
+        return rms_error_ratio(y, y1, err, rtol, atol)
+
+    def interpolate(self, f: VectorField, args, t, y: PyTree, h, y1: PyTree, dense, theta):
+        raise NotImplementedError(f"{type(self).__name__} has no dense output")
+
+    def num_fevals(self, n_steps, n_accepted):
+        return n_steps * self.fevals_per_step
+
+    def settings(self) -> tuple:
+        """``(name, value)`` pairs that, with the class, identify the solver: its instance
+        attributes, sorted by name (none for a method fixed by its class)."""
+        return tuple(sorted(vars(self).items()))
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.settings())
+        return f"{type(self).__name__}({inner})"
 
     def __eq__(self, other) -> bool:
-        return type(self) is type(other)
+        return type(self) is type(other) and self.settings() == other.settings()
 
     def __hash__(self) -> int:
-        return hash(type(self))
+        return hash((type(self), self.settings()))

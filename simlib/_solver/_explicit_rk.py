@@ -18,30 +18,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._base import AbstractSolver, PyTree, VectorField, axpy, linear_combination, register_static
+from ._base import (
+    AbstractSolver,
+    PyTree,
+    VectorField,
+    _sum_squares,
+    axpy,
+    error_scale,
+    linear_combination,
+    register_static,
+    rms_error_ratio,
+    tree_size,
+)
 from ._rk_tableaus import BOSH3, DOPRI5, DOPRI8, EULER, HEUN, MIDPOINT, RK4, TSIT5
 from ._tableau import ButcherTableau
-
-
-def _sum_squares(tree: PyTree) -> jax.Array:
-    return sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree))
-
-
-def safe_sqrt(x: jax.Array) -> jax.Array:
-    """``sqrt(x)`` whose gradient at ``x = 0`` is zero instead of nan (the double-where)."""
-    positive = x > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
-
-
-def _size(tree: PyTree) -> int:
-    return sum(int(np.prod(jnp.shape(x))) for x in jax.tree_util.tree_leaves(tree))
-
-
-def error_scale(y: PyTree, y1: PyTree, rtol, atol) -> PyTree:
-    """``atol + rtol * max(|y|, |y1|)``, the per-component tolerance (Hairer et al. II.4)."""
-    return jax.tree_util.tree_map(
-        lambda a, b: atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b)), y, y1
-    )
 
 
 class ExplicitRungeKutta(AbstractSolver):
@@ -77,11 +67,24 @@ class ExplicitRungeKutta(AbstractSolver):
     def reference(self) -> str:  # type: ignore[override]
         return self.tableau.reference
 
-    def init(self, f: VectorField, t, y: PyTree, args) -> PyTree:
-        return f(t, y, args) if self.tableau.fsal else None
+    @property
+    def fevals_per_step(self) -> int:  # type: ignore[override]
+        return self.tableau.stages - (1 if self.tableau.fsal else 0)
+
+    @property
+    def init_fevals(self) -> int:  # type: ignore[override]
+        return 1 if self.tableau.fsal else 0
+
+    def init(self, f: VectorField, t, y: PyTree, args, f0: PyTree = None) -> PyTree:
+        """The FSAL stage ``f(t, y)`` for a FSAL tableau, else ``None``."""
+        if not self.tableau.fsal:
+            return None
+        return f(t, y, args) if f0 is None else f0
 
     def step(self, f: VectorField, t, y: PyTree, h, args, state: PyTree):
-        """One step of size ``h``. Returns ``(y1, error, stages, fsal_stage)``."""
+        """One step of size ``h``. Returns ``(y1, e.k, stages, fsal_stage)``: the error
+        information is the unscaled ``sum_i e_i k_i`` (``error_ratio`` multiplies by
+        ``|h|``), the dense-output data the stages."""
         tab = self.tableau
         k1 = state if tab.fsal else f(t, y, args)
         ks = [k1]
@@ -105,12 +108,11 @@ class ExplicitRungeKutta(AbstractSolver):
         The RMS norm of ``h e.k / (atol + rtol max(|y|, |y1|))`` (Hairer et al. II.4);
         for DOP853 the combined 5th/3rd-order estimate of Hairer et al. II.10.
         """
-        scale = error_scale(y, y1, rtol, atol)
-        n = _size(y)
         absh = jnp.abs(h)
         if self.tableau.b_error3 is None:
-            scaled = jax.tree_util.tree_map(lambda e, s: e / s, err, scale)
-            return absh * safe_sqrt(_sum_squares(scaled) / n)
+            return rms_error_ratio(y, y1, err, rtol, atol, absh)
+        scale = error_scale(y, y1, rtol, atol)
+        n = tree_size(y)
         err5, err3 = err
         e5 = _sum_squares(jax.tree_util.tree_map(lambda e, s: e / s, err5, scale))
         e3 = _sum_squares(jax.tree_util.tree_map(lambda e, s: e / s, err3, scale))

@@ -47,9 +47,21 @@ class SymplecticSplitting(AbstractSolver):
     def _velocity(self, f: VectorField, t, q, p, args):
         return f(t, (q, p), args)[0]
 
-    def init(self, f: VectorField, t, y: PyTree, args) -> PyTree:
+    @property
+    def fevals_per_step(self) -> int:  # type: ignore[override]
+        kicks = sum(1 for b in self.kicks if b != 0.0) - (1 if self.carries_force else 0)
+        return kicks + len(self.drifts)
+
+    @property
+    def init_fevals(self) -> int:  # type: ignore[override]
+        return 1 if self.carries_force else 0
+
+    def init(self, f: VectorField, t, y: PyTree, args, f0: PyTree = None) -> PyTree:
+        """The force at the start of the first step, when it is carried between steps."""
+        if not self.carries_force:
+            return None
         q, p = y
-        return self._force(f, t, q, p, args) if self.carries_force else None
+        return self._force(f, t, q, p, args) if f0 is None else f0[1]
 
     def step(self, f: VectorField, t, y: PyTree, h, args, state: PyTree):
         """One step of size ``h``. Returns ``(y1, None, None, force_at_end)``."""
