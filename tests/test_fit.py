@@ -610,6 +610,7 @@ def test_multiple_shooting_errors():
         ms.init_params((10.0, 28.0, 8 / 3), np.zeros((3, 3)))
 
 
+@pytest.mark.slow
 def test_lorenz_multiple_shooting_recovers_parameters():
     true = (10.0, 28.0, 8.0 / 3.0)
     ts = np.linspace(0.0, 10.0, 101)  # chaotic: nearby trajectories separate by ~e^9 here

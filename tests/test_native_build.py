@@ -146,6 +146,7 @@ def test_corrupt_cached_library_is_rebuilt(tmp_path, monkeypatch):
     _check_results(out)
 
 
+@pytest.mark.slow
 @needs_compiler
 def test_cxx_with_a_wrapper_and_flags_builds(tmp_path):
     cache = tmp_path / "cache"

@@ -314,6 +314,7 @@ def test_eager_overflow_reallocates_and_matches_a_large_list(lj):
                                            + int(traj.stats["n_reallocations"]))
 
 
+@pytest.mark.slow
 def test_eager_overflow_of_a_debug_list_is_reallocated(lj):
     tight = sp.neighbor_list(lj["space"], lj["x"], 2.2, 0.3, capacity_multiplier=1.0,
                              debug=True)

@@ -59,6 +59,7 @@ def test_reversible_gradient_matches_finite_differences(chain_gradients, which):
     assert abs(got - fd) < 1e-6 * max(1.0, abs(fd))
 
 
+@pytest.mark.slow
 def test_reversible_agrees_with_checkpointed_over_1e5_steps():
     """Two-body gravity (an integrable orbit) over 10^5 velocity Verlet steps."""
     x = jnp.array([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])
