@@ -20,6 +20,8 @@ class Result(IntEnum):
     NEIGHBOR_LIST_OVERFLOW = 4
     NEIGHBOR_LIST_MISSED_PAIRS = 5
     UNSTABLE_DYNAMICS = 6
+    NEWTON_FAILED = 7
+    EVENT_CAPACITY_EXCEEDED = 8
 
 
 _MESSAGES = {
@@ -52,6 +54,17 @@ _MESSAGES = {
         "skin or the energy's r_cut (|v| dt > limit), or an atom started so far outside the "
         "periodic box that wrapping loses its place in it; dt may be too large, or atoms "
         "overlap (traj.stats['failed_atom'] names the atom; throw=False keeps the trajectory)"
+    ),
+    Result.NEWTON_FAILED: (
+        "the implicit solver's Newton iteration kept failing to converge at t={t:.17g} "
+        "(step {step}), even after the step size was cut; the Jacobian may be wrong "
+        "(check a user-supplied jac), the problem may be singular there, or a fixed dt "
+        "may be too large for it"
+    ),
+    Result.EVENT_CAPACITY_EXCEEDED: (
+        "a non-terminal event crossed zero more often than its capacity by t={t:.17g} "
+        "(step {step}); crossings beyond the capacity were not recorded: raise "
+        "Event(..., capacity=...)"
     ),
 }
 

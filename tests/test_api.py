@@ -117,6 +117,7 @@ def test_result_codes():
     assert {r.name for r in sl.Result} == {
         "SUCCESSFUL", "MAX_STEPS_REACHED", "NONFINITE_STATE", "STEP_SIZE_TOO_SMALL",
         "NEIGHBOR_LIST_OVERFLOW", "NEIGHBOR_LIST_MISSED_PAIRS", "UNSTABLE_DYNAMICS",
+        "NEWTON_FAILED", "EVENT_CAPACITY_EXCEEDED",
     }
     assert issubclass(sl.SolverError, RuntimeError)
 

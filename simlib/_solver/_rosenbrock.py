@@ -36,19 +36,10 @@ from jax.flatten_util import ravel_pytree
 from jax.scipy.linalg import lu_factor, lu_solve
 
 from ._base import AbstractSolver, PyTree, VectorField, register_static
+from ._implicit import flat_field
 
 _D = 1.0 / (2.0 + math.sqrt(2.0))
 _E32 = 6.0 + math.sqrt(2.0)
-
-
-def _flat_field(f: VectorField, y: PyTree, args):
-    """``f`` on the flattened state, and the map back to ``y``'s pytree."""
-    y_flat, unravel = ravel_pytree(y)
-
-    def g(t, v):
-        return ravel_pytree(f(t, unravel(v), args))[0].astype(y_flat.dtype)
-
-    return g, y_flat, unravel
 
 
 class Rosenbrock23(AbstractSolver):
@@ -78,7 +69,7 @@ class Rosenbrock23(AbstractSolver):
 
     def step(self, f: VectorField, t, y: PyTree, h, args, state: PyTree):
         """One step of size ``h``. Returns ``(y1, err, (k1, k2), f(t + h, y1))``."""
-        g, v, unravel = _flat_field(f, y, args)
+        g, v, unravel = flat_field(f, y, args)
         dtype = v.dtype
         hh = jnp.asarray(h, dtype)
         tt = jnp.asarray(t, jnp.result_type(t))
