@@ -60,8 +60,9 @@ def _attempt(f, solver, k_exp, carry: _Attempt, t1, direction, rtol, atol, args)
     h = jnp.where(last, t1 - t, h)
     y1, err, dense, state1 = solver.step(f, t, y, h, args, carry.state)
     ratio = solver.error_ratio(y, y1, err, h, rtol, atol)
+    newton_failed = solver.step_failed(err)
     finite = jnp.isfinite(ratio) & all_finite(y1)
-    ratio = jnp.where(finite, ratio, jnp.inf)
+    ratio = jnp.where(finite & ~newton_failed, ratio, jnp.inf)
     accept = ratio <= 1.0
     log_ratio = log_error_ratio(ratio)
     factor = pi_factor(log_ratio, carry.log_ratio_prev, k_exp)
@@ -72,7 +73,9 @@ def _attempt(f, solver, k_exp, carry: _Attempt, t1, direction, rtol, atol, args)
     underflow = ~reached & (jnp.abs(h_next) < tiny)
     result = jnp.where(
         (carry.result == 0) & underflow,
-        jnp.where(finite, Result.STEP_SIZE_TOO_SMALL.value, Result.NONFINITE_STATE.value),
+        jnp.where(newton_failed, Result.NEWTON_FAILED.value,
+                  jnp.where(finite, Result.STEP_SIZE_TOO_SMALL.value,
+                            Result.NONFINITE_STATE.value)),
         carry.result,
     )
     new = _Attempt(

@@ -142,7 +142,7 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
     t, y, _, k, i, buf, result, fail_t, fail_step, count = carry
     unfinished = (result == 0) & ((t != t1) | (i < n_save if mode == "ts" else False))
     result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
-    failed = result == Result.NONFINITE_STATE.value
+    failed = (result == Result.NONFINITE_STATE.value) | (result == Result.NEWTON_FAILED.value)
     t_final = jnp.where(failed, fail_t, t)
     step_final = jnp.where(failed, fail_step, count)
 

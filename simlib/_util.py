@@ -74,15 +74,18 @@ def convert_closure(f, t, y, args):
 
 
 def checked_step(f, solver, t, y, h, args, state, count, failure):
-    """One fixed step, recording the first non-finite state in ``failure``.
+    """One fixed step, recording the first non-finite state or failed implicit solve
+    (``solver.step_failed``) in ``failure``.
 
     ``failure`` is ``(result, t_fail, step_fail)``; the state is not selected back on
     failure (that would cost 40% of a Lorenz ensemble step), so the non-finite state
     propagates to later outputs while the time and step of the failure are kept.
     """
     result, fail_t, fail_step = failure
-    y1, _, _, state1 = solver.step(f, t, y, h, args, state)
-    newly_bad = (result == 0) & ~all_finite(y1)
-    failure = (jnp.where(newly_bad, Result.NONFINITE_STATE.value, result),
+    y1, err, _, state1 = solver.step(f, t, y, h, args, state)
+    newton_failed = solver.step_failed(err)
+    newly_bad = (result == 0) & (~all_finite(y1) | newton_failed)
+    code = jnp.where(newton_failed, Result.NEWTON_FAILED.value, Result.NONFINITE_STATE.value)
+    failure = (jnp.where(newly_bad, code, result),
                jnp.where(newly_bad, t, fail_t), jnp.where(newly_bad, count, fail_step))
     return y1, state1, failure

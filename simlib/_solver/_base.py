@@ -115,6 +115,11 @@ class AbstractSolver:
             Wanner, *Solving ODEs I*, 2nd ed., 1993, II.4, eq. 4.11).
         interpolate(f, args, t, y, h, y1, dense, theta): dense output ``y(t + theta h)``
             for ``theta`` in ``[0, 1]`` from a completed step (adaptive solvers).
+        step_failed(err): whether the step's implicit solve failed (a Newton iteration
+            that did not converge), ``False`` by default. The adaptive driver rejects such
+            a step (``error_ratio`` should also return ``inf`` for it) and, if the step
+            size then underflows, reports ``Result.NEWTON_FAILED``; the fixed-step driver
+            reports ``Result.NEWTON_FAILED`` at the first failed step.
         num_fevals(n_steps, n_accepted): evaluations of ``f`` in ``n_steps`` step
             attempts of which ``n_accepted`` were accepted (``init`` excluded); by default
             ``n_steps * fevals_per_step``.
@@ -146,6 +151,10 @@ class AbstractSolver:
 
     def interpolate(self, f: VectorField, args, t, y: PyTree, h, y1: PyTree, dense, theta):
         raise NotImplementedError(f"{type(self).__name__} has no dense output")
+
+    def step_failed(self, err: PyTree) -> jax.Array:
+        """Whether the implicit solve of the step that returned ``err`` failed."""
+        return jnp.asarray(False)
 
     def num_fevals(self, n_steps, n_accepted):
         return n_steps * self.fevals_per_step
