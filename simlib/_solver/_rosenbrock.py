@@ -249,22 +249,25 @@ class _Rodas(_Rosenbrock):
         hh = jnp.asarray(h, dtype)
         hg = hh * tab.gamma
         lu = lu_factor(jnp.eye(v.size, dtype=dtype) - hg * jac)
-        us = []
+        # w_i = u_i / (h gamma), so that C_ij / h u_j = gamma C_ij w_j: no division by h
+        # (a zero step, as in the masked attempts of a finished replay, stays finite)
+        ws = []
         arg = v
         for i in range(8):
             arg = v
-            for a, u in zip(tab.a[i], us, strict=True):
-                arg = arg + a * u
+            for a, w in zip(tab.a[i], ws, strict=True):
+                arg = arg + (a * hg) * w
             rhs = g(t + tab.c[i] * h, arg)
             if tab.d[i] != 0.0:
                 rhs = rhs + (tab.d[i] * hh) * dfdt
-            for c, u in zip(tab.C[i], us, strict=True):
-                rhs = rhs + (c / hh) * u
-            us.append(hg * lu_solve(lu, rhs))  # u = (I / (h gamma) - J)^-1 rhs
-        v1 = arg + us[-1]
-        stack = jnp.stack(us)
-        dense = tuple(jnp.asarray(row, dtype) @ stack for row in tab.H)
-        return unravel(v1), unravel(us[-1]), dense, None
+            for c, w in zip(tab.C[i], ws, strict=True):
+                rhs = rhs + (c * tab.gamma) * w
+            ws.append(lu_solve(lu, rhs))  # (I - h gamma J) w = rhs
+        err = hg * ws[-1]
+        v1 = arg + err
+        stack = jnp.stack(ws)
+        dense = tuple(hg * (jnp.asarray(row, dtype) @ stack) for row in tab.H)
+        return unravel(v1), unravel(err), dense, None
 
     def interpolate(self, f: VectorField, args, t, y: PyTree, h, y1: PyTree, dense, theta):
         """``(1 - theta) y + theta (y1 + (1 - theta) (K1 + theta (K2 + theta K3)))``."""
