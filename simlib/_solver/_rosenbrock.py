@@ -286,7 +286,9 @@ class Rodas5P(_Rodas):
     The recommended stiff method for ``rtol`` about 1e-4 to 1e-10: Rodas5's structure
     with coefficients chosen for a smaller error on stiff (Prothero-Robinson) problems and
     a more accurate dense output (G. Steinebach, BIT Numer. Math. 63, 27, 2023). See the
-    module docstring for the scheme.
+    module docstring for the scheme. ``num_fevals`` counts the eight evaluations of ``f``
+    per step attempt, not the Jacobian (``n`` forward passes with ``jac="fwd"``) and
+    ``df/dt`` (one ``jvp``) also evaluated once per attempt.
 
     Args:
         jac: ``"fwd"`` (``jax.jacfwd``, the default), ``"rev"`` (``jax.jacrev``) or a
@@ -310,7 +312,9 @@ class Rodas5(_Rodas):
     The classical order-5 Rodas (Hairer and Wanner, *Solving ODEs II*, 2nd ed., 1996,
     IV.7); on stiff problems its error is less well controlled than :class:`Rodas5P`'s
     (order reduction on Prothero-Robinson-type problems), which is preferred. See the
-    module docstring for the scheme.
+    module docstring for the scheme. ``num_fevals`` counts the eight evaluations of ``f``
+    per step attempt, not the Jacobian (``n`` forward passes with ``jac="fwd"``) and
+    ``df/dt`` (one ``jvp``) also evaluated once per attempt.
 
     Args:
         jac: ``"fwd"`` (``jax.jacfwd``, the default), ``"rev"`` (``jax.jacrev``) or a
