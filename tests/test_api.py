@@ -34,6 +34,8 @@ PUBLIC = [
     "RK4",
     "Result",
     "Reversible",
+    "Rodas5",
+    "Rodas5P",
     "Rosenbrock23",
     "SaveAt",
     "SemiImplicitEuler",
@@ -69,8 +71,11 @@ SOLVER_ORDERS = {
     "Yoshida4": 4,
     "PEFRL": 4,
     "Rosenbrock23": 2,
+    "Rodas5": 5,
+    "Rodas5P": 5,
 }
-ADAPTIVE = {"Heun", "Bosh3", "Tsit5", "Dopri5", "Dopri8", "Rosenbrock23"}
+ADAPTIVE = {"Heun", "Bosh3", "Tsit5", "Dopri5", "Dopri8", "Rosenbrock23",
+            "Rodas5", "Rodas5P"}
 SYMPLECTIC = {"SemiImplicitEuler", "VelocityVerlet", "Leapfrog", "Yoshida4", "PEFRL"}
 
 

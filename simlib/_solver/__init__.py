@@ -12,7 +12,7 @@ from ._explicit_rk import (
     Midpoint,
     Tsit5,
 )
-from ._rosenbrock import Rosenbrock23
+from ._rosenbrock import Rodas5, Rodas5P, Rosenbrock23
 from ._symplectic import (
     PEFRL,
     Leapfrog,
@@ -36,6 +36,8 @@ __all__ = [
     "Midpoint",
     "PEFRL",
     "RK4",
+    "Rodas5",
+    "Rodas5P",
     "Rosenbrock23",
     "SemiImplicitEuler",
     "SymplecticSplitting",
