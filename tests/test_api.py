@@ -14,6 +14,7 @@ import simlib as sl
 PUBLIC = [
     "AbstractAdjoint",
     "AbstractSolver",
+    "BDF",
     "Bosh3",
     "Bounded",
     "ButcherTableau",
@@ -69,8 +70,9 @@ SOLVER_ORDERS = {
     "Yoshida4": 4,
     "PEFRL": 4,
     "Rosenbrock23": 2,
+    "BDF": 1,  # variable order 1 to 5; it starts at order 1
 }
-ADAPTIVE = {"Heun", "Bosh3", "Tsit5", "Dopri5", "Dopri8", "Rosenbrock23"}
+ADAPTIVE = {"Heun", "Bosh3", "Tsit5", "Dopri5", "Dopri8", "Rosenbrock23", "BDF"}
 SYMPLECTIC = {"SemiImplicitEuler", "VelocityVerlet", "Leapfrog", "Yoshida4", "PEFRL"}
 
 
