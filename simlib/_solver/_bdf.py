@@ -36,7 +36,7 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 from jax.scipy.linalg import lu_factor
 
-from ._base import AbstractSolver, PyTree, VectorField, register_static
+from ._base import AbstractSolver, PyTree, VectorField, register_static, safe_sqrt
 from ._implicit import check_jac, flat_field, jacobian, newton
 
 MAX_ORDER = 5
@@ -115,7 +115,7 @@ def _rescale_matrix(order, factor, dtype):
 
 
 def _rms(x, scale):
-    return jnp.sqrt(jnp.mean(jnp.square(x / scale)))
+    return safe_sqrt(jnp.mean(jnp.square(x / scale)))
 
 
 class BDF(AbstractSolver):
@@ -225,35 +225,39 @@ class BDF(AbstractSolver):
         def residual(d):
             return d + psi - c * g(t_new, y_pred + d)
 
-        def solve(res, d0):
-            def attempt(lu_):
-                return newton(res, lu_, d0, scale, tol=newton_tol,
-                              max_iters=self.newton_max_iters)
+        # Newton runs on values cut from the autodiff graph (its while_loop is not
+        # reverse-differentiable); lax.custom_root then gives the converged correction
+        # its derivatives by the implicit function theorem, with the exact I - c J(y*).
+        sg = lax.stop_gradient
+        g_sg, _, _ = flat_field(f, y, jax.tree_util.tree_map(sg, args))
+        t_sg, y_pred_sg, psi_sg, c_sg = sg(t_new), sg(y_pred), sg(psi), sg(c)
+        scale_sg = sg(scale)
 
-            first = attempt(lu)
-            retry = ~first.converged & ~state.jac_current
+        def residual_sg(d):
+            return d + psi_sg - c_sg * g_sg(t_sg, y_pred_sg + d)
 
-            def refresh():
-                J = jacobian(self.jac, g, f, t_new, y_pred, unravel, args)
-                lu_ = lu_factor(eye - c * J)
-                return J, lu_, attempt(lu_)
+        def attempt(lu_):
+            return newton(residual_sg, lu_, jnp.zeros_like(y_pred_sg), scale_sg,
+                          tol=sg(newton_tol), max_iters=self.newton_max_iters)
 
-            def keep():
-                return state.J, lu, first
+        first = attempt(lu)
+        refreshed = ~first.converged & ~state.jac_current
 
-            J, lu_, second = lax.cond(retry, refresh, keep)
-            aux = (second.converged, J, lu_, retry, first.iterations + jnp.where(
-                retry, second.iterations, 0))
-            return second.z, aux
+        def refresh():
+            J_ = sg(jacobian(self.jac, g_sg, f, t_sg, y_pred_sg, unravel,
+                             jax.tree_util.tree_map(sg, args)))
+            lu_ = lu_factor(eye - c_sg * J_)
+            return J_, lu_, attempt(lu_)
+
+        J, lu, second = lax.cond(refreshed, refresh, lambda: (state.J, lu, first))
+        converged = second.converged
+        iterations = first.iterations + jnp.where(refreshed, second.iterations, 0)
 
         def tangent_solve(lin, b):  # (I - c J(y*)) x = b at the converged correction
-            m = jax.jacfwd(lin)(b)
-            return jnp.linalg.solve(m, b)
+            return jnp.linalg.solve(jax.jacfwd(lin)(b), b)
 
-        d, aux = lax.custom_root(residual, jnp.zeros_like(y_pred), solve, tangent_solve,
-                                 has_aux=True)
-        converged, J, lu, refreshed, iterations = jax.tree_util.tree_map(
-            lax.stop_gradient, aux)
+        d = lax.custom_root(residual, jnp.zeros_like(y_pred), lambda _, __: second.z,
+                            tangent_solve)
         y_new = y_pred + d
         error = error_const[k] * d
 
@@ -301,10 +305,12 @@ class BDF(AbstractSolver):
         k = state1.order
         ratio = jnp.asarray(ratio, dtype)
         kf = k.astype(dtype)
+        finite = jnp.isfinite(ratio)  # double where: no nan gradient from inf ** p
+        r = jnp.where(finite, jnp.maximum(ratio, 1e-10), 1.0)
         rejected_factor = jnp.where(
             err.newton_failed, 0.5,
-            jnp.maximum(_MIN_FACTOR, safety * jnp.where(
-                jnp.isfinite(ratio), jnp.maximum(ratio, 1e-10), jnp.inf) ** (-1 / (kf + 1))))
+            jnp.where(finite, jnp.maximum(_MIN_FACTOR, safety * r ** (-1 / (kf + 1))),
+                      _MIN_FACTOR))
 
         rows = jnp.arange(_ROWS)[:, None]
         scale = jnp.asarray(atol, dtype) + jnp.asarray(rtol, dtype) * jnp.abs(state1.D[0])
@@ -316,8 +322,9 @@ class BDF(AbstractSolver):
                            _rms(error_const[jnp.minimum(k + 1, MAX_ORDER)] * d_k2, scale),
                            jnp.inf)
         norms = jnp.maximum(jnp.stack([norm_m, ratio, norm_p]), tiny)
-        factors = norms ** (-1.0 / (kf + jnp.arange(3, dtype=dtype)))
-        factors = jnp.where(jnp.isfinite(norms), factors, 0.0)
+        usable = jnp.isfinite(norms)
+        factors = jnp.where(usable, norms, 1.0) ** (-1.0 / (kf + jnp.arange(3, dtype=dtype)))
+        factors = jnp.where(usable, factors, 0.0)
         best = jnp.argmax(factors)
         change = state1.n_equal >= k + 1
         accepted_factor = jnp.where(change, jnp.minimum(_MAX_FACTOR, safety * factors[best]),
