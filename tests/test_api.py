@@ -111,7 +111,11 @@ def test_solver_order_and_reference(name):
     assert solver.symplectic == (name in SYMPLECTIC)
     # Solvers are stateless values: equal and hashable by type, usable as static args.
     assert solver == cls() and hash(solver) == hash(cls())
-    assert repr(solver) == f"{cls.__name__}()"
+    if solver.settings():  # a configurable solver (BDF) shows its settings
+        assert repr(solver).startswith(f"{cls.__name__}(")
+        assert all(f"{k}=" in repr(solver) for k, _ in solver.settings())
+    else:
+        assert repr(solver) == f"{cls.__name__}()"
 
 
 def test_result_codes():
