@@ -234,9 +234,10 @@ def test_jacobian_options_and_reuse():
                     atol=1e-20, args=(ROB_K,), jac=robertson_jac).y[:, -1]
     scipy_bdf = solve_ivp(robertson_np, (0.0, 40.0), [1.0, 0.0, 0.0], method="BDF",
                           rtol=rtol, atol=atol, args=(ROB_K,), jac=robertson_jac)
-    for option in (jac, "rev"):  # ("fwd", the default, is in every other test)
+    # ("fwd", the default, is in every other test; ndf=False: the plain BDFs)
+    for option, ndf in ((jac, True), ("rev", False)):
         sol = sl.solve(robertson, jnp.array([1.0, 0.0, 0.0]), 0.0, 40.0,
-                       solver=sl.BDF(jac=option), rtol=rtol, atol=atol, args=ROB_K)
+                       solver=sl.BDF(jac=option, ndf=ndf), rtol=rtol, atol=atol, args=ROB_K)
         err = np.max(np.abs(np.asarray(sol.ys[-1]) - ref) / (atol + rtol * np.abs(ref)))
         assert err <= 10.0, (option, err)
         if option is jac:
