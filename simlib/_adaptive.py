@@ -281,11 +281,13 @@ def _adaptive_diff_outputs(c, saved, steps_out):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
 def _adaptive_solve(f, solver, mode, n_save, max_steps, adjoint, inputs):
     c, saved, steps_out = _adaptive_forward(f, solver, mode, n_save, max_steps, **inputs)
-    return _adaptive_diff_outputs(c, saved, steps_out), _stats_of(c)
+    return _adaptive_diff_outputs(c, saved, steps_out), _stats_of(c, solver)
 
 
-def _stats_of(c: _Attempt):
-    return (c.n_steps, c.n_accepted, c.result)
+def _stats_of(c: _Attempt, solver):
+    # state_fevals: evaluations a solver counts in its state (BDF's Newton iterations)
+    return (c.n_steps, c.n_accepted, c.result,
+            jnp.asarray(solver.state_fevals(c.state), jnp.int32))
 
 
 def _adaptive_fwd(f, solver, mode, n_save, max_steps, adjoint, inputs):
@@ -328,17 +330,18 @@ def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, a
     if isinstance(adjoint, _TangentsOnly):  # the while loop itself, which jvp goes through
         c, saved, (sts, sys_) = _adaptive_forward(f_plain, solver, mode, n_save, max_steps,
                                                   **inputs)
-        t_end, y_end, n_steps, n_acc, result = c.t, c.y, c.n_steps, c.n_accepted, c.result
+        t_end, y_end = c.t, c.y
+        n_steps, n_acc, result, state_fevals = _stats_of(c, solver)
     else:
-        (t_end, y_end, saved, (sts, sys_)), (n_steps, n_acc, result) = _adaptive_solve(
-            f_plain, solver, mode, n_save, max_steps, adjoint, inputs)
+        (t_end, y_end, saved, (sts, sys_)), (n_steps, n_acc, result, state_fevals) = (
+            _adaptive_solve(f_plain, solver, mode, n_save, max_steps, adjoint, inputs))
     t0a, t1a = inputs["t0"], inputs["t1"]
     direction = jnp.where(t1a >= t0a, 1.0, -1.0)
     unfinished = (result == 0) & (direction * (t1a - t_end) > 0)
     result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
     # f(t0, y0) and the Euler probe of initial_step (f0 then reaches init), or init's own
     init_fevals = 2 if dt0 is None else solver.init_fevals
-    n_fevals = solver.num_fevals(n_steps, n_acc) + init_fevals
+    n_fevals = solver.num_fevals(n_steps, n_acc) + state_fevals + init_fevals
     return assemble_solution(mode, save_t0, t0a, y0, t_end, y_end, inputs["ts"], saved,
                              (sts, sys_), (n_steps, n_acc, n_fevals, t_end), result,
                              in_graph_check, t1a, max_steps)

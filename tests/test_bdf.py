@@ -272,9 +272,13 @@ def test_jacobian_options_and_reuse():
         assert err <= 10.0, (option, err)
         if option is jac:
             n_jac, n_steps = count[0], int(sol.stats["num_steps"])
-    print(f"\nJacobians: {n_jac} here, {scipy_bdf.njev} by scipy BDF; steps {n_steps}")
+            n_fevals = int(sol.stats["num_fevals"])
+    print(f"\nJacobians: {n_jac} here, {scipy_bdf.njev} by scipy BDF; steps {n_steps}; "
+          f"evaluations of f {n_fevals}, scipy BDF {scipy_bdf.nfev}")
     assert 1 <= n_jac <= 2 * scipy_bdf.njev + 2
     assert n_jac < n_steps / 5
+    # num_fevals counts the Newton iterations: at least one per step, and about scipy's
+    assert n_steps < n_fevals <= 1.5 * scipy_bdf.nfev
 
 
 ROB_K = (0.04, 3e7, 1e4)

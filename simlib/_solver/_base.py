@@ -123,6 +123,9 @@ class AbstractSolver:
         num_fevals(n_steps, n_accepted): evaluations of ``f`` in ``n_steps`` step
             attempts of which ``n_accepted`` were accepted (``init`` excluded); by default
             ``n_steps * fevals_per_step``.
+        state_fevals(state): evaluations counted in the final carried state, added to
+            ``num_fevals`` by the adaptive driver (``0`` by default; ``BDF`` counts its
+            Newton iterations there).
 
     Optional step control (a solver that picks its own step size and order, as
     :class:`BDF`; every other solver keeps the driver's PI controller):
@@ -182,6 +185,12 @@ class AbstractSolver:
 
     def num_fevals(self, n_steps, n_accepted):
         return n_steps * self.fevals_per_step
+
+    def state_fevals(self, state: PyTree):
+        """Evaluations of ``f`` counted in the final carried state (``0`` by default),
+        added by the adaptive driver to :meth:`num_fevals`: for a solver whose evaluations
+        per step vary (Newton iterations)."""
+        return 0
 
     def settings(self) -> tuple:
         """``(name, value)`` pairs that, with the class, identify the solver: its instance

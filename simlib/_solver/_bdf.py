@@ -358,9 +358,13 @@ class BDF(AbstractSolver):
         return unravel(weights @ dense)
 
     def num_fevals(self, n_steps, n_accepted):
-        """One evaluation per attempt (a lower bound: each Newton iteration evaluates ``f``
-        once, and a Jacobian ``n`` more times for ``jacfwd``)."""
-        return n_steps
+        """None per se: every evaluation is a Newton iteration, counted in the state."""
+        return 0 * n_steps
+
+    def state_fevals(self, state: BDFState):
+        """The Newton iterations of every attempt (one evaluation of ``f`` each); the
+        Jacobians (``state.n_jac``, a ``jacfwd`` or ``jacrev`` each) are not counted."""
+        return state.n_newton
 
 
 BDF.__module__ = "simlib"
