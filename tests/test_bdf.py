@@ -160,6 +160,22 @@ def test_each_order_converges_at_its_order():
         assert abs(order - k) < 0.3, (k, order, errs)
 
 
+@pytest.mark.parametrize("k,rtols", [(1, (1e-3, 1e-4, 1e-5)), (2, (1e-5, 1e-6, 1e-7, 1e-8))])
+def test_max_order_caps_the_order(k, rtols):
+    # adaptive runs with max_order = k on y' = -50 (y - cos t) to t = 10: the error at t1
+    # against the closed form falls like (number of steps)^-k
+    f, exact = relaxation(50.0)
+    runs = []
+    for rtol in rtols:
+        sol = sl.solve(f, jnp.array([0.0]), 0.0, 10.0, solver=sl.BDF(max_order=k), rtol=rtol,
+                       atol=rtol, max_steps=20_000)
+        runs.append((int(sol.stats["num_steps"]), abs(float(sol.ys[-1, 0]) - exact(10.0, 0.0))))
+    n, err = np.array(runs).T
+    order = -np.polyfit(np.log(n), np.log(err), 1)[0]
+    print(f"\nmax_order={k}: measured {order:.2f} from {runs}")
+    assert abs(order - k) < 0.3, (order, runs)
+
+
 # ------------------------------------------------------------------ jit, vmap, dense output
 
 

@@ -44,8 +44,6 @@ _ROWS = MAX_ORDER + 3  # D_0 .. D_{k+2}
 # Shampine and Reichelt (1997), Table 1: the NDF's kappa (zero for order 5, as in ode15s)
 _KAPPA = np.array([0.0, -0.1850, -1.0 / 9.0, -0.0823, -0.0415, 0.0])
 _GAMMA = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, MAX_ORDER + 1))])
-_ALPHA = (1.0 - _KAPPA) * _GAMMA
-_ERROR_CONST = _KAPPA * _GAMMA + 1.0 / np.arange(1, MAX_ORDER + 2)
 _SAFETY = 0.9
 _MIN_FACTOR = 0.2
 _MAX_FACTOR = 10.0
