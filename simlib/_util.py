@@ -70,6 +70,10 @@ def convert_closure(f, t, y, args):
     def g(t, y, fargs):
         return f_conv(t, y, fargs[0], *fargs[1])
 
+    # the user's ``args`` back from ``fargs`` (for a user-supplied Jacobian ``jac(t, y,
+    # args)``), through every conversion (forward mode converts a converted field again)
+    inner = getattr(f, "user_args", None)
+    g.user_args = (lambda fa: fa[0]) if inner is None else (lambda fa: inner(fa[0]))
     return g, (args, tuple(consts))
 
 

@@ -154,13 +154,6 @@ class BDF(AbstractSolver):
         self.ndf = bool(ndf)
         self.newton_max_iters = newton_max_iters
 
-    def _jac(self):
-        """``jac`` as the drivers call the solver: both hand it ``(args, closure values)``
-        (``_util.convert_closure``), so a user's ``jac(t, y, args)`` gets ``args[0]``."""
-        if not callable(self.jac):
-            return self.jac
-        return lambda t, y, fargs: self.jac(t, y, fargs[0])
-
     # ------------------------------------------------------------------ coefficients
     def _coefficients(self, dtype):
         kappa = _KAPPA if self.ndf else np.zeros_like(_KAPPA)
@@ -178,7 +171,7 @@ class BDF(AbstractSolver):
         D = jnp.zeros((_ROWS, n), dtype).at[0].set(v)
         # D_1 = h f0 for the step h: stored for h = 1 and rescaled to the first step
         D = D.at[1].set(f0v)
-        J = lax.stop_gradient(jacobian(self._jac(), g, f, t, v, unravel, args))
+        J = lax.stop_gradient(jacobian(self.jac, g, f, t, v, unravel, args))
         lu = lu_factor(jnp.eye(n, dtype=dtype))
         nan = jnp.asarray(jnp.nan, dtype)
         zero = jnp.asarray(0, jnp.int32)
@@ -249,7 +242,7 @@ class BDF(AbstractSolver):
         refreshed = ~first.converged & ~state.jac_current
 
         def refresh():
-            J_ = sg(jacobian(self._jac(), g_sg, f, t_sg, y_pred_sg, unravel,
+            J_ = sg(jacobian(self.jac, g_sg, f, t_sg, y_pred_sg, unravel,
                              jax.tree_util.tree_map(sg, args)))
             lu_ = lu_factor(eye - c_sg * J_)
             return J_, lu_, attempt(lu_)

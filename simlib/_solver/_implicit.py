@@ -62,7 +62,9 @@ def jacobian(jac, g, f: VectorField, t, v: jax.Array, unravel, args) -> jax.Arra
     """
     n = v.size
     if callable(jac):
-        m = jnp.asarray(jac(t, unravel(v), args))
+        # the drivers hand solvers a closure-converted field; ``jac`` gets the user's args
+        user_args = getattr(f, "user_args", None)
+        m = jnp.asarray(jac(t, unravel(v), args if user_args is None else user_args(args)))
         if m.size != n * n:
             raise ValueError(
                 f"jac(t, y, args) must return df/dy as an ({n}, {n}) array for a state of "
