@@ -11,6 +11,7 @@ from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Revers
 from ._errors import Result, SolverError
 from ._solve import SaveAt, Solution, solve
 from ._solver import (
+    BDF,
     PEFRL,
     RK4,
     AbstractSolver,
@@ -49,6 +50,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AbstractAdjoint",
     "AbstractSolver",
+    "BDF",
     "Bosh3",
     "Bounded",
     "ButcherTableau",

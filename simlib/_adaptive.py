@@ -65,7 +65,14 @@ def _attempt(f, solver, k_exp, carry: _Attempt, t1, direction, rtol, atol, args)
     ratio = jnp.where(finite & ~newton_failed, ratio, jnp.inf)
     accept = ratio <= 1.0
     log_ratio = log_error_ratio(ratio)
-    factor = pi_factor(log_ratio, carry.log_ratio_prev, k_exp)
+    # --- step-control hook (AbstractSolver.propose_step; None: the PI controller) ---
+    if solver.propose_step is None:
+        factor = pi_factor(log_ratio, carry.log_ratio_prev, k_exp)
+        state_next = tree_where(accept, state1, carry.state)
+    else:
+        factor, state_next = solver.propose_step(h, ratio, accept, err, carry.state, state1,
+                                                 rtol, atol)
+    # --- end hook ---
     h_next = h * factor
     t_new = jnp.where(accept, jnp.where(last, t1, t + h), t)
     tiny = 10 * jnp.finfo(jnp.result_type(t)).eps * jnp.maximum(jnp.abs(t), 1.0)
@@ -84,7 +91,7 @@ def _attempt(f, solver, k_exp, carry: _Attempt, t1, direction, rtol, atol, args)
         h=h_next,
         log_ratio_prev=jnp.where(accept, jnp.maximum(log_ratio, _LOG_RATIO_FLOOR),
                                  carry.log_ratio_prev),
-        state=tree_where(accept, state1, carry.state),
+        state=state_next,
         n_steps=carry.n_steps + 1,
         n_accepted=carry.n_accepted + accept.astype(jnp.int32),
         result=result,
@@ -104,6 +111,7 @@ def _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args):
     else:
         h0 = direction * jnp.abs(jnp.asarray(dt0, tdtype))
         state = solver.init(f, t0, y0, args)
+    state = solver.set_tolerances(state, rtol, atol)
     zero = jnp.array(0, jnp.int32)
     carry = _Attempt(t0, y0, h0.astype(tdtype), jnp.asarray(0.0, tdtype), state, zero, zero,
                      zero)
@@ -196,17 +204,24 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
     size = adjoint.segment_length(max_steps) if checkpointed else _CHUNK
     n_chunks = -(-max_steps // size)
 
+    # A multistep solver's step depends on its carried history: its dense data is recorded
+    # here (ts mode) instead of being rebuilt from solver.init at the save times.
+    record_dense = solver.multistep and mode == "ts"
+
     def one(c, _):
         active = _not_done(c, t1, direction, max_steps)
-        new, (t, y, h, accept, _, _) = _attempt(f, solver, k_exp, c, t1, direction,
-                                                rtol, atol, args)
+        new, (t, y, h, accept, _, dense) = _attempt(f, solver, k_exp, c, t1, direction,
+                                                    rtol, atol, args)
         new = jax.tree_util.tree_map(lambda a, b: jnp.where(active, a, b), new, c)
-        return new, (t, y, h, accept & active, new.t, new.y)
+        rec = (t, y, h, accept & active, new.t, new.y)
+        return new, rec + ((dense,) if record_dense else ())
 
     def skip(c):
         rec = (jnp.zeros((size,), tdtype), buffer(c.y, size, 0.0),
                jnp.zeros((size,), tdtype), jnp.zeros((size,), bool),
                jnp.zeros((size,), tdtype), buffer(c.y, size, 0.0))
+        if record_dense:
+            rec = rec + (buffer(_placeholder_dense(f, solver, c, args), size, 0.0),)
         return c, rec
 
     def run_chunk(c):
@@ -225,7 +240,7 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
 
     c, recs = lax.scan(chunk, carry, None, length=n_chunks)
     recs = jax.tree_util.tree_map(lambda r: r.reshape((-1,) + r.shape[2:])[:max_steps], recs)
-    t_rec, y_rec, h_rec, acc_rec, tnew_rec, ynew_rec = recs
+    t_rec, y_rec, h_rec, acc_rec, tnew_rec, ynew_rec = recs[:6]
     order = jnp.argsort(~acc_rec, stable=True)  # accepted attempts first, in time order
     saved = None
     steps_out = (None, None)
@@ -239,7 +254,10 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
         def interp(s, m):
             t, h = t_rec[m], h_rec[m]
             y = jax.tree_util.tree_map(lambda r: r[m], y_rec)
-            y1, _, dense, _ = solver.step(f, t, y, h, args, solver.init(f, t, y, args))
+            if record_dense:  # y1 is unused by a multistep solver's interpolate
+                y1, dense = y, jax.tree_util.tree_map(lambda r: r[m], recs[6])
+            else:
+                y1, _, dense, _ = solver.step(f, t, y, h, args, solver.init(f, t, y, args))
             theta = (s - t) / jnp.where(h == 0, 1.0, h)
             return solver.interpolate(f, args, t, y, h, y1, dense, theta)
 
@@ -263,11 +281,13 @@ def _adaptive_diff_outputs(c, saved, steps_out):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
 def _adaptive_solve(f, solver, mode, n_save, max_steps, adjoint, inputs):
     c, saved, steps_out = _adaptive_forward(f, solver, mode, n_save, max_steps, **inputs)
-    return _adaptive_diff_outputs(c, saved, steps_out), _stats_of(c)
+    return _adaptive_diff_outputs(c, saved, steps_out), _stats_of(c, solver)
 
 
-def _stats_of(c: _Attempt):
-    return (c.n_steps, c.n_accepted, c.result)
+def _stats_of(c: _Attempt, solver):
+    # state_fevals: evaluations a solver counts in its state (BDF's Newton iterations)
+    return (c.n_steps, c.n_accepted, c.result,
+            jnp.asarray(solver.state_fevals(c.state), jnp.int32))
 
 
 def _adaptive_fwd(f, solver, mode, n_save, max_steps, adjoint, inputs):
@@ -310,17 +330,18 @@ def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, a
     if isinstance(adjoint, _TangentsOnly):  # the while loop itself, which jvp goes through
         c, saved, (sts, sys_) = _adaptive_forward(f_plain, solver, mode, n_save, max_steps,
                                                   **inputs)
-        t_end, y_end, n_steps, n_acc, result = c.t, c.y, c.n_steps, c.n_accepted, c.result
+        t_end, y_end = c.t, c.y
+        n_steps, n_acc, result, state_fevals = _stats_of(c, solver)
     else:
-        (t_end, y_end, saved, (sts, sys_)), (n_steps, n_acc, result) = _adaptive_solve(
-            f_plain, solver, mode, n_save, max_steps, adjoint, inputs)
+        (t_end, y_end, saved, (sts, sys_)), (n_steps, n_acc, result, state_fevals) = (
+            _adaptive_solve(f_plain, solver, mode, n_save, max_steps, adjoint, inputs))
     t0a, t1a = inputs["t0"], inputs["t1"]
     direction = jnp.where(t1a >= t0a, 1.0, -1.0)
     unfinished = (result == 0) & (direction * (t1a - t_end) > 0)
     result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
     # f(t0, y0) and the Euler probe of initial_step (f0 then reaches init), or init's own
     init_fevals = 2 if dt0 is None else solver.init_fevals
-    n_fevals = solver.num_fevals(n_steps, n_acc) + init_fevals
+    n_fevals = solver.num_fevals(n_steps, n_acc) + state_fevals + init_fevals
     return assemble_solution(mode, save_t0, t0a, y0, t_end, y_end, inputs["ts"], saved,
                              (sts, sys_), (n_steps, n_acc, n_fevals, t_end), result,
                              in_graph_check, t1a, max_steps)

@@ -265,6 +265,11 @@ def solve(
                             adjoint if adjoint is not None else Direct(),
                             y0, t0, t1, dt, rtol, atol, ts, args)
     else:
+        if solver.propose_step is not None:
+            raise ValueError(
+                f"{type(solver).__name__} chooses its own step size and order: give rtol/atol "
+                "(an adaptive run); dt is then only its first step"
+            )
         if dt is None:
             raise ValueError(
                 f"{type(solver).__name__} needs a step size: give dt for a fixed-step run"

@@ -14,6 +14,7 @@ import simlib as sl
 PUBLIC = [
     "AbstractAdjoint",
     "AbstractSolver",
+    "BDF",
     "Bosh3",
     "Bounded",
     "ButcherTableau",
@@ -73,9 +74,10 @@ SOLVER_ORDERS = {
     "Rosenbrock23": 2,
     "Rodas5": 5,
     "Rodas5P": 5,
+    "BDF": 1,  # variable order 1 to 5; it starts at order 1
 }
 ADAPTIVE = {"Heun", "Bosh3", "Tsit5", "Dopri5", "Dopri8", "Rosenbrock23",
-            "Rodas5", "Rodas5P"}
+            "Rodas5", "Rodas5P", "BDF"}
 SYMPLECTIC = {"SemiImplicitEuler", "VelocityVerlet", "Leapfrog", "Yoshida4", "PEFRL"}
 
 
@@ -114,7 +116,11 @@ def test_solver_order_and_reference(name):
     assert solver.symplectic == (name in SYMPLECTIC)
     # Solvers are stateless values: equal and hashable by type, usable as static args.
     assert solver == cls() and hash(solver) == hash(cls())
-    assert repr(solver) == f"{cls.__name__}()"
+    if solver.settings():  # a configurable solver (BDF) shows its settings
+        assert repr(solver).startswith(f"{cls.__name__}(")
+        assert all(f"{k}=" in repr(solver) for k, _ in solver.settings())
+    else:
+        assert repr(solver) == f"{cls.__name__}()"
 
 
 def test_result_codes():

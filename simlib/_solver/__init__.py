@@ -1,6 +1,7 @@
-"""Solvers: explicit Runge-Kutta tableaus, Rosenbrock methods and symplectic splittings."""
+"""Solvers: explicit Runge-Kutta tableaus, Rosenbrock methods, BDF and symplectic splittings."""
 
 from ._base import AbstractSolver
+from ._bdf import BDF
 from ._explicit_rk import (
     RK4,
     Bosh3,
@@ -25,6 +26,7 @@ from ._tableau import ButcherTableau
 
 __all__ = [
     "AbstractSolver",
+    "BDF",
     "ButcherTableau",
     "Bosh3",
     "Dopri5",

@@ -123,6 +123,27 @@ class AbstractSolver:
         num_fevals(n_steps, n_accepted): evaluations of ``f`` in ``n_steps`` step
             attempts of which ``n_accepted`` were accepted (``init`` excluded); by default
             ``n_steps * fevals_per_step``.
+        state_fevals(state): evaluations counted in the final carried state, added to
+            ``num_fevals`` by the adaptive driver (``0`` by default; ``BDF`` counts its
+            Newton iterations there).
+
+    Optional step control (a solver that picks its own step size and order, as
+    :class:`BDF`; every other solver keeps the driver's PI controller):
+        propose_step(h, ratio, accept, err, state, state1, rtol, atol): ``None`` by default
+            (the adaptive driver's PI controller, the carried state becoming ``state1`` if
+            the step is accepted and staying ``state`` if not). A solver that defines it
+            returns ``(factor, state_next)``: the next step is ``factor * h`` and the
+            solver itself chooses the state carried on (``state`` before the attempt,
+            ``state1`` from it; e.g. a new order, or a Jacobian kept after a rejection).
+            ``ratio`` is the driver's error ratio (``inf`` for a failed or non-finite step).
+            Such a solver needs tolerances, so it runs under the adaptive driver only.
+        set_tolerances(state, rtol, atol): the state after ``init`` for a run at these
+            tolerances (called once by the adaptive driver; the identity by default), for
+            a solver whose ``step`` needs them (a Newton tolerance in units of the error).
+        multistep: ``True`` when ``step`` depends on a history carried in the state (not
+            only on ``(t, y)``): the reverse-mode replay of ``SaveAt(ts=...)`` then records
+            each step's dense data rather than rebuilding it with ``step`` from ``init``,
+            and such a solver's ``interpolate`` must not use its ``y1`` argument.
 
     Solvers are static arguments of the compiled cores, so they compare and hash by their
     class and their settings (:meth:`settings`: every instance attribute, which must be
@@ -138,12 +159,18 @@ class AbstractSolver:
     reference: str = ""
     fevals_per_step: int = 0
     init_fevals: int = 0
+    multistep: bool = False
+    propose_step = None  # optional step-control hook (see above); None: the PI controller
 
     def init(self, f: VectorField, t, y: PyTree, args, f0: PyTree = None) -> PyTree:
         return None
 
     def step(self, f: VectorField, t, y: PyTree, h, args, state: PyTree):
         raise NotImplementedError
+
+    def set_tolerances(self, state: PyTree, rtol, atol) -> PyTree:
+        """The carried state for a run at ``rtol``/``atol`` (the identity by default)."""
+        return state
 
     def error_ratio(self, y: PyTree, y1: PyTree, err: PyTree, h, rtol, atol) -> jax.Array:
         """RMS norm of ``err / (atol + rtol max(|y|, |y1|))`` (Hairer et al. II.4)."""
@@ -158,6 +185,12 @@ class AbstractSolver:
 
     def num_fevals(self, n_steps, n_accepted):
         return n_steps * self.fevals_per_step
+
+    def state_fevals(self, state: PyTree):
+        """Evaluations of ``f`` counted in the final carried state (``0`` by default),
+        added by the adaptive driver to :meth:`num_fevals`: for a solver whose evaluations
+        per step vary (Newton iterations)."""
+        return 0
 
     def settings(self) -> tuple:
         """``(name, value)`` pairs that, with the class, identify the solver: its instance

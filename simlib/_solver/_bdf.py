@@ -1,0 +1,362 @@
+"""Variable-order, variable-step BDF/NDF in the quasi-constant step-size form.
+
+The method of MATLAB's ``ode15s`` and scipy's ``BDF``: L. F. Shampine and M. W. Reichelt,
+The MATLAB ODE suite, SIAM J. Sci. Comput. 18 (1997) 1-22, section 2, with the modified
+divided differences of G. D. Byrne and A. C. Hindmarsh, A polyalgorithm for the numerical
+solution of ordinary differential equations, ACM TOMS 1 (1975) 71-96.
+
+The solution is carried as the backward differences ``D_j = nabla^j y_n`` (``j = 0..k``)
+for a constant step ``h``. The order-``k`` numerical differentiation formula (NDF) is
+
+    sum_{j=1}^{k} (1/j) nabla^j y_{n+1} = h f(t_{n+1}, y_{n+1}) + kappa_k gamma_k
+                                           (y_{n+1} - y_{n+1}^(0)),
+
+``gamma_k = sum_{j=1}^{k} 1/j``, ``kappa_k`` of the paper's Table 1 (``kappa = 0``: BDF).
+With the predictor ``y^(0) = sum_{j<=k} D_j`` and the correction ``d = y_{n+1} - y^(0)``
+it reads ``d - c f(t_{n+1}, y^(0) + d) + psi = 0`` with ``alpha_k = (1 - kappa_k)
+gamma_k``, ``c = h / alpha_k`` and ``psi = sum_{j=1}^{k} gamma_j D_j / alpha_k``, solved by
+simplified Newton with the matrix ``I - c J``. The local error is ``(kappa_k gamma_k +
+1/(k+1)) d``; the error of orders ``k - 1`` and ``k + 1`` come from ``D_k`` and
+``nabla^{k+2} y``. When the step changes by ``rho`` the differences are rescaled,
+``D <- (R U)^T D`` (Shampine and Reichelt, section 2.2), and ``J`` and the LU factors
+of ``I - c J`` are kept from step to step while Newton converges.
+
+The driver's PI controller is bypassed: :meth:`BDF.propose_step` picks the order (among
+``k - 1``, ``k``, ``k + 1``, after ``k + 1`` steps of equal size) and the step factor.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.flatten_util import ravel_pytree
+from jax.scipy.linalg import lu_factor
+
+from ._base import AbstractSolver, PyTree, VectorField, register_static, safe_sqrt
+from ._implicit import check_jac, flat_field, jacobian, newton
+
+MAX_ORDER = 5
+_ROWS = MAX_ORDER + 3  # D_0 .. D_{k+2}
+# Shampine and Reichelt (1997), Table 1: the NDF's kappa (zero for order 5, as in ode15s)
+_KAPPA = np.array([0.0, -0.1850, -1.0 / 9.0, -0.0823, -0.0415, 0.0])
+_GAMMA = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, MAX_ORDER + 1))])
+_SAFETY = 0.9
+_MIN_FACTOR = 0.2
+_MAX_FACTOR = 10.0
+
+
+class BDFState(NamedTuple):
+    """The history and linear algebra carried by :class:`BDF` from step to step.
+
+    Attributes:
+        D: ``(MAX_ORDER + 3, n)`` modified divided differences, for the step ``h``.
+        order: Current order ``k``.
+        h: The step size ``D`` is scaled for.
+        n_equal: Steps taken at this size and order (an order change needs ``k + 1``).
+        J: ``df/dy`` (the last one evaluated).
+        lu: LU factors of ``I - c J``; ``c_lu`` the ``c`` they were built for.
+        jac_current: Whether ``J`` was evaluated at this step (no refresh on failure).
+        n_jac, n_lu, n_newton: Counters (Jacobians, factorisations, Newton iterations).
+        rtol, atol: Tolerances (set by the adaptive driver, :meth:`BDF.set_tolerances`).
+    """
+
+    D: jax.Array
+    order: jax.Array
+    h: jax.Array
+    n_equal: jax.Array
+    J: jax.Array
+    lu: tuple
+    c_lu: jax.Array
+    jac_current: jax.Array
+    n_jac: jax.Array
+    n_lu: jax.Array
+    n_newton: jax.Array
+    rtol: jax.Array
+    atol: jax.Array
+
+
+class BDFError(NamedTuple):
+    """A step's error data: the local error estimate (flat), Newton's outcome, the
+    iterations it took and the scale ``atol + rtol |y_{n+1}|``."""
+
+    error: jax.Array
+    newton_failed: jax.Array
+    iterations: jax.Array
+    y1: jax.Array
+
+
+def _rescale_matrix(order, factor, dtype):
+    """``(R U)`` of Shampine and Reichelt (1997), section 2.2, as a ``(_ROWS, _ROWS)``
+    matrix: the ``(k+1) x (k+1)`` block for the order ``k`` and the identity elsewhere.
+
+    ``R_{ij} = prod_{l=1}^{i} (l - 1 - rho j) / l`` (``R_{0j} = 1``) for the factor ``rho``,
+    ``U`` the same with ``rho = 1``; ``D <- (R U)^T D`` re-expresses the interpolating
+    polynomial's differences for the step ``rho h``.
+    """
+    i = np.arange(_ROWS)[:, None]
+    j = np.arange(_ROWS)[None, :]
+
+    def r_matrix(rho):
+        m = jnp.where((i >= 1) & (j >= 1), (i - 1 - rho * j) / np.maximum(i, 1), 0.0)
+        m = jnp.where(i == 0, 1.0, m)
+        return jnp.cumprod(m.astype(dtype), axis=0)
+
+    block = (i <= order) & (j <= order)
+    eye = jnp.eye(_ROWS, dtype=dtype)
+    r = jnp.where(block, r_matrix(factor), eye)
+    u = jnp.where(block, r_matrix(jnp.asarray(1.0, dtype)), eye)
+    return r @ u
+
+
+def _rms(x, scale):
+    return safe_sqrt(jnp.mean(jnp.square(x / scale)))
+
+
+class BDF(AbstractSolver):
+    """Variable-order (1 to ``max_order`` <= 5), variable-step NDF/BDF in quasi-constant
+    step-size form (Shampine and Reichelt 1997, the method of ``ode15s`` and scipy's
+    ``BDF``), for stiff problems, large ones especially.
+
+    One Jacobian (``jac``: ``"fwd"``, ``"rev"`` or a callable ``jac(t, y, args)``) and one
+    LU factorisation of ``I - c J`` are reused across steps: ``J`` is re-evaluated only when
+    Newton fails or converges too slowly, the LU when the step size or the order changes.
+    A step whose Newton iteration fails with a fresh ``J`` is rejected and the step halved.
+
+    Args:
+        max_order: The highest order used (1 to 5); ``max_order = 1`` is an NDF(1), a
+            variant of backward Euler.
+        jac: How to get ``df/dy``.
+        ndf: The numerical differentiation formulas (``True``, ode15s's default) or the
+            plain BDFs (``False``, ``kappa = 0``).
+        newton_max_iters: Newton iterations per attempt before a Jacobian refresh.
+    """
+
+    order = 1  # the order it starts at (and the first step's size is chosen for)
+    adaptive = True
+    multistep = True
+    reference = (
+        "L. F. Shampine and M. W. Reichelt, The MATLAB ODE suite, SIAM J. Sci. Comput. 18 "
+        "(1997) 1-22; G. D. Byrne and A. C. Hindmarsh, ACM TOMS 1 (1975) 71-96"
+    )
+
+    def __init__(self, max_order: int = MAX_ORDER, jac="fwd", ndf: bool = True,
+                 newton_max_iters: int = 4):
+        if not isinstance(max_order, int) or not 1 <= max_order <= MAX_ORDER:
+            raise ValueError(f"max_order must be an int from 1 to {MAX_ORDER}; got {max_order!r}")
+        if not isinstance(newton_max_iters, int) or newton_max_iters < 1:
+            raise ValueError(f"newton_max_iters must be a positive int; got {newton_max_iters!r}")
+        self.max_order = max_order
+        self.jac = check_jac(jac)
+        self.ndf = bool(ndf)
+        self.newton_max_iters = newton_max_iters
+
+    # ------------------------------------------------------------------ coefficients
+    def _coefficients(self, dtype):
+        kappa = _KAPPA if self.ndf else np.zeros_like(_KAPPA)
+        alpha = (1.0 - kappa) * _GAMMA
+        error_const = kappa * _GAMMA + 1.0 / np.arange(1, MAX_ORDER + 2)
+        return (jnp.asarray(_GAMMA, dtype), jnp.asarray(alpha, dtype),
+                jnp.asarray(error_const, dtype))
+
+    # ------------------------------------------------------------------ protocol
+    def init(self, f: VectorField, t, y: PyTree, args, f0: PyTree = None) -> BDFState:
+        g, v, unravel = flat_field(f, y, args)
+        dtype = v.dtype
+        n = v.size
+        f0v = g(t, v) if f0 is None else ravel_pytree(f0)[0].astype(dtype)
+        D = jnp.zeros((_ROWS, n), dtype).at[0].set(v)
+        # D_1 = h f0 for the step h: stored for h = 1 and rescaled to the first step
+        D = D.at[1].set(f0v)
+        J = lax.stop_gradient(jacobian(self.jac, g, f, t, v, unravel, args))
+        lu = lu_factor(jnp.eye(n, dtype=dtype))
+        nan = jnp.asarray(jnp.nan, dtype)
+        zero = jnp.asarray(0, jnp.int32)
+        return BDFState(D=D, order=jnp.asarray(1, jnp.int32), h=jnp.asarray(1.0, dtype),
+                        n_equal=zero, J=J, lu=lu, c_lu=nan,
+                        jac_current=jnp.asarray(True), n_jac=jnp.asarray(1, jnp.int32),
+                        n_lu=zero, n_newton=zero, rtol=jnp.asarray(1e-3, dtype),
+                        atol=jnp.asarray(1e-6, dtype))
+
+    @property
+    def init_fevals(self) -> int:
+        return 1
+
+    def set_tolerances(self, state: BDFState, rtol, atol) -> BDFState:
+        dtype = state.D.dtype
+        return state._replace(rtol=jnp.asarray(rtol, dtype), atol=jnp.asarray(atol, dtype))
+
+    def step(self, f: VectorField, t, y: PyTree, h, args, state: BDFState):
+        g, v, unravel = flat_field(f, y, args)
+        dtype = v.dtype
+        n = v.size
+        gamma, alpha, error_const = self._coefficients(dtype)
+        hh = jnp.asarray(h, dtype)
+        k = state.order
+        rows = jnp.arange(_ROWS)[:, None]
+
+        # 1. the differences for this step size
+        changed = hh != state.h
+        rho = hh / jnp.where(state.h == 0, 1.0, state.h)
+        D = jnp.where(changed, _rescale_matrix(k, rho, dtype).T @ state.D, state.D)
+        n_equal = jnp.where(changed, 0, state.n_equal)
+
+        # 2. predictor and the corrector's constant part
+        t_new = t + h
+        y_pred = jnp.sum(jnp.where(rows <= k, D, 0.0), axis=0)
+        scale = state.atol + state.rtol * jnp.abs(y_pred)
+        a_k = alpha[k]
+        gamma_rows = jnp.concatenate([gamma, jnp.zeros(_ROWS - gamma.size, dtype)])[:, None]
+        psi = jnp.sum(jnp.where((rows >= 1) & (rows <= k), gamma_rows * D, 0.0), axis=0) / a_k
+        c = hh / a_k
+        eps = jnp.finfo(dtype).eps
+        newton_tol = jnp.maximum(10 * eps / state.rtol, jnp.minimum(0.03, jnp.sqrt(state.rtol)))
+
+        eye = jnp.eye(n, dtype=dtype)
+        refactor = c != state.c_lu
+        lu = lax.cond(refactor, lambda: lu_factor(eye - c * state.J), lambda: state.lu)
+        lu = jax.tree_util.tree_map(lax.stop_gradient, lu)
+
+        def residual(d):
+            return d + psi - c * g(t_new, y_pred + d)
+
+        # Newton runs on values cut from the autodiff graph (its while_loop is not
+        # reverse-differentiable); lax.custom_root then gives the converged correction
+        # its derivatives by the implicit function theorem, with the exact I - c J(y*).
+        sg = lax.stop_gradient
+        g_sg, _, _ = flat_field(f, y, jax.tree_util.tree_map(sg, args))
+        t_sg, y_pred_sg, psi_sg, c_sg = sg(t_new), sg(y_pred), sg(psi), sg(c)
+        scale_sg = sg(scale)
+
+        def residual_sg(d):
+            return d + psi_sg - c_sg * g_sg(t_sg, y_pred_sg + d)
+
+        def attempt(lu_):
+            return newton(residual_sg, lu_, jnp.zeros_like(y_pred_sg), scale_sg,
+                          tol=sg(newton_tol), max_iters=self.newton_max_iters)
+
+        first = attempt(lu)
+        refreshed = ~first.converged & ~state.jac_current
+
+        def refresh():
+            J_ = sg(jacobian(self.jac, g_sg, f, t_sg, y_pred_sg, unravel,
+                             jax.tree_util.tree_map(sg, args)))
+            lu_ = lu_factor(eye - c_sg * J_)
+            return J_, lu_, attempt(lu_)
+
+        J, lu, second = lax.cond(refreshed, refresh, lambda: (state.J, lu, first))
+        converged = second.converged
+        iterations = first.iterations + jnp.where(refreshed, second.iterations, 0)
+
+        def tangent_solve(lin, b):  # (I - c J(y*)) x = b at the converged correction
+            return jnp.linalg.solve(jax.jacfwd(lin)(b), b)
+
+        d = lax.custom_root(residual, jnp.zeros_like(y_pred), lambda _, __: second.z,
+                            tangent_solve)
+        y_new = y_pred + d
+        error = error_const[k] * d
+
+        # 3. the differences after the step (used only if the step is accepted)
+        d_k1 = jnp.sum(jnp.where(rows == k + 1, D, 0.0), axis=0)
+        D1 = jnp.where(rows == k + 2, d - d_k1, D)
+        D1 = jnp.where(rows == k + 1, d, D1)
+        below = jnp.where(rows <= k + 1, D1, 0.0)
+        tail = jnp.flip(jnp.cumsum(jnp.flip(below, 0), axis=0), 0)
+        D1 = jnp.where(rows <= k, tail, D1)
+
+        state1 = BDFState(
+            D=D1, order=k, h=hh, n_equal=n_equal + 1, J=J, lu=lu, c_lu=c,
+            jac_current=refreshed | state.jac_current,
+            n_jac=state.n_jac + refreshed.astype(jnp.int32),
+            n_lu=state.n_lu + refactor.astype(jnp.int32) + refreshed.astype(jnp.int32),
+            n_newton=state.n_newton + iterations, rtol=state.rtol, atol=state.atol)
+        err = BDFError(error=error, newton_failed=~converged, iterations=iterations,
+                       y1=y_new)
+        dense = jnp.where(rows[: MAX_ORDER + 1] <= k, D1[: MAX_ORDER + 1], 0.0)
+        return unravel(y_new), err, dense, state1
+
+    def error_ratio(self, y: PyTree, y1: PyTree, err: BDFError, h, rtol, atol):
+        """RMS norm of the local error over ``atol + rtol |y_{n+1}|`` (as scipy's BDF)."""
+        ratio = _rms(err.error, atol + rtol * jnp.abs(err.y1))
+        return jnp.where(err.newton_failed, jnp.inf, ratio)
+
+    def step_failed(self, err: BDFError):
+        return err.newton_failed
+
+    def propose_step(self, h, ratio, accept, err: BDFError, state: BDFState,
+                     state1: BDFState, rtol, atol):
+        """The next step's factor and carried state (Shampine and Reichelt 1997, 2.3).
+
+        Rejected: the old differences with the newest ``J``/LU, and the factor
+        ``max(0.2, s r^(-1/(k+1)))`` (``0.5`` after a Newton failure) with the safety
+        ``s = 0.9 (2 m + 1) / (2 m + iterations)``, ``m`` the Newton iteration limit.
+        Accepted: the step is kept for ``k + 1`` steps; then the orders ``k - 1``, ``k``,
+        ``k + 1`` are compared by ``r_j^(-1/(j+1))`` and the largest wins (factor at most 10).
+        """
+        dtype = state1.D.dtype
+        _, _, error_const = self._coefficients(dtype)
+        m = self.newton_max_iters
+        safety = _SAFETY * (2 * m + 1) / (2 * m + err.iterations.astype(dtype))
+        k = state1.order
+        ratio = jnp.asarray(ratio, dtype)
+        kf = k.astype(dtype)
+        finite = jnp.isfinite(ratio)  # double where: no nan gradient from inf ** p
+        r = jnp.where(finite, jnp.maximum(ratio, 1e-10), 1.0)
+        rejected_factor = jnp.where(
+            err.newton_failed, 0.5,
+            jnp.where(finite, jnp.maximum(_MIN_FACTOR, safety * r ** (-1 / (kf + 1))),
+                      _MIN_FACTOR))
+
+        rows = jnp.arange(_ROWS)[:, None]
+        scale = jnp.asarray(atol, dtype) + jnp.asarray(rtol, dtype) * jnp.abs(state1.D[0])
+        d_k = jnp.sum(jnp.where(rows == k, state1.D, 0.0), axis=0)
+        d_k2 = jnp.sum(jnp.where(rows == k + 2, state1.D, 0.0), axis=0)
+        tiny = jnp.asarray(1e-10, dtype)
+        norm_m = jnp.where(k > 1, _rms(error_const[k - 1] * d_k, scale), jnp.inf)
+        norm_p = jnp.where(k < self.max_order,
+                           _rms(error_const[jnp.minimum(k + 1, MAX_ORDER)] * d_k2, scale),
+                           jnp.inf)
+        norms = jnp.maximum(jnp.stack([norm_m, ratio, norm_p]), tiny)
+        usable = jnp.isfinite(norms)
+        factors = jnp.where(usable, norms, 1.0) ** (-1.0 / (kf + jnp.arange(3, dtype=dtype)))
+        factors = jnp.where(usable, factors, 0.0)
+        best = jnp.argmax(factors)
+        change = state1.n_equal >= k + 1
+        accepted_factor = jnp.where(change, jnp.minimum(_MAX_FACTOR, safety * factors[best]),
+                                    1.0)
+        new_order = jnp.where(change, k + best.astype(jnp.int32) - 1, k)
+
+        kept = state._replace(J=state1.J, lu=state1.lu, c_lu=state1.c_lu,
+                              jac_current=state1.jac_current, n_jac=state1.n_jac,
+                              n_lu=state1.n_lu, n_newton=state1.n_newton)
+        accepted = state1._replace(order=new_order, jac_current=jnp.asarray(False))
+        new_state = jax.tree_util.tree_map(lambda a, b: jnp.where(accept, a, b), accepted,
+                                           kept)
+        factor = jnp.where(accept, accepted_factor, rejected_factor)
+        return factor.astype(jnp.result_type(h)), new_state
+
+    def interpolate(self, f: VectorField, args, t, y: PyTree, h, y1: PyTree, dense, theta):
+        """``y(t + theta h)`` from the interpolating polynomial through the differences:
+        ``sum_j D_j prod_{i<j} (theta - 1 + i) / (i + 1)``."""
+        _, unravel = ravel_pytree(y)
+        th = jnp.asarray(theta, dense.dtype)
+        i = jnp.arange(MAX_ORDER, dtype=dense.dtype)
+        weights = jnp.concatenate([jnp.ones((1,), dense.dtype),
+                                   jnp.cumprod((th - 1 + i) / (i + 1))])
+        return unravel(weights @ dense)
+
+    def num_fevals(self, n_steps, n_accepted):
+        """None per se: every evaluation is a Newton iteration, counted in the state."""
+        return 0 * n_steps
+
+    def state_fevals(self, state: BDFState):
+        """The Newton iterations of every attempt (one evaluation of ``f`` each); the
+        Jacobians (``state.n_jac``, a ``jacfwd`` or ``jacrev`` each) are not counted."""
+        return state.n_newton
+
+
+BDF.__module__ = "simlib"
+register_static(BDF)
