@@ -75,11 +75,6 @@ class _Rosenbrock(AbstractSolver):
     def __init__(self, jac: str | Callable = "fwd"):
         self.jac = check_jac(jac)
 
-    def __repr__(self) -> str:  # the default Jacobian is left out, as a default argument
-        inner = ", ".join(f"{k}={v!r}" for k, v in self.settings()
-                          if not (k == "jac" and v == "fwd"))
-        return f"{type(self).__name__}({inner})"
-
     def _linearise(self, f, t, y, args):
         """``g`` (flat field), ``v`` (flat ``y``), ``unravel``, ``J = df/dy``, ``T = df/dt``."""
         g, v, unravel = flat_field(f, y, args)
