@@ -14,6 +14,7 @@ import simlib as sl
 PUBLIC = [
     "AbstractAdjoint",
     "AbstractSolver",
+    "BackwardEuler",
     "Bosh3",
     "Bounded",
     "ButcherTableau",
@@ -27,6 +28,9 @@ PUBLIC = [
     "ForwardMode",
     "Heun",
     "Identity",
+    "ImplicitMidpoint",
+    "Kvaerno3",
+    "Kvaerno5",
     "Leapfrog",
     "Midpoint",
     "PEFRL",
@@ -69,8 +73,13 @@ SOLVER_ORDERS = {
     "Yoshida4": 4,
     "PEFRL": 4,
     "Rosenbrock23": 2,
+    "Kvaerno3": 3,
+    "Kvaerno5": 5,
+    "BackwardEuler": 1,
+    "ImplicitMidpoint": 2,
 }
-ADAPTIVE = {"Heun", "Bosh3", "Tsit5", "Dopri5", "Dopri8", "Rosenbrock23"}
+ADAPTIVE = {"Heun", "Bosh3", "Tsit5", "Dopri5", "Dopri8", "Rosenbrock23",
+            "Kvaerno3", "Kvaerno5"}
 SYMPLECTIC = {"SemiImplicitEuler", "VelocityVerlet", "Leapfrog", "Yoshida4", "PEFRL"}
 
 

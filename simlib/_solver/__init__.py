@@ -13,6 +13,7 @@ from ._explicit_rk import (
     Tsit5,
 )
 from ._rosenbrock import Rosenbrock23
+from ._sdirk import BackwardEuler, ImplicitMidpoint, Kvaerno3, Kvaerno5
 from ._symplectic import (
     PEFRL,
     Leapfrog,
@@ -25,6 +26,7 @@ from ._tableau import ButcherTableau
 
 __all__ = [
     "AbstractSolver",
+    "BackwardEuler",
     "ButcherTableau",
     "Bosh3",
     "Dopri5",
@@ -32,6 +34,9 @@ __all__ = [
     "Euler",
     "ExplicitRungeKutta",
     "Heun",
+    "ImplicitMidpoint",
+    "Kvaerno3",
+    "Kvaerno5",
     "Leapfrog",
     "Midpoint",
     "PEFRL",
