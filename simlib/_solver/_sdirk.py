@@ -71,11 +71,19 @@ class _ImplicitRK(AbstractSolver):
         newton_rtol, newton_atol: Newton stops when its predicted remaining error, in RMS
             norm relative to ``newton_atol + newton_rtol |y|``, is at most one. ``None``:
             ``max(1e-10, 100 eps)`` of the state's dtype.
-        max_newton_iters: Newton iterations per stage before the step fails.
+        max_newton_iters: Newton iterations per stage before the step fails (``None``:
+            10 for the adaptive methods, where a failure only rejects the step, and 20 for
+            the fixed-step ones, where it ends the run). The rate test also fails the
+            iteration early when ``max_newton_iters`` cannot reach the tolerance at the
+            observed contraction rate.
     """
 
+    default_newton_iters = 10
+
     def __init__(self, jac="fwd", newton_rtol: float | None = None,
-                 newton_atol: float | None = None, max_newton_iters: int = 10):
+                 newton_atol: float | None = None, max_newton_iters: int | None = None):
+        if max_newton_iters is None:
+            max_newton_iters = self.default_newton_iters
         self.jac = check_jac(jac)
         self.newton_rtol = _check_tol(newton_rtol, "newton_rtol")
         self.newton_atol = _check_tol(newton_atol, "newton_atol")
@@ -86,7 +94,7 @@ class _ImplicitRK(AbstractSolver):
         self.max_newton_iters = int(max_newton_iters)
 
     def __repr__(self) -> str:
-        defaults = _ImplicitRK().settings()
+        defaults = type(self)().settings()
         inner = ", ".join(f"{k}={v!r}" for k, v in self.settings() if (k, v) not in defaults)
         return f"{type(self).__name__}({inner})"
 
@@ -273,6 +281,7 @@ class _OneStage(_ImplicitRK):
 
     adaptive = False
     fevals_per_step = 1
+    default_newton_iters = 20
     gamma: float = 1.0
 
     def step(self, f: VectorField, t, y: PyTree, h, args, state: PyTree):
