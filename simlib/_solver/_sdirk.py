@@ -70,7 +70,8 @@ class _ImplicitRK(AbstractSolver):
             flattened state.
         newton_rtol, newton_atol: Newton stops when its predicted remaining error, in RMS
             norm relative to ``newton_atol + newton_rtol |y|``, is at most one. ``None``:
-            ``max(1e-10, 100 eps)`` of the state's dtype.
+            ``max(1e-10, 100 eps)`` of the state's dtype. Floored at the round-off
+            ``10 eps (|y| + |h gamma f|)`` of a stage residual.
         max_newton_iters: Newton iterations per stage before the step fails (``None``:
             10 for the adaptive methods, where a failure only rejects the step, and 20 for
             the fixed-step ones, where it ends the run). The rate test also fails the
@@ -98,20 +99,27 @@ class _ImplicitRK(AbstractSolver):
         inner = ", ".join(f"{k}={v!r}" for k, v in self.settings() if (k, v) not in defaults)
         return f"{type(self).__name__}({inner})"
 
-    def _newton_scale(self, v: jax.Array) -> jax.Array:
-        default = max(1e-10, 100 * float(jnp.finfo(v.dtype).eps))
+    def _newton_scale(self, v: jax.Array, change: jax.Array) -> jax.Array:
+        """``newton_atol + newton_rtol |v|``, at least ``10 eps (|v| + |change|)``: the
+        round-off in evaluating a stage residual whose terms are about ``v`` and
+        ``change`` (``h gamma f``), which no tolerance below it could ever meet."""
+        eps = float(jnp.finfo(v.dtype).eps)
+        default = max(1e-10, 100 * eps)
         rtol = default if self.newton_rtol is None else self.newton_rtol
         atol = default if self.newton_atol is None else self.newton_atol
-        return lax.stop_gradient(atol + rtol * jnp.abs(v))
+        floor = 10 * eps * (jnp.abs(v) + jnp.abs(change))
+        return lax.stop_gradient(jnp.maximum(atol + rtol * jnp.abs(v), floor))
 
-    def _setup(self, f, t, y, h, args, gamma):
-        """The flattened field, state, ``h`` and the LU of ``I - h gamma J(t, y)``."""
+    def _setup(self, f, t, y, h, args, gamma, k=None):
+        """The flattened field, state, ``h``, the LU of ``I - h gamma J(t, y)`` and the
+        Newton scale (``k``: ``f(t, y)`` flattened, when known)."""
         g, v, unravel = flat_field(f, y, args)
         dtype = v.dtype
         hh = jnp.asarray(h, dtype)
         jac = lax.stop_gradient(jacobian(self.jac, g, f, t, v, unravel, args))
         lu = lu_factor(jnp.eye(v.size, dtype=dtype) - (hh * gamma) * jac)
-        return g, v, unravel, hh, lax.stop_gradient(lu), self._newton_scale(v)
+        change = jnp.zeros_like(v) if k is None else (hh * gamma) * k
+        return g, v, unravel, hh, lax.stop_gradient(lu), self._newton_scale(v, change)
 
     def _stage(self, g, ts, base, hg, z0, lu, scale):
         """Solve ``Z = base + hg g(ts, Z)``: ``(Z, converged)``, differentiable in
@@ -168,9 +176,9 @@ class ESDIRK(_ImplicitRK):
     def step(self, f: VectorField, t, y: PyTree, h, args, state: PyTree):
         """One step. Returns ``(y1, (err, newton_failed), (k_1, k_s), k_s)``."""
         gamma = self.gamma
-        g, v, unravel, hh, lu, scale = self._setup(f, t, y, h, args, gamma)
+        k_first = ravel_pytree(state)[0].astype(jnp.result_type(*jax.tree_util.tree_leaves(y)))
+        g, v, unravel, hh, lu, scale = self._setup(f, t, y, h, args, gamma, k_first)
         hg = hh * gamma
-        k_first = ravel_pytree(state)[0].astype(v.dtype)
         ks, z, ok = [k_first], v, jnp.asarray(True)
         z_prev = v
         for row in self.a:
