@@ -93,11 +93,38 @@ def test_steps_at_most_twice_radau(cls_name, name, rtol, request):
     assert steps <= 2 * radau_steps
 
 
+@functools.cache
+def run_default(name, rtol):
+    """Kvaerno5 with its default Newton tolerances."""
+    f, _, _, args, y0, t1, atol_per_rtol = PROBLEMS[name]
+    atol = rtol * atol_per_rtol
+    sol = sl.solve(f, jnp.asarray(y0), 0.0, t1, solver=sl.Kvaerno5(), rtol=rtol, atol=atol,
+                   args=args, max_steps=50_000)
+    ref, _ = scipy_run(name, 1e-12)
+    err = float(np.max(np.abs(np.asarray(sol.ys[-1]) - ref) / (atol + rtol * np.abs(ref))))
+    print(f"\nKvaerno5() {name} rtol={rtol:g}: error {err:.2f} tolerances, "
+          f"{int(sol.stats['num_steps'])} steps against Radau's {scipy_run(name, rtol)[1]}")
+    return err, int(sol.stats["num_steps"])
+
+
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_default_newton_tolerances_at_rtol_1e8(name):
+    # measured: Robertson 0.88 tolerances in 277 steps, Van der Pol 0.62 in 1232
+    err, _ = run_default(name, 1e-8)
+    assert err <= 10.0
+
+
 @pytest.mark.slow
-def test_kvaerno5_error_shrinks_with_rtol_at_10():
-    # rtol 1e-10 on Robertson: 1.51 tolerances in 1022 steps (Radau: 2010)
-    err, steps, radau = run("robertson", "Kvaerno5", 1e-10)
-    assert err <= 10.0 and steps <= 2 * radau
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_kvaerno5_at_rtol_1e10(name, request):
+    # default Newton tolerances: Robertson 1.23 tolerances in 1398 steps (Radau: 2010);
+    # Van der Pol 40 tolerances in 3229 steps (8655), and 28 with tied Newton
+    # tolerances (KAPPA), so the 10x target is missed there. Robertson with tied Newton
+    # tolerances: 1.9 tolerances but 6201 steps (3.1x Radau's).
+    if name == "van_der_pol_mu1000":
+        request.applymarker(pytest.mark.xfail(strict=True, reason="measured 40 tolerances"))
+    err, steps = run_default(name, 1e-10)
+    assert err <= 10.0 and steps <= 2 * scipy_run(name, 1e-10)[1]
 
 
 # ------------------------------------------------------------------ order, L-stability

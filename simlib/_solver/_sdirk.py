@@ -23,10 +23,13 @@ differs from the derivative of the computed one by the Newton tolerance.
 
 Newton tolerance: the solver's ``step`` does not see the ``rtol``/``atol`` of the run, so
 Newton is stopped by its own tolerances: converged when the predicted remaining error of the
-stage, measured in RMS norm relative to ``newton_atol + newton_rtol |y|``, is at most one.
-Their default, ``max(1e-10, 100 eps)`` (1e-10 in float64, 1.2e-5 in float32), keeps the
-Newton error well below the step tolerances of usual runs; loosen them (about ``0.03 *``
-the run's ``rtol``/``atol``, Hairer and Wanner's ``kappa``) for speed at loose tolerances.
+stage, measured in RMS norm relative to ``newton_atol + newton_rtol |y|`` (floored at the
+round-off ``eps (10 (|y| + |h gamma f|) + rms(y))`` of a stage residual), is at most one.
+Defaults: ``newton_rtol = max(1e-10, 100 eps)`` (1e-10 in float64, 1.2e-5 in float32) and
+``newton_atol = 0`` (the floor only), which keep the Newton error below the step
+tolerances of runs down to ``rtol`` about 1e-8 but cost iterations and rejected steps at
+loose tolerances; ``newton_rtol = 3e-4 rtol``, ``newton_atol = 3e-4 atol`` (tied to the
+run's) is cheaper there (``tests/test_sdirk.py``).
 
 Dense linear algebra (``O(n^3)`` per step): practical up to a few thousand states.
 """
@@ -70,8 +73,8 @@ class _ImplicitRK(AbstractSolver):
             flattened state.
         newton_rtol, newton_atol: Newton stops when its predicted remaining error, in RMS
             norm relative to ``newton_atol + newton_rtol |y|``, is at most one. ``None``:
-            ``max(1e-10, 100 eps)`` of the state's dtype. Floored at the round-off
-            ``10 eps (|y| + |h gamma f|)`` of a stage residual.
+            ``max(1e-10, 100 eps)`` of the state's dtype and ``0``. Floored at the
+            round-off ``eps (10 (|y| + |h gamma f|) + rms(y))`` of a stage residual.
         max_newton_iters: Newton iterations per stage before the step fails (``None``:
             10 for the adaptive methods, where a failure only rejects the step, and 20 for
             the fixed-step ones, where it ends the run). The rate test also fails the
@@ -104,10 +107,9 @@ class _ImplicitRK(AbstractSolver):
         round-off in evaluating a stage residual whose terms are about ``v`` and
         ``change`` (``h gamma f``), which no tolerance below it could ever meet."""
         eps = float(jnp.finfo(v.dtype).eps)
-        default = max(1e-10, 100 * eps)
-        rtol = default if self.newton_rtol is None else self.newton_rtol
-        atol = default if self.newton_atol is None else self.newton_atol
-        floor = 10 * eps * (jnp.abs(v) + jnp.abs(change))
+        rtol = max(1e-10, 100 * eps) if self.newton_rtol is None else self.newton_rtol
+        atol = 0.0 if self.newton_atol is None else self.newton_atol
+        floor = eps * (10 * (jnp.abs(v) + jnp.abs(change)) + jnp.sqrt(jnp.mean(jnp.square(v))))
         return lax.stop_gradient(jnp.maximum(atol + rtol * jnp.abs(v), floor))
 
     def _setup(self, f, t, y, h, args, gamma, k=None):
