@@ -253,7 +253,10 @@ def _zero_cotangent(tree):
 
 
 def is_time_symmetric(solver) -> bool:
-    """Whether a splitting method's coefficients read the same backwards."""
+    """Whether a splitting method's coefficients read the same backwards, or the solver
+    declares itself time-symmetric (``time_symmetric = True``: ``ImplicitMidpoint``)."""
+    if getattr(solver, "time_symmetric", False):
+        return True
     kicks, drifts = getattr(solver, "kicks", None), getattr(solver, "drifts", None)
     if kicks is None:
         return False

@@ -164,7 +164,7 @@ def solve(
     if isinstance(adjoint, Reversible) and not is_time_symmetric(solver):
         raise ValueError(
             f"adjoint=Reversible() needs a time-symmetric symplectic solver (VelocityVerlet, "
-            f"Yoshida4, PEFRL), got {type(solver).__name__}()"
+            f"Yoshida4, PEFRL, ImplicitMidpoint), got {type(solver).__name__}()"
         )
     if not isinstance(saveat, SaveAt):
         raise TypeError(f"saveat must be a simlib.SaveAt, got {saveat!r}")

@@ -15,6 +15,7 @@ PUBLIC = [
     "AbstractAdjoint",
     "AbstractSolver",
     "BDF",
+    "BackwardEuler",
     "Bosh3",
     "Bounded",
     "ButcherTableau",
@@ -28,6 +29,9 @@ PUBLIC = [
     "ForwardMode",
     "Heun",
     "Identity",
+    "ImplicitMidpoint",
+    "Kvaerno3",
+    "Kvaerno5",
     "Leapfrog",
     "Midpoint",
     "PEFRL",
@@ -75,9 +79,13 @@ SOLVER_ORDERS = {
     "Rodas5": 5,
     "Rodas5P": 5,
     "BDF": 1,  # variable order 1 to 5; it starts at order 1
+    "Kvaerno3": 3,
+    "Kvaerno5": 5,
+    "BackwardEuler": 1,
+    "ImplicitMidpoint": 2,
 }
 ADAPTIVE = {"Heun", "Bosh3", "Tsit5", "Dopri5", "Dopri8", "Rosenbrock23",
-            "Rodas5", "Rodas5P", "BDF"}
+            "Rodas5", "Rodas5P", "BDF", "Kvaerno3", "Kvaerno5"}
 SYMPLECTIC = {"SemiImplicitEuler", "VelocityVerlet", "Leapfrog", "Yoshida4", "PEFRL"}
 
 

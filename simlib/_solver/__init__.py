@@ -14,6 +14,7 @@ from ._explicit_rk import (
     Tsit5,
 )
 from ._rosenbrock import Rodas5, Rodas5P, Rosenbrock23
+from ._sdirk import BackwardEuler, ImplicitMidpoint, Kvaerno3, Kvaerno5
 from ._symplectic import (
     PEFRL,
     Leapfrog,
@@ -27,6 +28,7 @@ from ._tableau import ButcherTableau
 __all__ = [
     "AbstractSolver",
     "BDF",
+    "BackwardEuler",
     "ButcherTableau",
     "Bosh3",
     "Dopri5",
@@ -34,6 +36,9 @@ __all__ = [
     "Euler",
     "ExplicitRungeKutta",
     "Heun",
+    "ImplicitMidpoint",
+    "Kvaerno3",
+    "Kvaerno5",
     "Leapfrog",
     "Midpoint",
     "PEFRL",

@@ -1,0 +1,348 @@
+"""Diagonally implicit Runge-Kutta methods solved by simplified Newton.
+
+A (singly) diagonally implicit Runge-Kutta method with diagonal ``gamma`` computes its
+stages one after the other: with ``k_j = f(t + c_j h, Z_j)``, stage ``i`` solves
+
+    Z_i = y + h sum_{j<i} a_ij k_j + h gamma f(t + c_i h, Z_i)             (*)
+
+for ``Z_i``. Every stage shares the iteration matrix ``M = I - h gamma J``, ``J = df/dy``
+at the start of the step, so one Jacobian and one LU factorisation serve the whole step:
+each stage runs the simplified Newton iteration of :func:`~simlib._solver._implicit.newton`
+(Hairer and Wanner, *Solving ODEs II*, 2nd ed., 1996, IV.8) from the previous stage's value,
+and ``k_i = (Z_i - y - h sum_{j<i} a_ij k_j) / (h gamma)`` is taken from the converged
+stage (no extra evaluation of ``f``, and no amplification of the Newton error by the stiff
+``h J``). A stage whose Newton iteration does not converge fails the step
+(``step_failed``): an adaptive run rejects it and retries with a smaller step, a
+fixed-step run reports ``Result.NEWTON_FAILED``.
+
+Gradients: reverse mode cannot go through the Newton ``while_loop``, so each converged
+stage is made differentiable by the implicit function theorem (``lax.custom_root``): the
+tangent of ``Z_i`` solves ``(I - h gamma df/dy(Z_i)) dZ_i = d(rhs)`` with the exact
+Jacobian at the converged stage. This is the derivative of the exact stage solution; it
+differs from the derivative of the computed one by the Newton tolerance.
+
+Newton tolerance: the solver's ``step`` does not see the ``rtol``/``atol`` of the run, so
+Newton is stopped by its own tolerances: converged when the predicted remaining error of the
+stage, measured in RMS norm relative to ``newton_atol + newton_rtol |y|`` (floored at the
+round-off ``eps (10 (|y| + |h gamma f|) + rms(y))`` of a stage residual), is at most one.
+Defaults: ``newton_rtol = max(1e-10, 100 eps)`` (1e-10 in float64, 1.2e-5 in float32) and
+``newton_atol = 0`` (the floor only), which keep the Newton error below the step
+tolerances of runs down to ``rtol`` about 1e-8 but cost iterations and rejected steps at
+loose tolerances; ``newton_rtol = 3e-4 rtol``, ``newton_atol = 3e-4 atol`` (tied to the
+run's) is cheaper there (``tests/test_sdirk.py``).
+
+Dense linear algebra (``O(n^3)`` per step): practical up to a few thousand states.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.flatten_util import ravel_pytree
+from jax.scipy.linalg import lu_factor
+
+from ._base import AbstractSolver, PyTree, VectorField, register_static
+from ._implicit import check_jac, flat_field, jacobian, newton
+
+
+def _check_tol(value, name: str):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | np.floating) or not (
+            math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite float or None, got {value!r}")
+    return float(value)
+
+
+def _safe_div(x, d):
+    """``x / d`` with ``0`` where ``d == 0`` (and no nan in its gradient)."""
+    nonzero = d != 0
+    return jnp.where(nonzero, x / jnp.where(nonzero, d, 1.0), 0.0)
+
+
+class _ImplicitRK(AbstractSolver):
+    """Settings and the Newton stage solve shared by the diagonally implicit methods.
+
+    Args:
+        jac: ``"fwd"`` (``jax.jacfwd``, the default), ``"rev"`` (``jax.jacrev``) or a
+            callable ``jac(t, y, args)`` returning ``df/dy`` as an ``(n, n)`` array on the
+            flattened state.
+        newton_rtol, newton_atol: Newton stops when its predicted remaining error, in RMS
+            norm relative to ``newton_atol + newton_rtol |y|``, is at most one. ``None``:
+            ``max(1e-10, 100 eps)`` of the state's dtype and ``0``. Floored at the
+            round-off ``eps (10 (|y| + |h gamma f|) + rms(y))`` of a stage residual.
+        max_newton_iters: Newton iterations per stage before the step fails (``None``:
+            10 for the adaptive methods, where a failure only rejects the step, and 20 for
+            the fixed-step ones, where it ends the run). The rate test also fails the
+            iteration early when ``max_newton_iters`` cannot reach the tolerance at the
+            observed contraction rate.
+    """
+
+    default_newton_iters = 10
+
+    def __init__(self, jac="fwd", newton_rtol: float | None = None,
+                 newton_atol: float | None = None, max_newton_iters: int | None = None):
+        if max_newton_iters is None:
+            max_newton_iters = self.default_newton_iters
+        self.jac = check_jac(jac)
+        self.newton_rtol = _check_tol(newton_rtol, "newton_rtol")
+        self.newton_atol = _check_tol(newton_atol, "newton_atol")
+        if isinstance(max_newton_iters, bool) or not isinstance(
+                max_newton_iters, int | np.integer) or max_newton_iters < 1:
+            raise ValueError(
+                f"max_newton_iters must be a positive integer, got {max_newton_iters!r}")
+        self.max_newton_iters = int(max_newton_iters)
+
+    def __repr__(self) -> str:
+        defaults = type(self)().settings()
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.settings() if (k, v) not in defaults)
+        return f"{type(self).__name__}({inner})"
+
+    def _newton_scale(self, v: jax.Array, change: jax.Array) -> jax.Array:
+        """``newton_atol + newton_rtol |v|``, at least ``10 eps (|v| + |change|)``: the
+        round-off in evaluating a stage residual whose terms are about ``v`` and
+        ``change`` (``h gamma f``), which no tolerance below it could ever meet."""
+        eps = float(jnp.finfo(v.dtype).eps)
+        rtol = max(1e-10, 100 * eps) if self.newton_rtol is None else self.newton_rtol
+        atol = 0.0 if self.newton_atol is None else self.newton_atol
+        floor = eps * (10 * (jnp.abs(v) + jnp.abs(change)) + jnp.sqrt(jnp.mean(jnp.square(v))))
+        return lax.stop_gradient(jnp.maximum(atol + rtol * jnp.abs(v), floor))
+
+    def _setup(self, f, t, y, h, args, gamma, k=None):
+        """The flattened field, state, ``h``, the LU of ``I - h gamma J(t, y)`` and the
+        Newton scale (``k``: ``f(t, y)`` flattened, when known)."""
+        g, v, unravel = flat_field(f, y, args)
+        dtype = v.dtype
+        hh = jnp.asarray(h, dtype)
+        jac = lax.stop_gradient(jacobian(self.jac, g, f, t, v, unravel, args))
+        lu = lu_factor(jnp.eye(v.size, dtype=dtype) - (hh * gamma) * jac)
+        change = jnp.zeros_like(v) if k is None else (hh * gamma) * k
+        return g, v, unravel, hh, lax.stop_gradient(lu), self._newton_scale(v, change)
+
+    def _stage(self, g, ts, base, hg, z0, lu, scale):
+        """Solve ``Z = base + hg g(ts, Z)``: ``(Z, converged)``, differentiable in
+        ``base``, ``hg``, ``ts`` and whatever ``g`` closes over by the implicit function
+        theorem."""
+        max_iters = self.max_newton_iters
+
+        def residual(z):
+            return z - base - hg * g(ts, z)
+
+        def solve(fun, x0):
+            res = newton(fun, lu, x0, scale, tol=1.0, max_iters=max_iters)
+            # the flag travels as a float: custom_root gives a bool aux a bool tangent
+            return res.z, res.converged.astype(z0.dtype)
+
+        def tangent_solve(lin, rhs):
+            return jnp.linalg.solve(jax.jacfwd(lin)(rhs), rhs)
+
+        z, converged = lax.custom_root(residual, z0, solve, tangent_solve, has_aux=True)
+        return z, lax.stop_gradient(converged) > 0.5
+
+    def step_failed(self, err: PyTree) -> jax.Array:
+        """Whether a stage's Newton iteration did not converge in this step."""
+        return err[1]
+
+
+# ---------------------------------------------------------------------------- ESDIRK
+
+
+class ESDIRK(_ImplicitRK):
+    """A stiffly accurate ESDIRK pair: explicit first stage, diagonal ``gamma``, embedded
+    solution equal to the second-to-last stage (so ``err = Z_s - Z_{s-1}``).
+
+    Subclasses set ``gamma`` and ``a`` (the strictly lower rows 2..s of the Butcher
+    matrix; the diagonal is ``gamma``, ``c_i`` their sums plus ``gamma``). ``y1 = Z_s``,
+    whose ``k_s`` is ``f(t + h, y1)`` and starts the next step (first same as last).
+    Dense output: the cubic Hermite interpolant of ``y``, ``f(t, y)``, ``y1`` and
+    ``f(t + h, y1)`` (order 3).
+    """
+
+    adaptive = True
+    gamma: float = 0.0
+    a: tuple[tuple[float, ...], ...] = ()
+    init_fevals = 1
+
+    @property
+    def fevals_per_step(self) -> int:  # one per implicit stage: a lower bound
+        return len(self.a)
+
+    def init(self, f: VectorField, t, y: PyTree, args, f0: PyTree = None) -> PyTree:
+        """``f(t, y)``, the explicit first stage, carried from step to step."""
+        return f(t, y, args) if f0 is None else f0
+
+    def step(self, f: VectorField, t, y: PyTree, h, args, state: PyTree):
+        """One step. Returns ``(y1, (err, newton_failed), (k_1, k_s), k_s)``."""
+        gamma = self.gamma
+        k_first = ravel_pytree(state)[0].astype(jnp.result_type(*jax.tree_util.tree_leaves(y)))
+        g, v, unravel, hh, lu, scale = self._setup(f, t, y, h, args, gamma, k_first)
+        hg = hh * gamma
+        ks, z, ok = [k_first], v, jnp.asarray(True)
+        z_prev = v
+        for row in self.a:
+            base = v
+            for a_ij, k_j in zip(row, ks, strict=True):
+                if a_ij != 0.0:
+                    base = base + (hh * a_ij) * k_j
+            c_i = sum(row) + gamma
+            z_prev = z
+            z, converged = self._stage(g, t + c_i * h, base, hg, z, lu, scale)
+            ks.append(_safe_div(z - base, hg))
+            ok = ok & converged
+        err = z - z_prev
+        k_last = jnp.where(hh == 0, k_first, ks[-1])
+        return unravel(z), (unravel(err), ~ok), (k_first, k_last), unravel(k_last)
+
+    def error_ratio(self, y: PyTree, y1: PyTree, err: PyTree, h, rtol, atol) -> jax.Array:
+        """The RMS error ratio of ``Z_s - Z_{s-1}``, ``inf`` when Newton failed."""
+        ratio = super().error_ratio(y, y1, err[0], h, rtol, atol)
+        return jnp.where(err[1], jnp.inf, ratio)
+
+    def interpolate(self, f: VectorField, args, t, y: PyTree, h, y1: PyTree, dense, theta):
+        """Cubic Hermite ``y(t + theta h)`` from ``y, f(t, y), y1, f(t + h, y1)``."""
+        k0, k1 = dense
+        v, unravel = ravel_pytree(y)
+        v1 = ravel_pytree(y1)[0]
+        th = jnp.asarray(theta, v.dtype)
+        hh = jnp.asarray(h, v.dtype)
+        h00 = (1 + 2 * th) * (1 - th) ** 2
+        h10 = th * (1 - th) ** 2
+        h01 = th**2 * (3 - 2 * th)
+        h11 = th**2 * (th - 1)
+        return unravel(h00 * v + h01 * v1 + hh * (h10 * k0 + h11 * k1))
+
+
+# Kvaerno, Singly diagonally implicit Runge-Kutta methods with an explicit first stage,
+# BIT 44 (2004) 489-502. Order 3 with an embedded order 2, 4 stages: coefficients as
+# closed forms in gamma (the paper's table for the 3(2) pair).
+_G3 = 0.4358665215
+_KVAERNO3_A = (
+    (_G3,),
+    ((-4 * _G3**2 + 6 * _G3 - 1) / (4 * _G3), (-2 * _G3 + 1) / (4 * _G3)),
+    ((6 * _G3 - 1) / (12 * _G3), -1 / ((24 * _G3 - 12) * _G3),
+     (-6 * _G3**2 + 6 * _G3 - 1) / (6 * _G3 - 3)),
+)
+
+# Kvaerno (2004), the 5(4) pair with 7 stages (gamma = 0.26); the same digits are in
+# diffrax's and OrdinaryDiffEq.jl's Kvaerno5 tableaus.
+_G5 = 0.26
+_KVAERNO5_A = (
+    (_G5,),
+    (0.13, 0.84033320996790809),
+    (0.22371961478320505, 0.47675532319799699, -0.06470895363112615),
+    (0.16648564323248321, 0.10450018841591720, 0.03631482272098715,
+     -0.13090704451073998),
+    (0.13855640231268224, 0.0, -0.04245337201752043, 0.02446657898003141,
+     0.61943039072480676),
+    (0.13659751177640291, 0.0, -0.05496908796538376, -0.04118626728321046,
+     0.62993304899016403, 0.06962479448202728),
+)
+
+
+class Kvaerno3(ESDIRK):
+    """Kvaerno's ESDIRK 3(2) (BIT 44, 2004): 4 stages (3 implicit), stiffly accurate,
+    L-stable, order 3 with an embedded L-stable order-2 estimate, cubic Hermite dense
+    output. One Jacobian and one LU of ``I - h gamma J`` (``gamma = 0.4358665215``) per
+    step, simplified Newton per stage. For stiff problems at ``rtol`` about 1e-3 to 1e-6.
+
+    Args: see the module (``jac``, ``newton_rtol``, ``newton_atol``,
+    ``max_newton_iters``). ``num_fevals`` counts one evaluation per implicit stage, a
+    lower bound (each Newton iteration evaluates ``f`` once).
+    """
+
+    order = 3
+    error_order = 2
+    gamma = _G3
+    a = _KVAERNO3_A
+    reference = (
+        "A. Kvaerno, Singly diagonally implicit Runge-Kutta methods with an explicit first "
+        "stage, BIT 44 (2004) 489-502"
+    )
+
+
+class Kvaerno5(ESDIRK):
+    """Kvaerno's ESDIRK 5(4) (BIT 44, 2004): 7 stages (6 implicit), stiffly accurate,
+    L-stable, order 5 with an embedded order-4 estimate, cubic Hermite dense output. One
+    Jacobian and one LU of ``I - h gamma J`` (``gamma = 0.26``) per step, simplified
+    Newton per stage. For stiff problems at ``rtol`` about 1e-6 to 1e-10.
+
+    Args: see the module (``jac``, ``newton_rtol``, ``newton_atol``,
+    ``max_newton_iters``). ``num_fevals`` counts one evaluation per implicit stage, a
+    lower bound (each Newton iteration evaluates ``f`` once).
+    """
+
+    order = 5
+    error_order = 4
+    gamma = _G5
+    a = _KVAERNO5_A
+    reference = Kvaerno3.reference
+
+
+# ---------------------------------------------------------------------- fixed step
+
+
+class _OneStage(_ImplicitRK):
+    """A one-stage implicit method ``Z = y + h gamma f(t + gamma h, Z)``,
+    ``y1 = y + (Z - y) / gamma``; fixed step, linear dense output."""
+
+    adaptive = False
+    fevals_per_step = 1
+    default_newton_iters = 20
+    gamma: float = 1.0
+
+    def step(self, f: VectorField, t, y: PyTree, h, args, state: PyTree):
+        """One step. Returns ``(y1, (None, newton_failed), (), None)``."""
+        gamma = self.gamma
+        g, v, unravel, hh, lu, scale = self._setup(f, t, y, h, args, gamma)
+        z, converged = self._stage(g, t + gamma * h, v, hh * gamma, v, lu, scale)
+        v1 = v + (z - v) / gamma
+        return unravel(v1), (None, ~converged), (), None
+
+    def interpolate(self, f: VectorField, args, t, y: PyTree, h, y1: PyTree, dense, theta):
+        """Linear interpolation between ``y`` and ``y1``."""
+        return jax.tree_util.tree_map(lambda a, b: a + theta * (b - a), y, y1)
+
+
+class BackwardEuler(_OneStage):
+    """Backward (implicit) Euler, ``y1 = y + h f(t + h, y1)``: order 1, L-stable, fixed
+    step. One Jacobian, one LU of ``I - h J`` and a simplified Newton iteration per step;
+    ``Result.NEWTON_FAILED`` when it does not converge.
+
+    Args: see ``Kvaerno5``. ``num_fevals`` counts one evaluation per step (a lower bound).
+    """
+
+    order = 1
+    gamma = 1.0
+    reference = "Hairer and Wanner, Solving ODEs II, 2nd ed. (1996), IV.3"
+
+
+class ImplicitMidpoint(_OneStage):
+    """The implicit midpoint rule ``y1 = y + h f(t + h/2, (y + y1)/2)``: order 2, fixed
+    step, A-stable (not L-stable), symplectic and time-symmetric, on any state (not only
+    ``(q, p)``): it conserves quadratic invariants and keeps energy errors bounded over
+    long runs (Hairer, Lubich and Wanner, *Geometric Numerical Integration*, 2nd ed.,
+    2006, VI.3).
+
+    Time symmetry, ``Phi_{-h}(Phi_h(y)) = y``, holds exactly for the exact solution of the
+    midpoint equation, hence up to the Newton tolerance (``newton_rtol``/``newton_atol``,
+    1e-10 relative by default in float64) for the computed one; so
+    ``adjoint=sl.Reversible()`` accepts it, with a reconstruction error that grows with the
+    number of steps times that tolerance. Solved as ``Z = y + h/2 f(t + h/2, Z)``,
+    ``y1 = 2 Z - y``, with one LU of ``I - h/2 J`` per step.
+
+    Args: see ``Kvaerno5``. ``num_fevals`` counts one evaluation per step (a lower bound).
+    """
+
+    order = 2
+    gamma = 0.5
+    time_symmetric = True
+    reference = "Hairer, Lubich and Wanner, Geometric Numerical Integration (2006), VI.3"
+
+
+for _cls in (ESDIRK, Kvaerno3, Kvaerno5, BackwardEuler, ImplicitMidpoint):
+    _cls.__module__ = "simlib"
+    register_static(_cls)
