@@ -97,11 +97,6 @@ class _ImplicitRK(AbstractSolver):
                 f"max_newton_iters must be a positive integer, got {max_newton_iters!r}")
         self.max_newton_iters = int(max_newton_iters)
 
-    def __repr__(self) -> str:
-        defaults = type(self)().settings()
-        inner = ", ".join(f"{k}={v!r}" for k, v in self.settings() if (k, v) not in defaults)
-        return f"{type(self).__name__}({inner})"
-
     def _newton_scale(self, v: jax.Array, change: jax.Array) -> jax.Array:
         """``newton_atol + newton_rtol |v|``, at least ``10 eps (|v| + |change|)``: the
         round-off in evaluating a stage residual whose terms are about ``v`` and
