@@ -35,19 +35,33 @@ Usage::
 
     python benchmarks/stiff.py            # rtol 1e-6 and 1e-9, N = 250 (500 states)
     python benchmarks/stiff.py --quick    # rtol 1e-6, N = 100, 2 repeats, 5 scipy members
+    python benchmarks/stiff.py --single-thread   # XLA, OpenBLAS and OpenMP on one thread
+
+On a loaded machine the multi-threaded LU factorisations of XLA and OpenBLAS oversubscribe
+the cores and a 500 x 500 LU can take 100x longer than on one thread (measured here at a
+load average of 7 on 2 cores: 2.3 ms single-threaded, 210 ms multi-threaded). The load
+average is printed at the start and the end of a run; ``--single-thread`` gives every
+contender one thread.
 """
 
-import jax
+import os
+import sys
+
+if "--single-thread" in sys.argv:  # before jax/numpy load their thread pools
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
+                               "=false intra_op_parallelism_threads=1").strip()
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = "1"
+
+import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
 import platform  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -365,10 +379,18 @@ def _commit():
     return head + ("+dirty" if dirty else "")
 
 
+def _load(avg) -> str:
+    return "/".join(f"{x:.1f}" for x in avg)
+
+
 def report(results: dict) -> str:
     lines = [f"simlib {sl.__version__} ({results['commit']}) | jax {jax.__version__} | "
              f"diffrax {results['diffrax'] or 'skipped: ' + DIFFRAX_ERROR} | "
              f"{jax.default_backend()} | {results['cpus']} cpus | {results['date']}",
+             f"load average (1, 5, 15 min) at start {_load(results['load_start'])}, at end "
+             f"{_load(results['load_end'])}; "
+             + ("single-threaded (--single-thread)" if results["single_thread"]
+                else "default threading"),
              f"stiff solvers found in simlib: {', '.join(STIFF) or 'none'}",
              "error = max_i |y_i - ref_i| / (|ref_i| + atol/rtol) at t1; time = best of "
              f"{results['repeats']} warm runs (scipy: best of {results['scipy_repeats']}); "
@@ -429,6 +451,8 @@ def main(argv=None) -> int:
     parser.add_argument("--scipy-members", type=int, default=None,
                         help="ensemble members solved by scipy, scaled to --members "
                         "(default 20; quick 5)")
+    parser.add_argument("--single-thread", action="store_true",
+                        help="one thread for XLA, OpenBLAS and OpenMP (read before jax loads)")
     parser.add_argument("--json", type=Path, default=RESULTS_PATH,
                         help=f"where to write the results (default {RESULTS_PATH})")
     opts = parser.parse_args(argv)
@@ -448,7 +472,8 @@ def main(argv=None) -> int:
         commit=_commit(), jax=jax.__version__,
         diffrax=diffrax.__version__ if diffrax is not None else None,
         cpus=len(os.sched_getaffinity(0)), platform=platform.platform(), stiff=STIFF,
-        repeats=repeats, scipy_repeats=scipy_repeats, quick=opts.quick, rows=[])
+        repeats=repeats, scipy_repeats=scipy_repeats, quick=opts.quick,
+        single_thread=opts.single_thread, load_start=os.getloadavg(), rows=[])
     problems = [small_problem("robertson"), small_problem("van_der_pol"),
                 brusselator_problem(n)]
     for prob in problems:
@@ -458,6 +483,7 @@ def main(argv=None) -> int:
     print("[stiff] ensemble ...", flush=True)
     results["ensemble"] = ensemble(opts.members, scipy_members, repeats)
     results["wall_s"] = time.perf_counter() - start
+    results["load_end"] = os.getloadavg()
     text = report(results)
     print()
     print(text)
