@@ -69,7 +69,7 @@ from pathlib import Path  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.sparse  # noqa: E402
-from _format import fmt_r, fmt_s  # noqa: E402  (benchmarks/_format.py, next to this file)
+from _format import fmt_s  # noqa: E402  (benchmarks/_format.py, next to this file)
 from scipy.integrate import solve_ivp  # noqa: E402
 
 import simlib as sl  # noqa: E402
@@ -379,6 +379,55 @@ def _commit():
     return head + ("+dirty" if dirty else "")
 
 
+def fmt_r(x) -> str:
+    """A ratio with three significant digits (small ratios stay readable)."""
+    return "-" if x is None or not np.isfinite(x) else f"{x:.3g}x"
+
+
+def targets(results: dict) -> list[str]:
+    """Verdicts on the targets of issue 9, per simlib solver (equal tolerance, and the
+    simlib error no larger than the peer's, else the ratio cannot count)."""
+    lines = ["targets (issue 9), at equal tolerance; a case counts only if simlib's error "
+             "is no larger than the peer's:"]
+    rows = [r for r in results["rows"] if r.get("rtol") is not None]
+
+    def cases(name, peer, need):
+        out = []
+        for s in [r for r in rows if r["lib"] == "simlib" and r["solver"] == name]:
+            p = next((r for r in rows if (r["problem"], r["rtol"]) == (s["problem"], s["rtol"])
+                      and (r["lib"], r["solver"]) == peer), None)
+            if p is None or not s["ok"]:
+                continue
+            ratio = p["time"] / s["time"]
+            out.append((ratio >= need and s["error"] <= p["error"], ratio, s, p))
+        return out
+
+    for name in STIFF:
+        for peer, need, label in ((("diffrax", "Kvaerno5"), 2.0, "2x faster than diffrax "
+                                   "Kvaerno5"), (("scipy", "LSODA"), 1.0,
+                                                 "no slower than LSODA (one problem)")):
+            cs = cases(name, peer, need)
+            met = [c for c in cs if c[0]]
+            show = met or cs
+            lines.append(f"  {name}: {label}: {'MET' if met else 'NOT MET'} ("
+                         + "; ".join(f"{c[2]['problem'].split(' ')[0]} {c[2]['rtol']:g}: "
+                                     f"{fmt_r(c[1])}, error x{c[3]['error'] / c[2]['error']:.2g}"
+                                     for c in show) + ")")
+        ens = results.get("ensemble")
+        if ens:
+            s = next((r for r in ens["rows"] if (r["lib"], r["solver"]) == ("simlib", name)),
+                     None)
+            if s is not None:
+                sc = {r["solver"]: r["time"] / s["time"] for r in ens["rows"]
+                      if r["lib"] == "scipy"}
+                best = min(sc, key=sc.get)
+                lines.append(f"  {name}: ensemble 20x faster than scipy in a loop: "
+                             f"{'MET' if sc[best] >= 20 else 'NOT MET'} against the fastest "
+                             f"scipy method ({best} {fmt_r(sc[best])}; "
+                             + ", ".join(f"{k} {fmt_r(v)}" for k, v in sc.items()) + ")")
+    return lines
+
+
 def _load(avg) -> str:
     return "/".join(f"{x:.1f}" for x in avg)
 
@@ -434,6 +483,8 @@ def report(results: dict) -> str:
             lines.append(f"  ratios vs simlib {s['solver']}: " + ", ".join(
                 f"{p['lib']} {p['solver']} {fmt_r(p['time'] / s['time'])}"
                 for p in ens["rows"] if p["lib"] != "simlib"))
+        lines.append("")
+    lines += targets(results)
     return "\n".join(lines)
 
 
