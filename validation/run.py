@@ -54,7 +54,7 @@ PARTS = {
 # energy bounds, gradients against the sensitivity equations and central differences), in
 # their reduced configurations. Work-precision (timings) and particles (statistics of long
 # runs) need the full run.
-# The stiff part runs its three small problems at one tolerance (rtol 1e-6).
+# The stiff part runs Robertson and Van der Pol at one tolerance (rtol 1e-6).
 QUICK_PARTS = ("convergence", "accuracy", "energy", "gradients", "stiff")
 
 
