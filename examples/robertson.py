@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     units = np.abs(y1 - ref) / (atol + args.rtol * np.abs(ref))
     print(f"{args.solver}, rtol {args.rtol:g}, atol {atol:g}, t1 = {args.t1:g} "
           f"({seconds:.2f} s including compilation)")
-    print(f"result: {sl.Result(int(sol.result)).name}; steps {int(sol.stats['num_steps'])}, "
-          f"rejected {int(sol.stats['num_rejected'])}")
+    print(f"result: {sl.Result(int(sol.result)).name}; accepted steps "
+          f"{int(sol.stats['num_accepted'])}, rejected {int(sol.stats['num_rejected'])}")
     for i in range(3):
         print(f"  y{i} = {y1[i]: .15e}   reference {ref[i]: .15e}   "
               f"error {units[i]:.2f} tolerances")
