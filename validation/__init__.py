@@ -1,5 +1,5 @@
 """Validation suite for simlib: accuracy, convergence, energy, work-precision, gradients,
-particles.
+particles, stiff problems.
 
 Heavier than the unit tests. Run it from the repository root with
 

@@ -34,6 +34,7 @@ from validation import (  # noqa: E402
     energy,
     gradients,
     particles,
+    stiff,
     work_precision,
 )
 
@@ -44,6 +45,7 @@ PARTS = {
     "work_precision": work_precision,
     "gradients": gradients,
     "particles": particles,
+    "stiff": stiff,
 }
 
 
@@ -52,7 +54,8 @@ PARTS = {
 # energy bounds, gradients against the sensitivity equations and central differences), in
 # their reduced configurations. Work-precision (timings) and particles (statistics of long
 # runs) need the full run.
-QUICK_PARTS = ("convergence", "accuracy", "energy", "gradients")
+# The stiff part runs Robertson and Van der Pol at one tolerance (rtol 1e-6).
+QUICK_PARTS = ("convergence", "accuracy", "energy", "gradients", "stiff")
 
 
 def _header(quick: bool, parts: list[str], seconds: float) -> str:

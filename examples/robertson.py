@@ -1,0 +1,148 @@
+"""Robertson's chemical kinetics, the classic stiff problem, with a simlib stiff solver.
+
+    y0' = -0.04 y0 + 1e4 y1 y2
+    y1' =  0.04 y0 - 1e4 y1 y2 - 3e7 y1^2
+    y2' =  3e7 y1^2,             y(0) = (1, 0, 0)
+
+(Hairer and Wanner, Solving ODEs II, IV.1 (1.4)). The rate constants span nine orders of
+magnitude, so an explicit solver needs steps of about 1e-3 for 1e11 time units. Prints
+the state at t1 against a reference (at t1 = 1e11 the value published with the Bari test
+set, Mazzia and Magherini, release 2.4, 2008; otherwise scipy Radau at rtol 1e-10) and the
+number of steps; ``--plot PATH`` writes the three species on a logarithmic time axis.
+
+    python examples/robertson.py
+    python examples/robertson.py --solver Rosenbrock23 --rtol 1e-6 --t1 1e5 --plot rober.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import jax
+
+SOLVERS = ("Rosenbrock23", "Rodas5", "Kvaerno3", "Kvaerno5", "BDF")
+K = (0.04, 3e7, 1e4)  # k1, k2, k3
+# Bari test set, problem ROBER, solution at t = 1e11 (rober.f, subroutine solut)
+PUBLISHED_1E11 = (0.2083340149701255e-7, 0.8333360770334713e-13, 0.9999999791665050)
+
+
+def robertson(t, y, k):
+    import jax.numpy as jnp
+
+    k1, k2, k3 = k
+    return jnp.stack([-k1 * y[0] + k3 * y[1] * y[2],
+                      k1 * y[0] - k2 * y[1] ** 2 - k3 * y[1] * y[2],
+                      k2 * y[1] ** 2])
+
+
+def reference(t1: float):
+    """``(y(t1), description)``: the published value at 1e11, else scipy Radau."""
+    import numpy as np
+
+    if t1 == 1e11:
+        return np.array(PUBLISHED_1E11), "Bari test set (published)"
+    from scipy.integrate import solve_ivp
+
+    k1, k2, k3 = K
+
+    def f(t, y):
+        return [-k1 * y[0] + k3 * y[1] * y[2], k1 * y[0] - k2 * y[1] ** 2 - k3 * y[1] * y[2],
+                k2 * y[1] ** 2]
+
+    def jac(t, y):
+        return [[-k1, k3 * y[2], k3 * y[1]], [k1, -2 * k2 * y[1] - k3 * y[2], -k3 * y[1]],
+                [0.0, 2 * k2 * y[1], 0.0]]
+
+    sol = solve_ivp(f, (0.0, t1), [1.0, 0.0, 0.0], method="Radau", rtol=1e-10, atol=1e-16,
+                    jac=jac)
+    return sol.y[:, -1], "scipy Radau, rtol 1e-10, atol 1e-16"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """One line naming the bad option, exit status 2."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parse(argv):
+    import simlib as sl
+
+    available = [n for n in SOLVERS if hasattr(sl, n)]
+    parser = _Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--solver", default="Rosenbrock23",
+                        help=f"stiff solver, one of {', '.join(available)} "
+                        "(default Rosenbrock23)")
+    parser.add_argument("--rtol", type=float, default=1e-6,
+                        help="relative tolerance in (0, 1), atol = 1e-6 rtol (default 1e-6)")
+    parser.add_argument("--t1", type=float, default=1e11, help="end time > 0 (default 1e11)")
+    parser.add_argument("--max-steps", type=int, default=200_000,
+                        help="bound on step attempts, >= 1 (default 200000)")
+    parser.add_argument("--plot", metavar="PATH", default=None,
+                        help="write a log-time plot of the three species to PATH (PNG); "
+                        "nothing is written without it")
+    args = parser.parse_args(argv)
+    if args.solver not in available:
+        parser.error(f"--solver: {args.solver!r} is not a stiff solver of this simlib; "
+                     f"choose from {', '.join(available)}")
+    if not 0.0 < args.rtol < 1.0:
+        parser.error(f"--rtol must be in (0, 1), got {args.rtol:g}")
+    if not 0.0 < args.t1 < float("inf"):
+        parser.error(f"--t1 must be positive and finite, got {args.t1:g}")
+    if args.max_steps < 1:
+        parser.error(f"--max-steps must be at least 1, got {args.max_steps}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    jax.config.update("jax_enable_x64", True)  # the example's own choice; simlib never sets it
+    import jax.numpy as jnp
+    import numpy as np
+
+    import simlib as sl
+
+    solver = getattr(sl, args.solver)()
+    atol = 1e-6 * args.rtol
+    saveat = (sl.SaveAt(ts=jnp.logspace(-6, np.log10(args.t1), 200))
+              if args.plot else sl.SaveAt(t1=True))
+    start = time.perf_counter()
+    sol = sl.solve(robertson, jnp.array([1.0, 0.0, 0.0]), 0.0, args.t1, solver=solver,
+                   rtol=args.rtol, atol=atol, args=K, saveat=saveat,
+                   max_steps=args.max_steps, throw=False)
+    ys = np.asarray(jax.block_until_ready(sol.ys))
+    seconds = time.perf_counter() - start
+    y1 = ys[-1]
+    ref, what = reference(args.t1)
+    units = np.abs(y1 - ref) / (atol + args.rtol * np.abs(ref))
+    print(f"{args.solver}, rtol {args.rtol:g}, atol {atol:g}, t1 = {args.t1:g} "
+          f"({seconds:.2f} s including compilation)")
+    print(f"result: {sl.Result(int(sol.result)).name}; accepted steps "
+          f"{int(sol.stats['num_accepted'])}, rejected {int(sol.stats['num_rejected'])}")
+    for i in range(3):
+        print(f"  y{i} = {y1[i]: .15e}   reference {ref[i]: .15e}   "
+              f"error {units[i]:.2f} tolerances")
+    print(f"reference: {what}; max error {units.max():.2f} tolerances "
+          "(|y - ref| / (atol + rtol |ref|))")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        ts = np.asarray(sol.ts)
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for i, (scale, label) in enumerate(((1, "y0"), (1e4, "1e4 y1"), (1, "y2"))):
+            ax.semilogx(ts, scale * ys[:, i], label=label)
+        ax.set(xlabel="t", ylabel="concentration",
+               title=f"Robertson's kinetics ({args.solver}, rtol {args.rtol:g})")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+        print(f"wrote {args.plot}")
+    return 0 if int(sol.result) == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

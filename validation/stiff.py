@@ -1,0 +1,315 @@
+"""Part 7: stiff problems against the published reference values.
+
+Robertson's kinetics to t = 1e11, Van der Pol with mu = 1000 and the Oregonator
+(:mod:`validation.stiff_reference`), solved by every stiff solver simlib has (those of
+``STIFF_CANDIDATES`` present in ``simlib``), at rtol from 1e-4 to 1e-10 with
+``atol = rtol * (atol/rtol of the problem)``. The error at t1 is measured in tolerance
+units, ``max_i |y_i - ref_i| / (atol + rtol |ref_i|)``, against the values published with
+the Bari test set (Mazzia and Magherini, release 2.4, 2008), themselves cross-checked here
+against scipy ``Radau`` at rtol 1e-12. The targets of issue 9: within 10 tolerance units,
+and at most twice the steps of scipy ``Radau`` (exact Jacobian) at the same tolerances
+(accepted steps on both sides; simlib's rejected steps are listed apart).
+A miss fails the suite unless ``KNOWN_MISSES`` names the solver with its reason; known
+misses are listed in the report. Work-precision (full run only): error against warm wall
+time for simlib, scipy ``Radau``/``BDF``/``LSODA`` (NumPy right-hand side and Jacobian)
+and diffrax ``Kvaerno5`` (``PIDController(pcoeff=0.3, icoeff=0.3)``), jitted with traced
+tolerances so one compilation serves every tolerance.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+
+import simlib as sl
+
+from .common import (
+    Section,
+    best_time,
+    block,
+    fmt,
+    guarded,
+    md_table,
+    save_figure,
+    try_import_diffrax,
+)
+from .stiff_reference import PROBLEMS, published, scipy_reference, scipy_run, tol_units
+
+STIFF_CANDIDATES = ("Rosenbrock23", "Rodas5", "Kvaerno3", "Kvaerno5", "BDF")
+RTOLS = (1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10)
+QUICK_RTOLS = (1e-6,)
+QUICK_PROBLEMS = ("robertson", "van_der_pol")  # --quick: compile time dominates, < 30 s
+WP_RTOLS = (1e-4, 1e-6, 1e-8, 1e-10)  # work-precision points (scipy is slow at 1e-10)
+MAX_STEPS = 200_000
+TARGET_UNITS = 10.0  # issue 9: within 10x the requested tolerance
+TARGET_STEPS = 2.0  # issue 9: at most twice scipy Radau's steps
+
+# Solvers whose misses of the two targets are expected, with the reason. Their misses are
+# reported (not failed); they must still succeed at rtol >= 1e-8 and, in the full run,
+# their error must fall with rtol at a rate of at least rtol^0.5.
+KNOWN_MISSES = {
+    "Rosenbrock23": "order 2 (Shampine and Reichelt's ode23s pair): under error-per-step "
+    "control its global error scales like rtol^(2/3), i.e. grows like rtol^(-1/3) in "
+    "tolerance units, and its step count grows like rtol^(-1/3) against Radau's "
+    "rtol^(-1/6) or less; it is the method for loose tolerances (tests/test_stiff.py, "
+    "MISSES_TARGET)",
+}
+
+
+def stiff_solvers() -> list[str]:
+    """The stiff solvers this simlib has, in the order of ``STIFF_CANDIDATES``."""
+    return [n for n in STIFF_CANDIDATES if hasattr(sl, n)]
+
+
+@functools.cache
+def _simlib_fn(solver: str, problem: str):
+    p = PROBLEMS[problem]
+    y0 = jnp.asarray(p.y0, jnp.float64)
+    method = getattr(sl, solver)()
+
+    @jax.jit
+    def run(rtol, atol):
+        sol = sl.solve(p.f, y0, 0.0, p.t1, solver=method, rtol=rtol, atol=atol, args=p.args,
+                       max_steps=MAX_STEPS, throw=False)
+        return sol.ys[-1], sol.result, sol.stats["num_accepted"], sol.stats["num_rejected"]
+
+    return run
+
+
+@functools.cache
+def _diffrax_fn(problem: str):
+    dfx, _ = try_import_diffrax()
+    p = PROBLEMS[problem]
+    y0 = jnp.asarray(p.y0, jnp.float64)
+
+    @jax.jit
+    def run(rtol, atol):
+        sol = dfx.diffeqsolve(
+            dfx.ODETerm(p.f), dfx.Kvaerno5(), 0.0, p.t1, None, y0, args=p.args,
+            saveat=dfx.SaveAt(t1=True),
+            stepsize_controller=dfx.PIDController(rtol=rtol, atol=atol, pcoeff=0.3,
+                                                  icoeff=0.3),
+            max_steps=MAX_STEPS, throw=False)
+        return (sol.ys[-1], sol.result == dfx.RESULTS.successful,
+                sol.stats["num_accepted_steps"])
+
+    return run
+
+
+def _accuracy(solvers, rtols, problems):
+    """``(records, errors)``: one record per (solver, problem, rtol) with the error, steps,
+    Radau's steps and the compile time; one line per (solver, problem) that raised."""
+    recs, errors = [], []
+    for name in solvers:
+        for prob in problems:
+            p = PROBLEMS[prob]
+            t = time.perf_counter()
+            _, why = guarded(lambda name=name, prob=prob, p=p: block(
+                _simlib_fn(name, prob)(rtols[0], rtols[0] * p.atol_per_rtol)))
+            compile_s = time.perf_counter() - t
+            if why is not None:  # reported as a failed check; the other solvers still run
+                errors.append(f"stiff: {name} on {prob} raised {why}")
+                continue
+            fn = _simlib_fn(name, prob)
+            for rtol in rtols:
+                atol = rtol * p.atol_per_rtol
+                t = time.perf_counter()
+                y, res, steps, rej = block(fn(rtol, atol))
+                secs = time.perf_counter() - t
+                y_radau, radau_steps, _ = _scipy(prob, "Radau", rtol)
+                recs.append(dict(
+                    solver=name, problem=prob, rtol=rtol, atol=atol, result=int(res),
+                    steps=int(steps), rejected=int(rej), seconds=secs, compile=compile_s,
+                    err=tol_units(np.asarray(y), published(prob), rtol, atol),
+                    radau_steps=radau_steps,
+                    radau_err=tol_units(y_radau, published(prob), rtol, atol)))
+    return recs, errors
+
+
+@functools.cache
+def _scipy(problem: str, method: str, rtol: float):
+    return scipy_run(problem, method, rtol)
+
+
+def _checks(recs, full: bool):
+    """``(failures, known)``: lines for the failed checks and for the known misses."""
+    failures, known = [], []
+    for r in recs:
+        tag = f"{r['solver']} on {r['problem']} at rtol {r['rtol']:g}"
+        misses = []
+        if r["result"] != 0:
+            misses.append(f"result code {r['result']} after {r['steps']} accepted steps")
+        elif not r["err"] <= TARGET_UNITS:
+            misses.append(f"error {fmt(r['err'])} tolerance units (target {TARGET_UNITS:g})")
+        if r["result"] == 0 and r["steps"] > TARGET_STEPS * r["radau_steps"]:
+            misses.append(f"{r['steps']} steps = {r['steps'] / r['radau_steps']:.1f}x Radau's "
+                          f"{r['radau_steps']} (target {TARGET_STEPS:g}x)")
+        if not misses:
+            continue
+        if r["solver"] in KNOWN_MISSES:
+            known.append(f"{tag}: " + "; ".join(misses))
+            if r["result"] != 0 and r["rtol"] >= 1e-8:
+                failures.append(f"stiff: {tag} failed (result {r['result']}), known solvers "
+                                "must still succeed at rtol >= 1e-8")
+        else:
+            failures.append(f"stiff: {tag}: " + "; ".join(misses))
+    if full:  # known solvers: the error must still fall with rtol
+        for name in {r["solver"] for r in recs} & set(KNOWN_MISSES):
+            for prob in dict.fromkeys(r["problem"] for r in recs):
+                rs = [r for r in recs if (r["solver"], r["problem"]) == (name, prob)
+                      and r["result"] == 0 and np.isfinite(r["err"])]
+                if len(rs) < 3:
+                    failures.append(f"stiff: {name} on {prob}: fewer than 3 successful runs")
+                    continue
+                slope = np.polyfit(np.log([r["rtol"] for r in rs]),
+                                   np.log([r["err"] * r["rtol"] for r in rs]), 1)[0]
+                if slope < 0.5:
+                    failures.append(f"stiff: {name} on {prob}: error falls like rtol^"
+                                    f"{slope:.2f} (at least rtol^0.5 expected)")
+    return failures, known
+
+
+def _reference_table():
+    rows = []
+    for prob, p in PROBLEMS.items():
+        pub = published(prob)
+        y, steps = scipy_reference(prob)
+        rel = np.abs(y - pub) / np.abs(pub)
+        rows.append([prob, f"{p.t1:g}", ", ".join(f"{v:.16e}" for v in pub), p.source,
+                     f"{np.max(rel):.1e}", tol_units(y, pub, 1e-10, 1e-10 * p.atol_per_rtol),
+                     steps])
+    return md_table(["problem", "t1", "published y(t1)", "source", "max rel. diff. Radau "
+                     "1e-12", "diff. in tol. units at rtol 1e-10", "Radau steps"], rows)
+
+
+def _work_precision(solvers, acc, dfx):
+    """Warm timings (best of several) of every contender at ``WP_RTOLS``."""
+    recs = []
+    for prob, p in PROBLEMS.items():
+        pub = published(prob)
+        ran = {(r["solver"], r["problem"]) for r in acc}
+        contenders = [("simlib", n, _simlib_fn(n, prob)) for n in solvers if (n, prob) in ran]
+        if dfx is not None:
+            contenders.append(("diffrax", "Kvaerno5", _diffrax_fn(prob)))
+        for lib, name, fn in contenders:
+            t = time.perf_counter()
+            block(fn(1e-6, 1e-6 * p.atol_per_rtol))
+            compile_s = time.perf_counter() - t
+            if lib == "simlib":  # compiled in the accuracy runs: their first call counts
+                compile_s = next(r["compile"] for r in acc
+                                 if (r["solver"], r["problem"]) == (name, prob))
+            for rtol in WP_RTOLS:
+                atol = rtol * p.atol_per_rtol
+                secs, out = best_time(lambda fn=fn, rtol=rtol, atol=atol: block(fn(rtol, atol)),
+                                      min_repeats=2, budget=0.3)
+                ok = bool(out[1] == 0) if lib == "simlib" else bool(out[1])
+                recs.append(dict(lib=lib, solver=name, problem=prob, rtol=rtol, time=secs,
+                                 steps=int(out[2]), compile=compile_s,
+                                 err=(tol_units(np.asarray(out[0]), pub, rtol, atol) * rtol
+                                      if ok else float("nan"))))
+        for method in ("Radau", "BDF", "LSODA"):
+            for rtol in WP_RTOLS:
+                secs, out = best_time(lambda m=method, r=rtol, q=prob: scipy_run(q, m, r),
+                                      min_repeats=1, max_repeats=3, budget=0.2)
+                y, steps, _ = out
+                recs.append(dict(lib="scipy", solver=method, problem=prob, rtol=rtol,
+                                 time=secs, steps=steps, compile=0.0,
+                                 err=tol_units(y, pub, rtol, rtol * p.atol_per_rtol) * rtol))
+    return recs
+
+
+def _wp_figure(recs) -> str:
+    fig, axes = plt.subplots(1, len(PROBLEMS), figsize=(5 * len(PROBLEMS), 4.3))
+    names = sorted({(r["lib"], r["solver"]) for r in recs})
+    for ax, prob in zip(axes, PROBLEMS, strict=True):
+        for i, (lib, name) in enumerate(names):
+            rs = [r for r in recs if (r["lib"], r["solver"], r["problem"]) == (lib, name, prob)]
+            ls = {"simlib": "-", "scipy": "--", "diffrax": ":"}[lib]
+            ax.loglog([r["time"] * 1e3 for r in rs], [r["err"] for r in rs], ls=ls,
+                      marker="os^vD<>p"[i % 8], ms=4, color=f"C{i}", label=f"{lib} {name}")
+        ax.set_title(f"{prob} (t1 = {PROBLEMS[prob].t1:g})", fontsize=10)
+        ax.set_xlabel("warm wall time per solve [ms]")
+        ax.set_ylabel("error at t1: max |e| / (|ref| + atol/rtol)")
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"Stiff work-precision, rtol {max(WP_RTOLS):g} to {min(WP_RTOLS):g}, "
+                 "against the Bari test set's reference values", fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, "stiff_work_precision")
+
+
+def run(quick: bool = False) -> Section:
+    start = time.perf_counter()
+    solvers = stiff_solvers()
+    rtols = QUICK_RTOLS if quick else RTOLS
+    parts = [__doc__.split("\n\n", 1)[1].strip(), ""]
+    if quick:
+        parts.append(f"Quick mode: {', '.join(QUICK_PROBLEMS)} only.\n")
+    parts.append(f"Stiff solvers found: {', '.join(solvers) or 'none'} (of "
+                 f"{', '.join(STIFF_CANDIDATES)}). rtol: {', '.join(f'{r:g}' for r in rtols)}"
+                 f"; atol/rtol: " + ", ".join(f"{k} {p.atol_per_rtol:g}"
+                                              for k, p in PROBLEMS.items()) + ".\n")
+    findings, failures = [], []
+    if not quick:
+        parts.append("### Reference values\n")
+        parts.append(_reference_table() + "\n")
+    acc, raised = _accuracy(solvers, rtols, QUICK_PROBLEMS if quick else tuple(PROBLEMS))
+    failures += raised
+    parts += [f"**{line}**\n" for line in raised]
+    parts.append("### Error at t1 in tolerance units and steps (scipy Radau at the same "
+                 "tolerances in brackets)\n")
+    rows = []
+    for r in acc:
+        rows.append([r["solver"], r["problem"], f"{r['rtol']:g}",
+                     r["err"] if r["result"] == 0 else f"fail ({r['result']})",
+                     f"{r['steps']} ({r['radau_steps']})",
+                     f"{r['steps'] / r['radau_steps']:.2f}", r["rejected"],
+                     r["radau_err"], r["seconds"] * 1e3, r["compile"]])
+    parts.append(md_table(["solver", "problem", "rtol", "error [tol]", "accepted (Radau)",
+                           "steps / Radau", "rejected", "Radau error [tol]", "run [ms]",
+                           "first call [s]"], rows) + "\n")
+    fails, known = _checks(acc, full=not quick)
+    failures += fails
+    if known:
+        parts.append("### Known misses (reported, not failed)\n")
+        for name in sorted({k.split(" on ")[0] for k in known}):
+            parts.append(f"{name}: {KNOWN_MISSES[name]}.\n")
+        parts += [f"- {k}" for k in known]
+        parts.append("")
+    if not quick:
+        dfx, why = try_import_diffrax()
+        if dfx is None:
+            parts.append(f"**diffrax skipped:** {why}.\n")
+        wp = _work_precision(solvers, acc, dfx)
+        path = _wp_figure(wp)
+        parts.append("### Work-precision\n")
+        parts.append(f"![stiff work-precision]({path})\n")
+        parts.append(md_table(
+            ["contender", "problem", "rtol", "error (rel., floor atol/rtol)", "time [ms]",
+             "accepted steps", "first call [s]"],
+            [[f"{r['lib']} {r['solver']}", r["problem"], f"{r['rtol']:g}", r["err"],
+              r["time"] * 1e3, r["steps"], r["compile"] if r["lib"] != "scipy" else "-"]
+             for r in wp]) + "\n")
+    for name in solvers:
+        rs = [r for r in acc if r["solver"] == name and r["result"] == 0]
+        failed = [r for r in acc if r["solver"] == name and r["result"] != 0]
+        if not rs:
+            continue
+        worst = max(rs, key=lambda r: r["err"] if np.isfinite(r["err"]) else np.inf)
+        ratio = max(r["steps"] / r["radau_steps"] for r in rs)
+        findings.append(
+            f"Stiff ({name}): worst error of the successful runs {fmt(worst['err'])} "
+            f"tolerance units ({worst['problem']}, rtol {worst['rtol']:g}); steps up to "
+            f"{ratio:.1f}x scipy Radau's; " + (
+                f"{len(failed)} runs failed (" + ", ".join(
+                    f"{r['problem']} at {r['rtol']:g}: result {r['result']}" for r in failed)
+                + "); " if failed else "")
+            + f"{sum(k.startswith(name + ' ') for k in known)} known misses.")
+    return Section(title="7. Stiff problems: Robertson, Van der Pol (mu = 1000), Oregonator",
+                   body="\n".join(parts), findings=findings, data={"accuracy": acc},
+                   seconds=time.perf_counter() - start, failures=failures)
