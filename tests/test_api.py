@@ -22,6 +22,8 @@ PUBLIC = [
     "Dopri5",
     "Dopri8",
     "Euler",
+    "Event",
+    "EventRecord",
     "ExplicitRungeKutta",
     "FitResult",
     "ForwardMode",
