@@ -270,6 +270,11 @@ def solve(
                 "estimate; use an adaptive solver (Bosh3, Tsit5, Dopri5, Dopri8, Heun) or "
                 "give dt without tolerances for a fixed-step run"
             )
+        if events is not None and type(solver).interpolate is AbstractSolver.interpolate:
+            raise ValueError(
+                f"events need the solver's dense output to locate crossings in an adaptive "
+                f"run, and {type(solver).__name__} has no interpolate(); use a solver with "
+                "one (the explicit Runge-Kutta methods, Rosenbrock23) or a fixed-step run")
         rtol = atol if rtol is None else rtol
         atol = rtol if atol is None else atol
         for name, tol in (("rtol", rtol), ("atol", atol)):
