@@ -337,15 +337,22 @@ def after_step(es: EventSet, ev: EventState, accept, t, h, t_end, y1: PyTree, in
                            tdtype)
             th = lax.stop_gradient(th)
             # One Newton correction on the live inputs: the primal barely moves, the
-            # derivative is the implicit function theorem's.
-            _, slope = jax.jvp(lambda x, phi=phi: phi(x, sg_data, sg_es), (th,),
-                               (jnp.ones_like(th),))
+            # derivative is the implicit function theorem's. One jvp in theta gives
+            # y(th), y'(th), phi(th) and phi'(th); the state at th_c is y(th) +
+            # (th_c - th) y'(th) (exact to O((th_c - th)^2) in value, exact in derivative).
+            def y_phi(x, i=i):
+                y = interp(x, data)
+                return y, es_.cond(i, t + x * h, y).astype(tdtype)
+
+            (y_th, phi_th), (dy_th, slope) = jax.jvp(y_phi, (th,), (jnp.ones_like(th),))
             slope = lax.stop_gradient(slope)
             safe = jnp.where(slope != 0, slope, 1.0)
-            th_c = jnp.where(slope != 0, th - phi(th, data, es_) / safe, th)
+            step = jnp.where(slope != 0, -phi_th / safe, 0.0)
+            dy_th = lax.stop_gradient(dy_th)
             thetas.append(th)
-            tcs.append(t + th_c * h)
-            ycs.append(interp(th_c, data))
+            tcs.append(t + (th + step) * h)
+            ycs.append(jax.tree_util.tree_map(lambda a, d, s=step: a + s.astype(a.dtype) * d,
+                                              y_th, dy_th))
         return jnp.stack(thetas), jnp.stack(tcs), jax.tree_util.tree_map(
             lambda *x: jnp.stack(x), *ycs)
 

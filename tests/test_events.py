@@ -199,6 +199,21 @@ def test_fixed_step_terminal_event_and_steps_output():
     assert np.all(np.isinf(ts[5:]))
 
 
+def test_fixed_step_bounces_under_vmap_differ_per_member():
+    ev = sl.Event(height, terminal=False, direction=-1, apply=bounce, capacity=5)
+    h0 = np.array([0.5, 1.0, 3.0])
+    sol = jax.vmap(lambda h: sl.solve(ball, jnp.stack([h, 0.0]), 0.0, 2.0, solver=sl.RK4(),
+                                      dt=0.05, args=G, events=ev))(jnp.asarray(h0))
+    np.testing.assert_array_equal(np.asarray(sol.result), 0)
+    ts = np.asarray(sol.events[0].ts)
+    for m, h in enumerate(h0):
+        ref = bounce_times(h, 0.8, 5)
+        ref = ref[ref < 2.0]
+        assert int(sol.events[0].count[m]) == len(ref)
+        np.testing.assert_allclose(ts[m, :len(ref)], ref, rtol=0, atol=1e-12)  # 4e-16
+        assert np.all(np.isinf(ts[m, len(ref):]))
+
+
 # -- capacity --------------------------------------------------------------------------------
 
 
