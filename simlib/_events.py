@@ -356,81 +356,84 @@ def after_step(es: EventSet, ev: EventState, accept, t, h, t_end, y1: PyTree, in
         return jnp.stack(thetas), jnp.stack(tcs), jax.tree_util.tree_map(
             lambda *x: jnp.stack(x), *ycs)
 
-    def skip(operands):
-        ones = jnp.ones((n,), tdtype)
-        return ones, t_end * ones, jax.tree_util.tree_map(
-            lambda x: jnp.broadcast_to(x, (n,) + x.shape), y1)
+    # Most steps cross nothing: they only update the conditions (outside vmap the
+    # branch below is skipped; under vmap both run, masked).
+    def quiet(_):
+        return t_end, y1, jnp.asarray(False), ev._replace(g=g_new)
 
-    thetas, tcs, ycs = lax.cond(jnp.any(hit), locate, skip, (data, es, ev.g, g_new, hit))
+    def crossing(_):
+        thetas, tcs, ycs = locate((data, es, ev.g, g_new, hit))
 
-    # Under vmap an index that differs per member turns a gather or an in-place update
-    # into a (slow, on CPU) gather/scatter; the indices here select among a handful of
-    # events or record rows, so they are written as masks instead.
-    def row(tree, i):
-        return jax.tree_util.tree_map(lambda x: x[i], tree)
+        # Under vmap an index that differs per member turns a gather or an in-place update
+        # into a (slow, on CPU) gather/scatter; the indices here select among a handful of
+        # events or record rows, so they are written as masks instead.
+        def row(tree, i):
+            return jax.tree_util.tree_map(lambda x: x[i], tree)
 
-    def pick(tree, index):
-        """``tree[index]`` along the leading (event) axis, by masks."""
-        def leaf(x):
-            out = x[0]
-            for j in range(1, n):
-                out = jnp.where(index == j, x[j], out)
-            return out
-        return jax.tree_util.tree_map(leaf, tree)
+        def pick(tree, index):
+            """``tree[index]`` along the leading (event) axis, by masks."""
+            def leaf(x):
+                out = x[0]
+                for j in range(1, n):
+                    out = jnp.where(index == j, x[j], out)
+                return out
+            return jax.tree_util.tree_map(leaf, tree)
 
-    def put_row(buf, slot, value):
-        """``buf.at[slot].set(value)`` by a mask over the rows."""
-        def leaf(b, v):
-            mask = (jnp.arange(b.shape[0]) == slot).reshape((-1,) + (1,) * v.ndim)
-            return jnp.where(mask, v.astype(b.dtype)[None], b)
-        return jax.tree_util.tree_map(leaf, buf, value)
+        def put_row(buf, slot, value):
+            """``buf.at[slot].set(value)`` by a mask over the rows."""
+            def leaf(b, v):
+                mask = (jnp.arange(b.shape[0]) == slot).reshape((-1,) + (1,) * v.ndim)
+                return jnp.where(mask, v.astype(b.dtype)[None], b)
+            return jax.tree_util.tree_map(leaf, buf, value)
 
-    acting = hit & jnp.asarray(acts)
-    any_act = jnp.any(acting) if any(acts) else jnp.asarray(False)
-    first = jnp.argmin(jnp.where(acting, thetas, jnp.inf))
-    theta_first = jnp.where(any_act, pick(thetas, first), jnp.inf)
-    record = hit & (thetas <= theta_first)
+        acting = hit & jnp.asarray(acts)
+        any_act = jnp.any(acting) if any(acts) else jnp.asarray(False)
+        first = jnp.argmin(jnp.where(acting, thetas, jnp.inf))
+        theta_first = jnp.where(any_act, pick(thetas, first), jnp.inf)
+        record = hit & (thetas <= theta_first)
 
-    ts_buf, ys_buf = [], []
-    for i, s in enumerate(es.specs):
-        slot = jnp.where(record[i], jnp.minimum(ev.counts[i], s[4]), s[4])
-        ts_buf.append(put_row(ev.ts[i], slot, tcs[i]))
-        ys_buf.append(put_row(ev.ys[i], slot, row(ycs, i)))
-    counts = ev.counts + record.astype(jnp.int32)
+        ts_buf, ys_buf = [], []
+        for i, s in enumerate(es.specs):
+            slot = jnp.where(record[i], jnp.minimum(ev.counts[i], s[4]), s[4])
+            ts_buf.append(put_row(ev.ts[i], slot, tcs[i]))
+            ys_buf.append(put_row(ev.ys[i], slot, row(ycs, i)))
+        counts = ev.counts + record.astype(jnp.int32)
 
-    if not any(acts):
-        new = EventState(g_new, tuple(ts_buf), tuple(ys_buf), counts, ev.stopped,
-                         ev.n_restarts)
-        return t_end, y1, jnp.asarray(False), new
+        if not any(acts):
+            new = EventState(g_new, tuple(ts_buf), tuple(ys_buf), counts, ev.stopped,
+                             ev.n_restarts)
+            return t_end, y1, jnp.asarray(False), new
 
-    t_star = pick(tcs, first)
-    y_star = pick(ycs, first)
-    y_after = y_star
-    for i, s in enumerate(es.specs):
-        if s[1] is not None:
-            y_after = tree_where(first == i, es.apply(i, t_star, y_star), y_after)
-    terminal = pick(jnp.asarray([s[2] for s in es.specs]), first)
-    has_apply = pick(jnp.asarray([s[1] is not None for s in es.specs]), first)
-    # cond after the event: the acting event's value is kept when apply put the state back
-    # on the side it crossed from (a dose lifting a concentration over its threshold). Left
-    # at its zero (a bounce), it is given the sign of that side with a tiny magnitude, so
-    # that the next crossing in the same direction is seen even if one step covers the
-    # whole arc (the root finder then starts from the midpoint, see _illinois).
-    g_after = es.conds(t_star, y_after, tdtype)
-    prev_first = pick(ev.g, first)
-    g_first = pick(g_after, first)
-    keep = jnp.sign(g_first) == jnp.sign(prev_first)
-    g_after = jnp.where(jnp.arange(n) == first,
-                        jnp.where(keep, g_first, jnp.sign(prev_first) * jnp.finfo(tdtype).tiny),
-                        g_after)
+        t_star = pick(tcs, first)
+        y_star = pick(ycs, first)
+        y_after = y_star
+        for i, s in enumerate(es.specs):
+            if s[1] is not None:
+                y_after = tree_where(first == i, es.apply(i, t_star, y_star), y_after)
+        terminal = pick(jnp.asarray([s[2] for s in es.specs]), first)
+        has_apply = pick(jnp.asarray([s[1] is not None for s in es.specs]), first)
+        # cond after the event: the acting event's value is kept when apply put the state back
+        # on the side it crossed from (a dose lifting a concentration over its threshold). Left
+        # at its zero (a bounce), it is given the sign of that side with a tiny magnitude, so
+        # that the next crossing in the same direction is seen even if one step covers the
+        # whole arc (the root finder then starts from the midpoint, see _illinois).
+        g_after = es.conds(t_star, y_after, tdtype)
+        prev_first = pick(ev.g, first)
+        g_first = pick(g_after, first)
+        keep = jnp.sign(g_first) == jnp.sign(prev_first)
+        g_after = jnp.where(jnp.arange(n) == first,
+                            jnp.where(keep, g_first, jnp.sign(prev_first) * jnp.finfo(tdtype).tiny),
+                            g_after)
 
-    t_out = jnp.where(any_act, t_star, t_end)
-    y_out = tree_where(any_act, y_after, y1)
-    stopped = ev.stopped | (any_act & terminal)
-    restart = any_act & has_apply & ~terminal
-    new = EventState(jnp.where(any_act, g_after, g_new), tuple(ts_buf), tuple(ys_buf),
-                     counts, stopped, ev.n_restarts + restart.astype(jnp.int32))
-    return t_out, y_out, restart, new
+        t_out = jnp.where(any_act, t_star, t_end)
+        y_out = tree_where(any_act, y_after, y1)
+        stopped = ev.stopped | (any_act & terminal)
+        restart = any_act & has_apply & ~terminal
+        new = EventState(jnp.where(any_act, g_after, g_new), tuple(ts_buf), tuple(ys_buf),
+                         counts, stopped, ev.n_restarts + restart.astype(jnp.int32))
+        return t_out, y_out, restart, new
+
+    return lax.cond(jnp.any(hit), crossing, quiet, None)
 
 
 def pack_events(sol):
