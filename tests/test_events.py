@@ -420,3 +420,21 @@ def test_docs_events_page_runs():
     ns: dict = {}
     for block in blocks:
         exec(compile(block, str(page), "exec"), ns)  # noqa: S102 - our own docs
+
+
+def test_bouncing_ball_example_runs_and_checks_its_arguments(capsys, tmp_path, monkeypatch):
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "bouncing_ball.py"
+    spec = importlib.util.spec_from_file_location("bouncing_ball", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.chdir(tmp_path)
+    mod.main(["--bounces", "4", "--velocity", "0.3"])
+    out = capsys.readouterr().out
+    assert "4 bounces" in out
+    err = float(re.search(r"max \|error\| = (\S+) s", out).group(1))
+    assert err < 1e-11  # against the closed form printed beside it; measured 3e-14
+    with pytest.raises(SystemExit):
+        mod.main(["--restitution", "1.5"])
+    assert not list(tmp_path.iterdir())  # writes nothing (in the working directory) by default
