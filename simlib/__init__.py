@@ -9,6 +9,7 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 from . import particles, systems
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
 from ._errors import Result, SolverError
+from ._events import Event, EventRecord
 from ._solve import SaveAt, Solution, solve
 from ._solver import (
     BDF,
@@ -64,6 +65,8 @@ __all__ = [
     "Dopri5",
     "Dopri8",
     "Euler",
+    "Event",
+    "EventRecord",
     "ExplicitRungeKutta",
     "FitResult",
     "ForwardMode",

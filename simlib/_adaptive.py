@@ -19,6 +19,16 @@ from jax import lax
 from ._adjoint import TANGENTS_ONLY, Checkpointed, ForwardMode, _TangentsOnly, forward_mode
 from ._control import initial_step, log_error_ratio, pi_factor
 from ._errors import Result, check_solution
+from ._events import (
+    EventSet,
+    EventState,
+    after_step,
+    init_state,
+    overflowed,
+    pack_events,
+    records,
+    unpack_events,
+)
 from ._solution import assemble_solution
 from ._solver._base import PyTree
 from ._util import (
@@ -99,6 +109,36 @@ def _attempt(f, solver, k_exp, carry: _Attempt, t1, direction, rtol, atol, args)
     return new, (t, y, h, accept, y1, dense)
 
 
+# ---- events (simlib/_events.py): handled after each attempt; ``events=None`` adds nothing
+def _attempt_events(f, solver, k_exp, c: _Attempt, ev, events, t1, direction, rtol, atol,
+                    args):
+    """``_attempt``, then the events: locate crossings on the step's dense output, record
+    them, and stop (terminal) or restart from the changed state (``apply``) at the first
+    acting one. Returns ``(new carry, new event state, attempt data)``."""
+    new, data = _attempt(f, solver, k_exp, c, t1, direction, rtol, atol, args)
+    if events is None:
+        return new, ev, data
+    t, y, h, accept, y1, dense = data
+
+    def interp(theta, d):
+        t_, y_, h_, y1_, dense_, args_ = d
+        return solver.interpolate(f, args_, t_, y_, h_, y1_, dense_, theta)
+
+    t_out, y_out, restart, ev = after_step(events, ev, accept, t, h, new.t, new.y, interp,
+                                           (t, y, h, y1, dense, args))
+    state = new.state
+    if events.has_apply:
+        state = lax.cond(restart, lambda: solver.set_tolerances(
+            solver.init(f, t_out, y_out, args), rtol, atol), lambda: new.state)
+    return new._replace(t=t_out, y=y_out, state=state), ev, data
+
+
+def _live(c: _Attempt, ev, t1, direction, max_steps):
+    ok = _not_done(c, t1, direction, max_steps)
+    return ok if ev is None else ok & ~ev.stopped
+# ---- end events
+
+
 def _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args):
     tdtype = time_dtype(y0)
     t0 = jnp.asarray(t0, tdtype)
@@ -134,18 +174,24 @@ def _not_done(c: _Attempt, t1, direction, max_steps):
 
 
 def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol, atol, ts,
-                      args):
-    """The while-loop forward pass. Returns ``(final carry, saved, steps_out)``."""
+                      args, events=None):
+    """The while-loop forward pass. Returns ``(final carry, saved, steps_out)``, and the
+    final event state after them when ``events`` (an ``EventSet``) is given."""
     carry, t0, t1, direction = _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args)
     k_exp = _k_exponent(solver)
     tdtype = t0.dtype
     ts_arr = None if ts is None else jnp.asarray(ts, tdtype)
+    ev0 = None if events is None else init_state(events, t0, y0)
 
-    def attempt(c):
-        return _attempt(f, solver, k_exp, c, t1, direction, rtol, atol, args)
+    def attempt(c, ev):
+        return _attempt_events(f, solver, k_exp, c, ev, events, t1, direction, rtol, atol,
+                               args)
 
     def until(stop):
-        return lambda s: _not_done(s[0], t1, direction, max_steps) & stop(s)
+        return lambda s: _live(s[0], s[1], t1, direction, max_steps) & stop(s)
+
+    def out(c, ev, saved, steps_out):
+        return (c, saved, steps_out) if events is None else (c, saved, steps_out, ev)
 
     if mode == "ts":
         # A scan over save times, each running the while loop until a step covers it, then
@@ -153,13 +199,13 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
         # through the while loop: under vmap a batched while loop selects its whole carry
         # at every iteration.
         def follow(s):
-            c, last = s
-            new, (t, y, h, accept, y1, dense) = attempt(c)
-            return new, tree_where(accept, (t, y, h, y1, dense), last)
+            c, ev, last = s
+            new, ev, (t, y, h, accept, y1, dense) = attempt(c, ev)
+            return new, ev, tree_where(accept, (t, y, h, y1, dense), last)
 
         def save(s, t_save):
             s = lax.while_loop(until(lambda s: direction * (t_save - s[0].t) > 0), follow, s)
-            c, (t, y, h, y1, dense) = s
+            c, _, (t, y, h, y1, dense) = s
             theta = (t_save - t) / jnp.where(h == 0, 1.0, h)
             value = solver.interpolate(f, args, t, y, h, y1, dense, theta)
             reached = direction * (t_save - c.t) <= 0
@@ -167,29 +213,29 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
                 lambda v: jnp.full_like(v, jnp.nan), value))
 
         last = (t0, y0, jnp.zeros_like(t0), y0, _placeholder_dense(f, solver, carry, args))
-        (carry, _), saved = lax.scan(save, (carry, last), ts_arr)
-        c = lax.while_loop(until(lambda s: True), lambda s: (attempt(s[0])[0],), (carry,))[0]
-        return c, saved, (None, None)
+        (carry, ev, _), saved = lax.scan(save, (carry, ev0, last), ts_arr)
+        c, ev = lax.while_loop(until(lambda s: True), lambda s: attempt(*s)[:2], (carry, ev))
+        return out(c, ev, saved, (None, None))
 
     def body(state):
-        c, sts, sys_ = state
-        new, (_, _, _, accept, _, _) = attempt(c)
+        c, ev, sts, sys_ = state
+        new, ev, (_, _, _, accept, _, _) = attempt(c, ev)
         if mode == "steps":
             idx = jnp.where(accept, c.n_accepted, max_steps)
             sts = lax.dynamic_update_index_in_dim(sts, new.t, idx, 0)
             sys_ = write(sys_, idx, new.y)
-        return new, sts, sys_
+        return new, ev, sts, sys_
 
     sts = jnp.full((max_steps + 1,), jnp.inf, tdtype) if mode == "steps" else None
     sys_ = buffer(y0, max_steps + 1, jnp.inf) if mode == "steps" else None
-    c, sts, sys_ = lax.while_loop(until(lambda s: True), body, (carry, sts, sys_))
+    c, ev, sts, sys_ = lax.while_loop(until(lambda s: True), body, (carry, ev0, sts, sys_))
     if mode == "steps":  # drop the row that rejected attempts wrote to
         sts, sys_ = sts[:max_steps], jax.tree_util.tree_map(lambda b: b[:max_steps], sys_)
-    return c, None, (sts, sys_)
+    return out(c, ev, None, (sts, sys_))
 
 
 def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt0, rtol, atol,
-                     ts, args):
+                     ts, args, events=None):
     """The same computation as ``_adaptive_forward``, as a differentiable bounded scan.
 
     Every attempt is recorded; saved values are then rebuilt from the recorded
@@ -203,26 +249,30 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
     checkpointed = isinstance(adjoint, Checkpointed)
     size = adjoint.segment_length(max_steps) if checkpointed else _CHUNK
     n_chunks = -(-max_steps // size)
+    ev0 = None if events is None else init_state(events, t0, y0)
 
     # A multistep solver's step depends on its carried history: its dense data is recorded
     # here (ts mode) instead of being rebuilt from solver.init at the save times.
     record_dense = solver.multistep and mode == "ts"
 
-    def one(c, _):
-        active = _not_done(c, t1, direction, max_steps)
-        new, (t, y, h, accept, _, dense) = _attempt(f, solver, k_exp, c, t1, direction,
-                                                    rtol, atol, args)
-        new = jax.tree_util.tree_map(lambda a, b: jnp.where(active, a, b), new, c)
+    def one(s, _):
+        c, ev = s
+        active = _live(c, ev, t1, direction, max_steps)
+        new, ev_new, (t, y, h, accept, _, dense) = _attempt_events(
+            f, solver, k_exp, c, ev, events, t1, direction, rtol, atol, args)
+        new, ev_new = jax.tree_util.tree_map(lambda a, b: jnp.where(active, a, b),
+                                             (new, ev_new), (c, ev))
         rec = (t, y, h, accept & active, new.t, new.y)
-        return new, rec + ((dense,) if record_dense else ())
+        return (new, ev_new), rec + ((dense,) if record_dense else ())
 
-    def skip(c):
+    def skip(s):
+        c = s[0]
         rec = (jnp.zeros((size,), tdtype), buffer(c.y, size, 0.0),
                jnp.zeros((size,), tdtype), jnp.zeros((size,), bool),
                jnp.zeros((size,), tdtype), buffer(c.y, size, 0.0))
         if record_dense:
             rec = rec + (buffer(_placeholder_dense(f, solver, c, args), size, 0.0),)
-        return c, rec
+        return s, rec
 
     def run_chunk(c):
         return lax.scan(one, c, None, length=size)
@@ -230,15 +280,15 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
     if checkpointed:
         run_chunk = jax.checkpoint(run_chunk)
 
-    def chunk(c, _):
+    def chunk(s, _):
         return lax.cond(
-            _not_done(c, t1, direction, max_steps),
+            _live(*s, t1, direction, max_steps),
             run_chunk,
             skip,
-            c,
+            s,
         )
 
-    c, recs = lax.scan(chunk, carry, None, length=n_chunks)
+    (c, ev), recs = lax.scan(chunk, (carry, ev0), None, length=n_chunks)
     recs = jax.tree_util.tree_map(lambda r: r.reshape((-1,) + r.shape[2:])[:max_steps], recs)
     t_rec, y_rec, h_rec, acc_rec, tnew_rec, ynew_rec = recs[:6]
     order = jnp.argsort(~acc_rec, stable=True)  # accepted attempts first, in time order
@@ -271,23 +321,28 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
         steps_out = (jnp.where(valid, tnew_rec[order], jnp.inf),
                      where_rows(valid, jax.tree_util.tree_map(lambda r: r[order], ynew_rec),
                                  jnp.inf))
-    return c, saved, steps_out
+    return (c, saved, steps_out) if events is None else (c, saved, steps_out, ev)
 
 
-def _adaptive_diff_outputs(c, saved, steps_out):
-    return (c.t, c.y, saved, steps_out)
+def _adaptive_diff_outputs(c, saved, steps_out, ev=None):
+    if ev is None:
+        return (c.t, c.y, saved, steps_out)
+    return (c.t, c.y, saved, steps_out, (ev.ts, ev.ys))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
 def _adaptive_solve(f, solver, mode, n_save, max_steps, adjoint, inputs):
-    c, saved, steps_out = _adaptive_forward(f, solver, mode, n_save, max_steps, **inputs)
-    return _adaptive_diff_outputs(c, saved, steps_out), _stats_of(c, solver)
+    c, saved, steps_out, *ev = _adaptive_forward(f, solver, mode, n_save, max_steps, **inputs)
+    return _adaptive_diff_outputs(c, saved, steps_out, *ev), _stats_of(c, solver, *ev)
 
 
-def _stats_of(c: _Attempt, solver):
+def _stats_of(c: _Attempt, solver, ev=None):
     # state_fevals: evaluations a solver counts in its state (BDF's Newton iterations)
-    return (c.n_steps, c.n_accepted, c.result,
-            jnp.asarray(solver.state_fevals(c.state), jnp.int32))
+    stats = (c.n_steps, c.n_accepted, c.result,
+             jnp.asarray(solver.state_fevals(c.state), jnp.int32))
+    if ev is None:
+        return stats
+    return stats + ((ev.g, ev.counts, ev.stopped, ev.n_restarts),)
 
 
 def _adaptive_fwd(f, solver, mode, n_save, max_steps, adjoint, inputs):
@@ -299,9 +354,9 @@ def _adaptive_bwd(f, solver, mode, n_save, max_steps, adjoint, inputs, cotangent
     d_out, _ = cotangent
 
     def replay(inputs):
-        c, saved, steps_out = _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint,
-                                               **inputs)
-        return _adaptive_diff_outputs(c, saved, steps_out)
+        c, saved, steps_out, *ev = _adaptive_replay(f, solver, mode, n_save, max_steps,
+                                                    adjoint, **inputs)
+        return _adaptive_diff_outputs(c, saved, steps_out, *ev)
 
     _, vjp = jax.vjp(replay, inputs)
     (d_inputs,) = vjp(d_out)
@@ -312,39 +367,61 @@ _adaptive_solve.defvjp(_adaptive_fwd, _adaptive_bwd)
 
 
 def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, adjoint,
-                   y0, t0, t1, dt0, rtol, atol, ts, args):
+                   y0, t0, t1, dt0, rtol, atol, ts, args, events=None):
     tdtype = time_dtype(y0)
     f_plain, f_args = convert_closure(f, jnp.asarray(t0, tdtype), y0, args)
+    if events is not None and not isinstance(events, EventSet):
+        events = EventSet.convert(events, jnp.asarray(t0, tdtype), y0, args)
     if isinstance(adjoint, ForwardMode):
         sol = forward_mode(
-            lambda y0, fargs, c: adaptive_core(f_plain, solver, mode, save_t0, n_save, False,
-                                               max_steps, TANGENTS_ONLY, y0, *c, fargs),
-            y0, f_args, (t0, t1, dt0, rtol, atol, ts))
-        return check_solution(sol, in_graph_check, jnp.asarray(t1, tdtype), max_steps)
+            lambda y0, fargs, c: pack_events(adaptive_core(
+                f_plain, solver, mode, save_t0, n_save, False, max_steps, TANGENTS_ONLY, y0,
+                *c[:-1], fargs, events=c[-1])),
+            y0, f_args, (t0, t1, dt0, rtol, atol, ts, events))
+        return check_solution(unpack_events(sol), in_graph_check, jnp.asarray(t1, tdtype),
+                              max_steps)
     inputs = dict(
         y0=y0, t0=jnp.asarray(t0, tdtype), t1=jnp.asarray(t1, tdtype),
         dt0=None if dt0 is None else jnp.asarray(dt0, tdtype),
         rtol=jnp.asarray(rtol, tdtype), atol=jnp.asarray(atol, tdtype),
         ts=None if ts is None else jnp.asarray(ts, tdtype), args=f_args,
     )
+    if events is not None:
+        inputs["events"] = events
+    ev = None
     if isinstance(adjoint, _TangentsOnly):  # the while loop itself, which jvp goes through
-        c, saved, (sts, sys_) = _adaptive_forward(f_plain, solver, mode, n_save, max_steps,
-                                                  **inputs)
+        c, saved, (sts, sys_), *evs = _adaptive_forward(f_plain, solver, mode, n_save,
+                                                        max_steps, **inputs)
         t_end, y_end = c.t, c.y
         n_steps, n_acc, result, state_fevals = _stats_of(c, solver)
+        if events is not None:
+            ev = evs[0]
     else:
-        (t_end, y_end, saved, (sts, sys_)), (n_steps, n_acc, result, state_fevals) = (
-            _adaptive_solve(f_plain, solver, mode, n_save, max_steps, adjoint, inputs))
+        (t_end, y_end, saved, (sts, sys_), *ev_diff), (
+            n_steps, n_acc, result, state_fevals, *ev_int) = _adaptive_solve(
+                f_plain, solver, mode, n_save, max_steps, adjoint, inputs)
+        if events is not None:
+            (ev_ts, ev_ys), (g, counts, stopped, n_restarts) = ev_diff[0], ev_int[0]
+            ev = EventState(g, ev_ts, ev_ys, counts, stopped, n_restarts)
     t0a, t1a = inputs["t0"], inputs["t1"]
     direction = jnp.where(t1a >= t0a, 1.0, -1.0)
+    if ev is not None:
+        result = jnp.where((result == 0) & overflowed(events, ev),
+                           Result.EVENT_CAPACITY_EXCEEDED.value, result)
     unfinished = (result == 0) & (direction * (t1a - t_end) > 0)
+    if ev is not None:
+        unfinished = unfinished & ~ev.stopped
     result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
     # f(t0, y0) and the Euler probe of initial_step (f0 then reaches init), or init's own
     init_fevals = 2 if dt0 is None else solver.init_fevals
     n_fevals = solver.num_fevals(n_steps, n_acc) + state_fevals + init_fevals
+    if ev is not None:  # solver restarts after apply
+        n_fevals = n_fevals + ev.n_restarts * solver.init_fevals
     return assemble_solution(mode, save_t0, t0a, y0, t_end, y_end, inputs["ts"], saved,
                              (sts, sys_), (n_steps, n_acc, n_fevals, t_end), result,
-                             in_graph_check, t1a, max_steps)
+                             in_graph_check, t1a, max_steps,
+                             events=None if ev is None else records(events, ev))
 
 
-adaptive_jit = jax.jit(adaptive_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7))
+adaptive_jit = jax.jit(adaptive_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7),
+                       static_argnames=("events",))

@@ -24,8 +24,19 @@ from ._adjoint import (
     reversible_scan,
 )
 from ._errors import Result, check_solution
+from ._events import (
+    EventSet,
+    after_step,
+    init_state,
+    overflowed,
+    pack_events,
+    records,
+    unpack_events,
+)
 from ._solution import assemble_solution
-from ._util import buffer, checked_step, convert_closure, time_dtype, write
+from ._solver._base import AbstractSolver
+from ._solver._explicit_rk import hermite
+from ._util import all_finite, buffer, checked_step, convert_closure, time_dtype, tree_where, write
 
 
 def grid_count(t0: float, t1: float, dt: float) -> int:
@@ -87,16 +98,60 @@ def _walker(mode, n_save, t0, t1, direction, step, n_grid, ts_arr, tdtype):
     return advance
 
 
+# ---- events (simlib/_events.py) in fixed-step runs; ``events=None`` adds nothing
+def has_interpolant(solver) -> bool:
+    """Whether the solver has its own dense output (else events use a cubic Hermite)."""
+    return type(solver).interpolate is not AbstractSolver.interpolate
+
+
+def _step_events(f, solver, t, y, h, target, args, state, count, failure, ev, events):
+    """One fixed step with event handling: ``checked_step``, then crossings located on the
+    step's interpolant (the solver's own, or the cubic Hermite polynomial through
+    ``y, f(t, y)`` and ``y1, f(t + h, y1)``). Returns ``(t_out, y1, state1, failure, ev,
+    truncated)``; ``truncated``: the step was cut at an acting event."""
+    result, fail_t, fail_step = failure
+    y1, err, dense, state1 = solver.step(f, t, y, h, args, state)
+    newton_failed = solver.step_failed(err)
+    newly_bad = (result == 0) & (~all_finite(y1) | newton_failed)
+    code = jnp.where(newton_failed, Result.NEWTON_FAILED.value, Result.NONFINITE_STATE.value)
+    failure = (jnp.where(newly_bad, code, result),
+               jnp.where(newly_bad, t, fail_t), jnp.where(newly_bad, count, fail_step))
+    if has_interpolant(solver):
+        def interp(theta, d):
+            t_, y_, h_, y1_, dense_, args_ = d
+            return solver.interpolate(f, args_, t_, y_, h_, y1_, dense_, theta)
+        data, prepare = (t, y, h, y1, dense, args), None
+    else:
+        def prepare(d):
+            t_, y_, h_, y1_, args_ = d
+            return (y_, y1_, f(t_, y_, args_), f(t_ + h_, y1_, args_), h_)
+
+        def interp(theta, d):
+            return hermite(*d[:4], d[4], theta)
+        data = (t, y, h, y1, args)
+    stopped_before = ev.stopped
+    t_out, y_out, restart, ev = after_step(events, ev, jnp.asarray(True), t, h, target, y1,
+                                           interp, data, prepare=prepare)
+    if events.has_apply:
+        state1 = lax.cond(restart, lambda: solver.init(f, t_out, y_out, args), lambda: state1)
+    truncated = restart | (ev.stopped & ~stopped_before)
+    return t_out, y_out, state1, failure, ev, truncated
+# ---- end events
+
+
 def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_steps, adjoint,
-               y0, t0, t1, dt, n_grid, ts, args):
+               y0, t0, t1, dt, n_grid, ts, args, events=None):
     tdtype = time_dtype(y0)
+    if events is not None and not isinstance(events, EventSet):
+        events = EventSet.convert(events, jnp.asarray(t0, tdtype), y0, args)
     if isinstance(adjoint, ForwardMode):
         f_plain, fargs = convert_closure(f, jnp.asarray(t0, tdtype), y0, args)
         sol = forward_mode(
-            lambda y0, fargs, c: fixed_core(f_plain, solver, mode, save_t0, n_iter, n_save,
-                                            False, max_steps, TANGENTS_ONLY, y0, *c, fargs),
-            y0, fargs, (t0, t1, dt, n_grid, ts))
-        return check_solution(sol, in_graph_check, t1, max_steps)
+            lambda y0, fargs, c: pack_events(fixed_core(
+                f_plain, solver, mode, save_t0, n_iter, n_save, False, max_steps,
+                TANGENTS_ONLY, y0, *c[:-1], fargs, events=c[-1])),
+            y0, fargs, (t0, t1, dt, n_grid, ts, events))
+        return check_solution(unpack_events(sol), in_graph_check, t1, max_steps)
     if isinstance(adjoint, Reversible):
         t0, t1, dt, ts = reject_time_gradients((t0, t1, dt, ts), "Reversible")
     t0 = jnp.asarray(t0, tdtype)
@@ -119,38 +174,67 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
     # dynamic_update_slice rather than scatter for saves). Only the state and the
     # failure record are per member.
     def body(carry, _):
-        t, y, state, k, i, buf, result, fail_t, fail_step, count = carry
+        t, y, state, k, i, buf, result, fail_t, fail_step, count, *ev = carry
+        k_prev = k
         target, h, k, save = advance(t, k, i)
+        if ev:  # a stopped run takes steps of length zero
+            ev = ev[0]
+            stopped = ev.stopped
+            target, h, save = (jnp.where(stopped, t, target), jnp.where(stopped, 0.0, h),
+                               save & ~stopped)
         count = count + (h != 0).astype(count.dtype)
-        y1, state1, (result, fail_t, fail_step) = checked_step(
-            f, solver, t, y, h, args, state, count, (result, fail_t, fail_step))
+        if not ev:
+            y1, state1, (result, fail_t, fail_step) = checked_step(
+                f, solver, t, y, h, args, state, count, (result, fail_t, fail_step))
+        else:  # an acting event cuts the step; the next one restarts from it
+            target, y1, state1, (result, fail_t, fail_step), ev, cut = _step_events(
+                f, solver, t, y, h, target, args, state, count, (result, fail_t, fail_step),
+                ev, events)
+            k, save = jnp.where(cut, k_prev, k), save & ~cut
         if mode == "ts":
             buf = write(buf, jnp.where(save, i, n_save), y1)
             i = i + save.astype(i.dtype)
         out = (target, y1) if mode == "steps" else None
-        return (target, y1, state1, k, i, buf, result, fail_t, fail_step, count), out
+        if mode == "steps" and ev:  # rows after a terminal event: inf
+            out = (jnp.where(stopped, jnp.inf, target),
+                   tree_where(stopped, jax.tree_util.tree_map(
+                       lambda x: jnp.full_like(x, jnp.inf), y1), y1))
+        new = (target, y1, state1, k, i, buf, result, fail_t, fail_step, count)
+        return (new + (ev,) if ev else new), out
 
     buf0 = buffer(y0, n_save + 1, jnp.nan) if mode == "ts" else None
     zero = jnp.array(0, jnp.int32)
     carry0 = (t0, y0, state0, zero, zero, buf0, zero, t0, zero, zero)
+    if events is not None:
+        carry0 = carry0 + (init_state(events, t0, y0),)
     if isinstance(adjoint, Checkpointed):
         carry, outs = checkpointed_scan(body, carry0, n_iter, adjoint.segment_length(n_iter))
     elif isinstance(adjoint, Reversible):
         carry, outs = reversible_scan(f, solver, mode, n_save, advance, carry0, n_iter, args)
     else:
         carry, outs = lax.scan(body, carry0, None, length=n_iter)
-    t, y, _, k, i, buf, result, fail_t, fail_step, count = carry
+    t, y, _, k, i, buf, result, fail_t, fail_step, count, *ev = carry
+    if ev:
+        ev = ev[0]
+        result = jnp.where((result == 0) & overflowed(events, ev),
+                           Result.EVENT_CAPACITY_EXCEEDED.value, result)
     unfinished = (result == 0) & ((t != t1) | (i < n_save if mode == "ts" else False))
+    if ev:
+        unfinished = unfinished & ~ev.stopped
     result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
     failed = (result == Result.NONFINITE_STATE.value) | (result == Result.NEWTON_FAILED.value)
     t_final = jnp.where(failed, fail_t, t)
     step_final = jnp.where(failed, fail_step, count)
 
     n_fevals = solver.num_fevals(step_final, step_final) + solver.init_fevals
+    if ev:  # solver restarts after apply
+        n_fevals = n_fevals + ev.n_restarts * solver.init_fevals
     return assemble_solution(mode, save_t0, t0, y0, t, y, ts_arr,
                              jax.tree_util.tree_map(lambda b: b[:n_save], buf) if mode == "ts"
                              else None, outs, (step_final, step_final, n_fevals, t_final),
-                             result, in_graph_check, t1, max_steps)
+                             result, in_graph_check, t1, max_steps,
+                             events=records(events, ev) if ev else None)
 
 
-fixed_jit = jax.jit(fixed_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8))
+fixed_jit = jax.jit(fixed_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8),
+                    static_argnames=("events",))

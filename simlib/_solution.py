@@ -56,12 +56,22 @@ class Solution(NamedTuple):
             ``num_fevals`` (right-hand-side evaluations, dense-output extras excluded)
             and ``t_final`` (where the integration stopped).
         result: A :class:`~simlib.Result` code; 0 means success.
+
+    With ``solve(..., events=...)``, ``stats["events"]`` (also :attr:`events`) holds one
+    :class:`~simlib.EventRecord` per event, and ``stats["t_final"]`` is the time of a
+    terminal event when one stopped the run.
     """
 
     ts: jax.Array
     ys: PyTree
     stats: dict
     result: jax.Array
+
+    @property
+    def events(self) -> tuple:
+        """Per event, an :class:`~simlib.EventRecord` ``(ts, ys, count)`` of its crossings
+        (empty when ``solve`` had no events)."""
+        return self.stats.get("events", ())
 
     @property
     def message(self) -> str:
@@ -74,7 +84,7 @@ class Solution(NamedTuple):
 
 def assemble_solution(mode: str, save_t0: bool, t0, y0: PyTree, t_end, y_end: PyTree, ts_arr,
                       saved: PyTree, steps_out, stats: tuple, result, in_graph_check: bool,
-                      t1, max_steps: int) -> Solution:
+                      t1, max_steps: int, events: tuple | None = None) -> Solution:
     """The :class:`Solution` of a run, the same for the fixed-step and adaptive drivers.
 
     Args:
@@ -86,6 +96,8 @@ def assemble_solution(mode: str, save_t0: bool, t0, y0: PyTree, t_end, y_end: Py
         stats: ``(num_steps, num_accepted, num_fevals, t_final)``.
         result: The :class:`Result` code of the run.
         in_graph_check, t1, max_steps: Passed to :func:`check_solution`.
+        events: The :class:`~simlib.EventRecord` of each event, put in
+            ``stats["events"]`` (``None``: no events, no such key).
     """
     if mode == "t1":
         ts_out, ys_out = t_end[None], jax.tree_util.tree_map(lambda x: x[None], y_end)
@@ -104,5 +116,7 @@ def assemble_solution(mode: str, save_t0: bool, t0, y0: PyTree, t_end, y_end: Py
         num_fevals=n_fevals,
         t_final=t_final,
     )
+    if events is not None:
+        stats["events"] = events
     return check_solution(Solution(ts_out, ys_out, stats, result), in_graph_check, t1,
                           max_steps)

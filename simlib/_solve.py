@@ -17,6 +17,7 @@ import numpy as np
 from ._adaptive import adaptive_jit as _adaptive_jit
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, Reversible, is_time_symmetric
 from ._errors import Result, SolverError, result_message
+from ._events import Event, as_events, check_events
 from ._fixed import fixed_iterations, grid_count
 from ._fixed import fixed_jit as _fixed_jit
 from ._solution import SaveAt, Solution
@@ -31,7 +32,8 @@ __all__ = ["DEFAULT_MAX_STEPS", "SaveAt", "Solution", "solve"]
 # --------------------------------------------------------------------------------------
 # the entry point
 
-_KEYWORDS = ("solver", "dt", "rtol", "atol", "args", "saveat", "max_steps", "throw", "adjoint")
+_KEYWORDS = ("solver", "dt", "rtol", "atol", "args", "saveat", "max_steps", "throw", "adjoint",
+             "events")
 _CHECKPOINT_ABOVE = 1024  # default adjoint: Checkpointed for fixed-step runs longer than this
 
 
@@ -94,6 +96,7 @@ def solve(
     max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
     adjoint: AbstractAdjoint | None = None,
+    events: Event | list[Event] | tuple[Event, ...] | None = None,
     **unknown: Any,
 ) -> Solution:
     """Integrate ``dy/dt = f(t, y, args)`` from ``t0`` to ``t1``.
@@ -128,6 +131,9 @@ def solve(
             steps) or :class:`ForwardMode` (forward-mode Jacobian, for a few inputs).
             The default is ``Checkpointed()`` for fixed-step runs of more than
             1,024 steps and ``Direct()`` otherwise.
+        events: An :class:`Event` or a list of them: zeros of ``cond(t, y, args)`` located
+            on the dense output, recorded in ``Solution.events``, ending the run
+            (``terminal``) or changing the state (``apply``). See docs/events.md.
 
     Returns:
         A :class:`Solution`.
@@ -166,6 +172,11 @@ def solve(
             f"adjoint=Reversible() needs a time-symmetric symplectic solver (VelocityVerlet, "
             f"Yoshida4, PEFRL, ImplicitMidpoint), got {type(solver).__name__}()"
         )
+    events = as_events(events)
+    if events is not None and isinstance(adjoint, Reversible):
+        raise ValueError("events cannot be used with adjoint=Reversible() (its backward pass "
+                         "retraces a fixed grid); use Direct(), Checkpointed() or "
+                         "ForwardMode()")
     if not isinstance(saveat, SaveAt):
         raise TypeError(f"saveat must be a simlib.SaveAt, got {saveat!r}")
     mode = saveat.mode()
@@ -207,6 +218,9 @@ def solve(
     if any(a.dtype != b.dtype for a, b in zip(jax.tree_util.tree_leaves(y0),
                                                jax.tree_util.tree_leaves(out), strict=True)):
         f = _CastToState(f)
+
+    if events is not None:
+        check_events(events, y0, args, tdtype)
 
     adaptive = rtol is not None or atol is not None
     concrete_span = not is_tracer((t0, t1))
@@ -256,6 +270,11 @@ def solve(
                 "estimate; use an adaptive solver (Bosh3, Tsit5, Dopri5, Dopri8, Heun) or "
                 "give dt without tolerances for a fixed-step run"
             )
+        if events is not None and type(solver).interpolate is AbstractSolver.interpolate:
+            raise ValueError(
+                f"events need the solver's dense output to locate crossings in an adaptive "
+                f"run, and {type(solver).__name__} has no interpolate(); use a solver with "
+                "one (the explicit Runge-Kutta methods, Rosenbrock23) or a fixed-step run")
         rtol = atol if rtol is None else rtol
         atol = rtol if atol is None else atol
         for name, tol in (("rtol", rtol), ("atol", atol)):
@@ -263,7 +282,7 @@ def solve(
                 raise ValueError(f"{name} must be positive and finite, got {tol!r}")
         sol = _adaptive_jit(f, solver, mode, saveat.t0, n_save, in_graph_check, max_steps,
                             adjoint if adjoint is not None else Direct(),
-                            y0, t0, t1, dt, rtol, atol, ts, args)
+                            y0, t0, t1, dt, rtol, atol, ts, args, events=events)
     else:
         if solver.propose_step is not None:
             raise ValueError(
@@ -283,11 +302,14 @@ def solve(
         else:
             n_iter = max_steps + n_save
             n_grid = None
+        if events is not None:  # a step cut by an event with apply adds one step
+            n_iter += sum(ev.capacity for ev in events
+                          if ev.apply is not None and not ev.terminal)
         if adjoint is None:
             adjoint = Checkpointed() if n_iter > _CHECKPOINT_ABOVE else Direct()
         sol = _fixed_jit(f, solver, mode, saveat.t0, n_iter, n_save, in_graph_check, max_steps,
                          adjoint,
-                         y0, t0, t1, dt, n_grid, ts, args)
+                         y0, t0, t1, dt, n_grid, ts, args, events=events)
 
     if throw and not traced:
         code = int(sol.result)

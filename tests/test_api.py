@@ -24,6 +24,8 @@ PUBLIC = [
     "Dopri5",
     "Dopri8",
     "Euler",
+    "Event",
+    "EventRecord",
     "ExplicitRungeKutta",
     "FitResult",
     "ForwardMode",
