@@ -22,7 +22,7 @@ import time
 
 import jax
 
-SOLVERS = ("Rosenbrock23", "Rodas5", "Kvaerno3", "Kvaerno5", "BDF")
+SOLVERS = ("Rodas5P", "Rosenbrock23", "Rodas5", "Kvaerno3", "Kvaerno5", "BDF")
 K = (0.04, 3e7, 1e4)  # k1, k2, k3
 # Bari test set, problem ROBER, solution at t = 1e11 (rober.f, subroutine solut)
 PUBLISHED_1E11 = (0.2083340149701255e-7, 0.8333360770334713e-13, 0.9999999791665050)
@@ -71,9 +71,9 @@ def parse(argv):
 
     available = [n for n in SOLVERS if hasattr(sl, n)]
     parser = _Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--solver", default="Rosenbrock23",
+    parser.add_argument("--solver", default="Rodas5P",
                         help=f"stiff solver, one of {', '.join(available)} "
-                        "(default Rosenbrock23)")
+                        "(default Rodas5P)")
     parser.add_argument("--rtol", type=float, default=1e-6,
                         help="relative tolerance in (0, 1), atol = 1e-6 rtol (default 1e-6)")
     parser.add_argument("--t1", type=float, default=1e11, help="end time > 0 (default 1e11)")
