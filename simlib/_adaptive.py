@@ -307,7 +307,8 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
             if record_dense:  # y1 is unused by a multistep solver's interpolate
                 y1, dense = y, jax.tree_util.tree_map(lambda r: r[m], recs[6])
             else:
-                y1, _, dense, _ = solver.step(f, t, y, h, args, solver.init(f, t, y, args))
+                state = solver.set_tolerances(solver.init(f, t, y, args), rtol, atol)
+                y1, _, dense, _ = solver.step(f, t, y, h, args, state)
             theta = (s - t) / jnp.where(h == 0, 1.0, h)
             return solver.interpolate(f, args, t, y, h, y1, dense, theta)
 
