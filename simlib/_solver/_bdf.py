@@ -34,10 +34,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
+from jax.lax.linalg import lu_pivots_to_permutation, triangular_solve
 from jax.scipy.linalg import lu_factor
 
 from ._base import AbstractSolver, PyTree, VectorField, register_static, safe_sqrt
-from ._implicit import check_jac, flat_field, jacobian, newton
+from ._implicit import NewtonResult, check_jac, flat_field, jacobian
 
 MAX_ORDER = 5
 _ROWS = MAX_ORDER + 3  # D_0 .. D_{k+2}
@@ -81,12 +82,15 @@ class BDFState(NamedTuple):
 
 class BDFError(NamedTuple):
     """A step's error data: the local error estimate (flat), Newton's outcome, the
-    iterations it took and the scale ``atol + rtol |y_{n+1}|``."""
+    iterations it took (both attempts when ``J`` was refreshed), ``y_{n+1}`` (for the scale
+    ``atol + rtol |y_{n+1}|``) and the iterations of the last attempt (for the safety
+    factor)."""
 
     error: jax.Array
     newton_failed: jax.Array
     iterations: jax.Array
     y1: jax.Array
+    last_iterations: jax.Array
 
 
 def _rescale_matrix(order, factor, dtype):
@@ -114,6 +118,76 @@ def _rescale_matrix(order, factor, dtype):
 
 def _rms(x, scale):
     return safe_sqrt(jnp.mean(jnp.square(x / scale)))
+
+
+def _lu_solve(lu, b):
+    """``M^-1 b`` from ``lu_factor(M)``, the row permutation applied as a product with the
+    0/1 permutation matrix (exact) rather than a gather: XLA on the CPU fuses a gather with
+    the computation of ``b`` and, in that fusion, evaluated the NDF right-hand side
+    ``c f - psi - d`` less accurately (Robertson at rtol 1e-10, atol 1e-16: a residual
+    ``M x - b`` of 5e-17 instead of 1e-26, 1e-2 tolerance units, above the Newton
+    tolerance), which made Newton fail where scipy's converges."""
+    lu_, piv = lu
+    n = b.shape[0]
+    perm = lu_pivots_to_permutation(piv, n)
+    p = (jnp.arange(n)[None, :] == perm[:, None]).astype(b.dtype)
+    pb = jnp.matmul(p, b, precision=lax.Precision.HIGHEST)  # exact: one 1.0 per row
+    x = triangular_solve(lu_, pb[:, None], left_side=True, lower=True,
+                         unit_diagonal=True)
+    return triangular_solve(lu_, x, left_side=True, lower=False)[:, 0]
+
+
+def _newton(g, t_new, y_pred, psi, c, lu, scale, tol, max_iters: int) -> NewtonResult:
+    """Simplified Newton for the NDF corrector ``d - c g(t_new, y_pred + d) + psi = 0``,
+    with the stopping rules of scipy's BDF.
+
+    Iterates ``dy = M^-1 (c g(t_new, y) - psi - d)``, ``y <- y + dy``, ``d <- d + dy``
+    from ``y = y_pred``, ``d = 0`` (``M = I - c J`` factorised in ``lu``). ``y`` is
+    accumulated rather than recomputed as ``y_pred + d``: once the corrections fall below
+    half an ulp of a large component, that component stops moving, whereas re-rounding
+    ``y_pred + d`` at every iteration can flip it by an ulp back and forth, and through a
+    conservation law feed an error of that size into a small component (Robertson's at
+    atol 1e-16: a floor near 1e-2 tolerance units, far above the Newton tolerance).
+    With the rate ``theta = ||dy_k|| / ||dy_{k-1}||`` (RMS norm over ``scale``)
+    iteration ``k`` (from 0):
+
+    - diverges, its ``dy`` not applied, when ``theta >= 1`` or
+      ``theta^(max_iters - k) / (1 - theta) ||dy_k|| > tol`` (no test at ``k = 0``);
+    - converges when ``||dy_k|| = 0`` or ``theta / (1 - theta) ||dy_k|| < tol``.
+
+    So a rate is needed: the first iterate is never accepted on its own (unless ``dy = 0``),
+    unlike :func:`simlib._solver._implicit.newton`, which accepts ``||dy_0|| <= tol``.
+    Returns the correction ``d`` as ``z``.
+    """
+    dtype = y_pred.dtype
+    tol = jnp.asarray(tol, dtype)
+    tiny = jnp.finfo(dtype).eps
+
+    def body(carry):
+        y, d, _, k, _, prev, _ = carry
+        dy = _lu_solve(lu, c * g(t_new, y) - psi - d)
+        size = _rms(dy, scale)
+        has_rate = k > 0
+        theta = jnp.where(has_rate, size / jnp.where(prev > 0, prev, 1.0), 0.0).astype(dtype)
+        one_minus = jnp.maximum(1 - theta, tiny)
+        remaining = (max_iters - k).astype(dtype)
+        finite = jnp.all(jnp.isfinite(dy))
+        diverged = ~finite | (has_rate & ((theta >= 1)
+                                          | (theta ** remaining / one_minus * size > tol)))
+        y = jnp.where(diverged, y, y + dy)
+        d = jnp.where(diverged, d, d + dy)
+        converged = ~diverged & ((size == 0) | (has_rate & (theta / one_minus * size < tol)))
+        return y, d, converged, k + 1, diverged, size, theta
+
+    def cond(carry):
+        _, _, converged, k, diverged, *_ = carry
+        return ~converged & ~diverged & (k < max_iters)
+
+    zero = jnp.asarray(0.0, dtype)
+    init = (y_pred, jnp.zeros_like(y_pred), jnp.asarray(False), jnp.asarray(0, jnp.int32),
+            jnp.asarray(False), zero, zero)
+    _, d, converged, k, _, _, theta = lax.while_loop(cond, body, init)
+    return NewtonResult(d, converged, k, theta)
 
 
 class BDF(AbstractSolver):
@@ -231,12 +305,9 @@ class BDF(AbstractSolver):
         t_sg, y_pred_sg, psi_sg, c_sg = sg(t_new), sg(y_pred), sg(psi), sg(c)
         scale_sg = sg(scale)
 
-        def residual_sg(d):
-            return d + psi_sg - c_sg * g_sg(t_sg, y_pred_sg + d)
-
         def attempt(lu_):
-            return newton(residual_sg, lu_, jnp.zeros_like(y_pred_sg), scale_sg,
-                          tol=sg(newton_tol), max_iters=self.newton_max_iters)
+            return _newton(g_sg, t_sg, y_pred_sg, psi_sg, c_sg, lu_, scale_sg,
+                           sg(newton_tol), self.newton_max_iters)
 
         first = attempt(lu)
         refreshed = ~first.converged & ~state.jac_current
@@ -274,7 +345,7 @@ class BDF(AbstractSolver):
             n_lu=state.n_lu + refactor.astype(jnp.int32) + refreshed.astype(jnp.int32),
             n_newton=state.n_newton + iterations, rtol=state.rtol, atol=state.atol)
         err = BDFError(error=error, newton_failed=~converged, iterations=iterations,
-                       y1=y_new)
+                       y1=y_new, last_iterations=second.iterations)
         dense = jnp.where(rows[: MAX_ORDER + 1] <= k, D1[: MAX_ORDER + 1], 0.0)
         return unravel(y_new), err, dense, state1
 
@@ -299,7 +370,7 @@ class BDF(AbstractSolver):
         dtype = state1.D.dtype
         _, _, error_const = self._coefficients(dtype)
         m = self.newton_max_iters
-        safety = _SAFETY * (2 * m + 1) / (2 * m + err.iterations.astype(dtype))
+        safety = _SAFETY * (2 * m + 1) / (2 * m + err.last_iterations.astype(dtype))
         k = state1.order
         ratio = jnp.asarray(ratio, dtype)
         kf = k.astype(dtype)
