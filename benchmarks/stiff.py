@@ -59,7 +59,6 @@ jax.config.update("jax_enable_x64", True)
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
@@ -69,7 +68,7 @@ from pathlib import Path  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.sparse  # noqa: E402
-from _format import fmt_s  # noqa: E402  (benchmarks/_format.py, next to this file)
+from _format import finish, fmt_s  # noqa: E402  (benchmarks/_format.py, next to this file)
 from scipy.integrate import solve_ivp  # noqa: E402
 
 import simlib as sl  # noqa: E402
@@ -539,14 +538,7 @@ def main(argv=None) -> int:
     results["wall_s"] = time.perf_counter() - start
     results["load_end"] = os.getloadavg()
     text = report(results)
-    print()
-    print(text)
-    print(f"\ntotal wall time {results['wall_s']:.0f} s")
-    results["report"] = text
-    opts.json.parent.mkdir(parents=True, exist_ok=True)
-    opts.json.write_text(json.dumps(results, indent=2, default=float) + "\n")
-    print(f"results written to {opts.json}")
-    return 0
+    return finish(results, text, opts.json)
 
 
 if __name__ == "__main__":
