@@ -1,4 +1,5 @@
-"""Number formatting shared by the benchmark scripts' printed tables."""
+"""Helpers shared by the benchmark scripts: number formatting for the printed tables, the
+simlib commit a run measured, and writing the results."""
 
 from __future__ import annotations
 
@@ -34,3 +35,18 @@ def finish(results: dict, text: str, json_path) -> int:
     path.write_text(json.dumps(results, indent=2, default=float) + "\n")
     print(f"results written to {path}")
     return 0
+
+
+def simlib_commit(root) -> str | None:
+    """The short HEAD of the git checkout at ``root``, with ``+dirty`` if ``simlib/`` has
+    uncommitted edits there; ``None`` outside a git checkout."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "simlib"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except Exception:  # noqa: BLE001 - not a git checkout, or no git
+        return None
+    return head + ("+dirty" if dirty else "")

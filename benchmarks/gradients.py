@@ -75,7 +75,7 @@ from typing import ClassVar  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _format import finish, fmt_r, fmt_s  # noqa: E402  (benchmarks/_format.py, next to this file)
+from _format import finish, fmt_r, fmt_s, simlib_commit  # noqa: E402  (benchmarks/_format.py, next to this file)
 from jax import lax  # noqa: E402
 
 import simlib as sl  # noqa: E402
@@ -695,18 +695,6 @@ def fmt_b(x) -> str:
     return f"{x / 2**10:.0f} KiB"
 
 
-def _simlib_commit():
-    root = Path(sl.__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "simlib"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:  # noqa: BLE001 - not a git checkout
-        return None
-    return head + ("+dirty" if dirty else "")
-
-
 def _jaxlib_version():
     try:
         import jaxlib
@@ -929,7 +917,8 @@ def run(opts) -> dict:
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         jax_version=jax.__version__, jaxlib_version=_jaxlib_version(),
         diffrax_version=None if diffrax is None else diffrax.__version__,
-        simlib_version=sl.__version__, simlib_commit=_simlib_commit(),
+        simlib_version=sl.__version__,
+        simlib_commit=simlib_commit(Path(sl.__file__).resolve().parent.parent),
         python=platform.python_version(), platform=platform.platform(),
         cpu_model=_cpu_model(), backend=jax.default_backend(), cpu_count=os.cpu_count(),
         quick=opts.quick, repeats=opts.repeats, slow_repeats=opts.slow_repeats,

@@ -62,7 +62,7 @@ from pathlib import Path  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _format import finish, fmt_r, fmt_s  # noqa: E402  (benchmarks/_format.py, next to this file)
+from _format import finish, fmt_r, fmt_s, simlib_commit  # noqa: E402  (benchmarks/_format.py, next to this file)
 from jax import lax  # noqa: E402
 
 import simlib as sl  # noqa: E402
@@ -350,21 +350,6 @@ SIMLIB_NOTHROW = "simlib vmap throw=False"
 SIMLIB_BATCHED = "simlib batched"
 
 
-def _simlib_commit():
-    """HEAD of the repository simlib is imported from, "+dirty" if simlib/ has edits."""
-    import subprocess
-
-    root = Path(sl.__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "simlib"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:  # noqa: BLE001 - not a git checkout
-        return None
-    return head + ("+dirty" if dirty else "")
-
-
 def _jaxlib_version():
     try:
         import jaxlib
@@ -382,7 +367,7 @@ def run(members: list[int], repeats: int, scipy_members: int, max_unrolled: int,
         jaxlib_version=_jaxlib_version(),
         diffrax_version=None if diffrax is None else diffrax.__version__,
         simlib_version=sl.__version__,
-        simlib_commit=_simlib_commit(),
+        simlib_commit=simlib_commit(Path(sl.__file__).resolve().parent.parent),
         python=platform.python_version(),
         platform=platform.platform(),
         backend=jax.default_backend(),

@@ -82,7 +82,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _particle_peers as peers  # noqa: E402
-from _format import fmt_r, fmt_s  # noqa: E402
+from _format import fmt_r, fmt_s, simlib_commit  # noqa: E402
 
 RESULTS_DIR = HERE / "results"
 RHO, R_CUT, SKIN, KT = peers.RHO_LJ, peers.LJ_CUTOFF, peers.LJ_SKIN, peers.LJ_KT
@@ -787,18 +787,6 @@ def scaling_sweep(opts, mode: str, log=print) -> dict:
 # report
 
 
-def _simlib_commit():
-    root = HERE.parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "simlib"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return None
-    return head + ("+dirty" if dirty else "")
-
-
 def _versions() -> dict:
     from importlib import metadata
 
@@ -1104,7 +1092,7 @@ def main(argv=None) -> int:
 
     results = dict(
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        versions=_versions(), simlib_commit=_simlib_commit(),
+        versions=_versions(), simlib_commit=simlib_commit(HERE.parent),
         python=platform.python_version(), platform=platform.platform(),
         backend=jax.default_backend(), cpu_count=os.cpu_count(),
         loadavg_start=os.getloadavg(), mem_available_gb_start=mem_available_gb(),

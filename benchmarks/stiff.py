@@ -60,7 +60,6 @@ jax.config.update("jax_enable_x64", True)
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import platform  # noqa: E402
-import subprocess  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -68,7 +67,7 @@ from pathlib import Path  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.sparse  # noqa: E402
-from _format import finish, fmt_s  # noqa: E402  (benchmarks/_format.py, next to this file)
+from _format import finish, fmt_s, simlib_commit  # noqa: E402  (benchmarks/_format.py, next to this file)
 from scipy.integrate import solve_ivp  # noqa: E402
 
 import simlib as sl  # noqa: E402
@@ -369,17 +368,6 @@ def ensemble(members: int, scipy_members: int, repeats: int, rtol: float = 1e-6)
 # report
 
 
-def _commit():
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "simlib"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:  # noqa: BLE001 - not a git checkout
-        return None
-    return head + ("+dirty" if dirty else "")
-
-
 def fmt_r(x) -> str:
     """A ratio with three significant digits (small ratios stay readable)."""
     return "-" if x is None or not np.isfinite(x) else f"{x:.3g}x"
@@ -522,7 +510,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     results = dict(
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        commit=_commit(), jax=jax.__version__,
+        commit=simlib_commit(ROOT), jax=jax.__version__,
         diffrax=diffrax.__version__ if diffrax is not None else None,
         cpus=len(os.sched_getaffinity(0)), platform=platform.platform(), stiff=STIFF,
         repeats=repeats, scipy_repeats=scipy_repeats, quick=opts.quick,
