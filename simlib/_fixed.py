@@ -36,7 +36,15 @@ from ._events import (
 from ._solution import assemble_solution
 from ._solver._base import AbstractSolver
 from ._solver._explicit_rk import hermite
-from ._util import all_finite, buffer, checked_step, convert_closure, time_dtype, tree_where, write
+from ._util import (
+    buffer,
+    checked_step,
+    convert_closure,
+    record_step_failure,
+    time_dtype,
+    tree_where,
+    write,
+)
 
 
 def grid_count(t0: float, t1: float, dt: float) -> int:
@@ -109,13 +117,8 @@ def _step_events(f, solver, t, y, h, target, args, state, count, failure, ev, ev
     step's interpolant (the solver's own, or the cubic Hermite polynomial through
     ``y, f(t, y)`` and ``y1, f(t + h, y1)``). Returns ``(t_out, y1, state1, failure, ev,
     truncated)``; ``truncated``: the step was cut at an acting event."""
-    result, fail_t, fail_step = failure
     y1, err, dense, state1 = solver.step(f, t, y, h, args, state)
-    newton_failed = solver.step_failed(err)
-    newly_bad = (result == 0) & (~all_finite(y1) | newton_failed)
-    code = jnp.where(newton_failed, Result.NEWTON_FAILED.value, Result.NONFINITE_STATE.value)
-    failure = (jnp.where(newly_bad, code, result),
-               jnp.where(newly_bad, t, fail_t), jnp.where(newly_bad, count, fail_step))
+    failure = record_step_failure(solver, t, y1, err, count, failure)
     if has_interpolant(solver):
         def interp(theta, d):
             t_, y_, h_, y1_, dense_, args_ = d

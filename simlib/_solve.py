@@ -18,7 +18,7 @@ from ._adaptive import adaptive_jit as _adaptive_jit
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, Reversible, is_time_symmetric
 from ._errors import Result, SolverError, result_message
 from ._events import Event, as_events, check_events
-from ._fixed import fixed_iterations, grid_count
+from ._fixed import fixed_iterations, grid_count, has_interpolant
 from ._fixed import fixed_jit as _fixed_jit
 from ._solution import SaveAt, Solution
 from ._solver._base import AbstractSolver, PyTree, VectorField
@@ -270,7 +270,7 @@ def solve(
                 "estimate; use an adaptive solver (Bosh3, Tsit5, Dopri5, Dopri8, Heun) or "
                 "give dt without tolerances for a fixed-step run"
             )
-        if events is not None and type(solver).interpolate is AbstractSolver.interpolate:
+        if events is not None and not has_interpolant(solver):
             raise ValueError(
                 f"events need the solver's dense output to locate crossings in an adaptive "
                 f"run, and {type(solver).__name__} has no interpolate(); use a solver with "

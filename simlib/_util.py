@@ -85,11 +85,17 @@ def checked_step(f, solver, t, y, h, args, state, count, failure):
     failure (that would cost 40% of a Lorenz ensemble step), so the non-finite state
     propagates to later outputs while the time and step of the failure are kept.
     """
-    result, fail_t, fail_step = failure
     y1, err, _, state1 = solver.step(f, t, y, h, args, state)
+    return y1, state1, record_step_failure(solver, t, y1, err, count, failure)
+
+
+def record_step_failure(solver, t, y1, err, count, failure):
+    """``failure`` (``(result, t_fail, step_fail)``) updated for the step from ``t`` that
+    gave ``y1`` and ``err``: the first non-finite state (``NONFINITE_STATE``) or failed
+    implicit solve (``NEWTON_FAILED``) is kept with its time and step number."""
+    result, fail_t, fail_step = failure
     newton_failed = solver.step_failed(err)
     newly_bad = (result == 0) & (~all_finite(y1) | newton_failed)
     code = jnp.where(newton_failed, Result.NEWTON_FAILED.value, Result.NONFINITE_STATE.value)
-    failure = (jnp.where(newly_bad, code, result),
-               jnp.where(newly_bad, t, fail_t), jnp.where(newly_bad, count, fail_step))
-    return y1, state1, failure
+    return (jnp.where(newly_bad, code, result),
+            jnp.where(newly_bad, t, fail_t), jnp.where(newly_bad, count, fail_step))
