@@ -34,11 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
-from jax.lax.linalg import lu_pivots_to_permutation, triangular_solve
 from jax.scipy.linalg import lu_factor
 
 from ._base import AbstractSolver, PyTree, VectorField, register_static, safe_sqrt
-from ._implicit import NewtonResult, check_jac, flat_field, jacobian
+from ._implicit import NewtonResult, check_jac, exact_lu_solve, flat_field, jacobian
 
 MAX_ORDER = 5
 _ROWS = MAX_ORDER + 3  # D_0 .. D_{k+2}
@@ -120,23 +119,6 @@ def _rms(x, scale):
     return safe_sqrt(jnp.mean(jnp.square(x / scale)))
 
 
-def _lu_solve(lu, b):
-    """``M^-1 b`` from ``lu_factor(M)``, the row permutation applied as a product with the
-    0/1 permutation matrix (exact) rather than a gather: XLA on the CPU fuses a gather with
-    the computation of ``b`` and, in that fusion, evaluated the NDF right-hand side
-    ``c f - psi - d`` less accurately (Robertson at rtol 1e-10, atol 1e-16: a residual
-    ``M x - b`` of 5e-17 instead of 1e-26, 1e-2 tolerance units, above the Newton
-    tolerance), which made Newton fail where scipy's converges."""
-    lu_, piv = lu
-    n = b.shape[0]
-    perm = lu_pivots_to_permutation(piv, n)
-    p = (jnp.arange(n)[None, :] == perm[:, None]).astype(b.dtype)
-    pb = jnp.matmul(p, b, precision=lax.Precision.HIGHEST)  # exact: one 1.0 per row
-    x = triangular_solve(lu_, pb[:, None], left_side=True, lower=True,
-                         unit_diagonal=True)
-    return triangular_solve(lu_, x, left_side=True, lower=False)[:, 0]
-
-
 def _newton(g, t_new, y_pred, psi, c, lu, scale, tol, max_iters: int) -> NewtonResult:
     """Simplified Newton for the NDF corrector ``d - c g(t_new, y_pred + d) + psi = 0``,
     with the stopping rules of scipy's BDF.
@@ -165,7 +147,7 @@ def _newton(g, t_new, y_pred, psi, c, lu, scale, tol, max_iters: int) -> NewtonR
 
     def body(carry):
         y, d, _, k, _, prev, _ = carry
-        dy = _lu_solve(lu, c * g(t_new, y) - psi - d)
+        dy = exact_lu_solve(lu, c * g(t_new, y) - psi - d)
         size = _rms(dy, scale)
         has_rate = k > 0
         theta = jnp.where(has_rate, size / jnp.where(prev > 0, prev, 1.0), 0.0).astype(dtype)
