@@ -128,8 +128,8 @@ def _attempt_events(f, solver, k_exp, c: _Attempt, ev, events, t1, direction, rt
                                            (t, y, h, y1, dense, args))
     state = new.state
     if events.has_apply:
-        state = lax.cond(restart, lambda: solver.set_tolerances(
-            solver.init(f, t_out, y_out, args), rtol, atol), lambda: new.state)
+        state = lax.cond(restart, lambda: _solver_init(f, solver, t_out, y_out, args, rtol, atol),
+                         lambda: new.state)
     return new._replace(t=t_out, y=y_out, state=state), ev, data
 
 
@@ -137,6 +137,12 @@ def _live(c: _Attempt, ev, t1, direction, max_steps):
     ok = _not_done(c, t1, direction, max_steps)
     return ok if ev is None else ok & ~ev.stopped
 # ---- end events
+
+
+def _solver_init(f, solver, t, y, args, rtol, atol, f0=None):
+    """The solver's carried state at ``(t, y)`` for an adaptive run: ``init``, then the
+    run's tolerances (``set_tolerances``); every (re)start goes through here."""
+    return solver.set_tolerances(solver.init(f, t, y, args, f0), rtol, atol)
 
 
 def _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args):
@@ -147,11 +153,10 @@ def _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args):
     if dt0 is None:  # f(t0, y0) and one Euler probe; the solver's init reuses f(t0, y0)
         f0 = f(t0, y0, args)
         h0 = initial_step(f, t0, y0, f0, args, direction, solver.order, rtol, atol)
-        state = solver.init(f, t0, y0, args, f0)
+        state = _solver_init(f, solver, t0, y0, args, rtol, atol, f0)
     else:
         h0 = direction * jnp.abs(jnp.asarray(dt0, tdtype))
-        state = solver.init(f, t0, y0, args)
-    state = solver.set_tolerances(state, rtol, atol)
+        state = _solver_init(f, solver, t0, y0, args, rtol, atol)
     zero = jnp.array(0, jnp.int32)
     carry = _Attempt(t0, y0, h0.astype(tdtype), jnp.asarray(0.0, tdtype), state, zero, zero,
                      zero)
@@ -307,7 +312,7 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
             if record_dense:  # y1 is unused by a multistep solver's interpolate
                 y1, dense = y, jax.tree_util.tree_map(lambda r: r[m], recs[6])
             else:
-                state = solver.set_tolerances(solver.init(f, t, y, args), rtol, atol)
+                state = _solver_init(f, solver, t, y, args, rtol, atol)
                 y1, _, dense, _ = solver.step(f, t, y, h, args, state)
             theta = (s - t) / jnp.where(h == 0, 1.0, h)
             return solver.interpolate(f, args, t, y, h, y1, dense, theta)
