@@ -16,7 +16,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._adjoint import TANGENTS_ONLY, Checkpointed, ForwardMode, _TangentsOnly, forward_mode
+from ._adjoint import (
+    TANGENTS_ONLY,
+    Checkpointed,
+    Direct,
+    ForwardMode,
+    _TangentsOnly,
+    forward_mode,
+)
+from ._auto import auto_vjp
 from ._control import initial_step, log_error_ratio, pi_factor
 from ._errors import Result, check_solution
 from ._events import (
@@ -378,6 +386,16 @@ def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, a
     f_plain, f_args = convert_closure(f, jnp.asarray(t0, tdtype), y0, args)
     if events is not None and not isinstance(events, EventSet):
         events = EventSet.convert(events, jnp.asarray(t0, tdtype), y0, args)
+    if adjoint is None:  # the default: chosen from what is differentiated (_auto.py)
+        def run(strategy):
+            return lambda tree: adaptive_core(
+                f_plain, solver, mode, save_t0, n_save, False, max_steps, strategy, tree[0],
+                *tree[2][:-1], tree[1], events=tree[2][-1])
+
+        sol = auto_vjp(run(Direct()), run(TANGENTS_ONLY), run(Direct()),
+                       (y0, f_args, (t0, t1, dt0, rtol, atol, ts, events)),
+                       where="solve", reverse_name="Direct() (the recorded replay)")
+        return check_solution(sol, in_graph_check, jnp.asarray(t1, tdtype), max_steps)
     if isinstance(adjoint, ForwardMode):
         sol = forward_mode(
             lambda y0, fargs, c: pack_events(adaptive_core(

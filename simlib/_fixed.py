@@ -16,6 +16,7 @@ from jax import lax
 from ._adjoint import (
     TANGENTS_ONLY,
     Checkpointed,
+    Direct,
     ForwardMode,
     Reversible,
     checkpointed_scan,
@@ -23,6 +24,7 @@ from ._adjoint import (
     reject_time_gradients,
     reversible_scan,
 )
+from ._auto import auto_jvp
 from ._errors import Result, check_solution
 from ._events import (
     EventSet,
@@ -45,6 +47,10 @@ from ._util import (
     tree_where,
     write,
 )
+
+CHECKPOINT_ABOVE = 1024
+"""Reverse mode is ``Checkpointed()`` for fixed-step runs of more than this many steps,
+``Direct()`` below (when the default strategy chooses reverse mode)."""
 
 
 def grid_count(t0: float, t1: float, dt: float) -> int:
@@ -147,6 +153,18 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
     tdtype = time_dtype(y0)
     if events is not None and not isinstance(events, EventSet):
         events = EventSet.convert(events, jnp.asarray(t0, tdtype), y0, args)
+    if adjoint is None:  # the default: chosen from what is differentiated (_auto.py)
+        f_plain, fargs = convert_closure(f, jnp.asarray(t0, tdtype), y0, args)
+        reverse = Checkpointed() if n_iter > CHECKPOINT_ABOVE else Direct()
+
+        def run(strategy):
+            return lambda tree: fixed_core(
+                f_plain, solver, mode, save_t0, n_iter, n_save, False, max_steps, strategy,
+                tree[0], *tree[2][:-1], tree[1], events=tree[2][-1])
+
+        sol = auto_jvp(run(Direct()), run(reverse), (y0, fargs, (t0, t1, dt, n_grid, ts, events)),
+                       where="solve", reverse_name=f"{type(reverse).__name__}()")
+        return check_solution(sol, in_graph_check, t1, max_steps)
     if isinstance(adjoint, ForwardMode):
         f_plain, fargs = convert_closure(f, jnp.asarray(t0, tdtype), y0, args)
         sol = forward_mode(

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._adaptive import adaptive_jit as _adaptive_jit
-from ._adjoint import AbstractAdjoint, Checkpointed, Direct, Reversible, is_time_symmetric
+from ._adjoint import AbstractAdjoint, Reversible, is_time_symmetric
 from ._errors import Result, SolverError, result_message
 from ._events import Event, as_events, check_events
 from ._fixed import fixed_iterations, grid_count, has_interpolant
@@ -34,7 +34,6 @@ __all__ = ["DEFAULT_MAX_STEPS", "SaveAt", "Solution", "solve"]
 
 _KEYWORDS = ("solver", "dt", "rtol", "atol", "args", "saveat", "max_steps", "throw", "adjoint",
              "events")
-_CHECKPOINT_ABOVE = 1024  # default adjoint: Checkpointed for fixed-step runs longer than this
 
 
 def _as_array_tree(y0, name: str) -> PyTree:
@@ -281,7 +280,7 @@ def solve(
             if not is_tracer(tol) and not (np.isfinite(float(tol)) and float(tol) > 0):
                 raise ValueError(f"{name} must be positive and finite, got {tol!r}")
         sol = _adaptive_jit(f, solver, mode, saveat.t0, n_save, in_graph_check, max_steps,
-                            adjoint if adjoint is not None else Direct(),
+                            adjoint,
                             y0, t0, t1, dt, rtol, atol, ts, args, events=events)
     else:
         if solver.propose_step is not None:
@@ -305,8 +304,6 @@ def solve(
         if events is not None:  # a step cut by an event with apply adds one step
             n_iter += sum(ev.capacity for ev in events
                           if ev.apply is not None and not ev.terminal)
-        if adjoint is None:
-            adjoint = Checkpointed() if n_iter > _CHECKPOINT_ABOVE else Direct()
         sol = _fixed_jit(f, solver, mode, saveat.t0, n_iter, n_save, in_graph_check, max_steps,
                          adjoint,
                          y0, t0, t1, dt, n_grid, ts, args, events=events)

@@ -1,0 +1,203 @@
+"""The default gradient strategy (``adjoint=None``): chosen from what is differentiated.
+
+Forward mode costs about one forward pass per differentiated input component; reverse mode
+costs a fixed multiple of the forward pass whatever the number of inputs. So when ``jax.grad``
+(or ``jvp``, ``jacrev``, ...) reaches a solve, the rule below counts the floating-point
+input components that actually carry a derivative (``y0``, ``args``, values the vector field
+closes over, the times) and picks
+
+- **forward mode** (the solve's Jacobian with respect to those components, pushed through
+  the plain loop as one batch of tangents, :func:`jacobian_push`) when there are at most
+  :data:`FORWARD_MODE_MAX` of them;
+- **reverse mode** otherwise: the driver's reverse strategy (``Checkpointed`` for fixed-step
+  runs of more than 1,024 steps, ``Direct`` below; the recorded replay for adaptive runs).
+
+The choice is made at trace time, once per compilation, and logged on the ``simlib``
+logger at level INFO (``logging.getLogger("simlib").setLevel("INFO")`` shows it). The
+threshold was measured on the two problem shapes of benchmarks/gradients.py (one
+trajectory, and a batched ensemble), see docs/gradients.md.
+
+Fixed-step runs go through a ``jax.custom_jvp``, so ``jax.jvp``, ``jacfwd`` and ``hessian``
+still work: the forward-mode branch's tangent is ``J @ t`` (linear, so reverse mode
+transposes it to ``J^T ct``) and the reverse branch is the plain JVP of the loop, which
+``jax.grad`` linearises and transposes as it would without the rule. Adaptive runs are
+already a ``jax.custom_vjp`` (their reverse mode replays the attempts), so the choice there
+is made in a ``custom_vjp`` forward rule.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+from jax.flatten_util import ravel_pytree
+
+from ._adjoint import _split_inexact
+
+FORWARD_MODE_MAX = 16
+"""Forward mode for at most this many differentiated input components (measured:
+docs/gradients.md, "The default strategy")."""
+
+logger = logging.getLogger("simlib")
+
+
+def _is_float(x) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+
+
+def _size(x) -> int:
+    return int(np.prod(jnp.shape(x), dtype=np.int64))
+
+
+def jacobian_push(call, values, active):
+    """``(out, jac)``: ``call(values)`` and, for every floating-point leaf of ``out``, its
+    Jacobian with respect to the components of ``values[i]`` for ``i`` in ``active``
+    (trailing axis, in ``ravel_pytree`` order).
+
+    One pass of the computation carrying one tangent per active component (``vmap`` of
+    ``jvp``, as ``jax.jacfwd`` does); the primal output comes back unbatched alongside.
+    """
+    act0 = [values[i] for i in active]
+    flat, unravel = ravel_pytree(act0)
+
+    def with_active(act):
+        full = list(values)
+        for i, a in zip(active, act, strict=True):
+            full[i] = a
+        return call(full)
+
+    def push(v):
+        out, tangent = jax.jvp(with_active, (act0,), (unravel(v),))
+        return out, [t for o, t in zip(jax.tree_util.tree_leaves(out),
+                                       jax.tree_util.tree_leaves(tangent), strict=True)
+                     if _is_float(o)]
+
+    return jax.vmap(push, out_axes=(None, -1))(jnp.eye(flat.size, dtype=flat.dtype))
+
+
+def _contract(out, jac, t_flat):
+    """The tangent of ``out`` for the input tangent ``t_flat``: ``J @ t`` per float leaf,
+    float0 zeros for the others."""
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    jac_iter = iter(jac)
+    tangents = []
+    for leaf in leaves:
+        if _is_float(leaf):
+            tangents.append(jnp.tensordot(next(jac_iter), t_flat, axes=1).astype(leaf.dtype))
+        else:
+            tangents.append(np.zeros(jnp.shape(leaf), jax.dtypes.float0))
+    return jax.tree_util.tree_unflatten(treedef, tangents)
+
+
+def _log_choice(where: str, n: int, forward: bool, reverse_name: str):
+    if forward:
+        logger.info("%s: adjoint=None chose ForwardMode (%d differentiated input "
+                    "components <= %d)", where, n, FORWARD_MODE_MAX)
+    else:
+        logger.info("%s: adjoint=None chose %s (%d differentiated input components > %d)",
+                    where, reverse_name, n, FORWARD_MODE_MAX)
+
+
+def auto_jvp(fn, reverse_fn, tree, *, where: str, reverse_name: str):
+    """``fn(tree)`` (a plain, ``jvp``-able computation) whose derivative is forward mode for
+    few differentiated components and ``jax.jvp(reverse_fn)`` otherwise.
+
+    ``reverse_fn`` computes the same values as ``fn`` (e.g. the same scan with checkpointed
+    segments). Every traced value must be in ``tree`` (nothing closed over).
+    """
+    floats0, others0, merge = _split_inexact(tree)
+
+    @jax.custom_jvp
+    def run(floats, others):
+        return fn(merge(floats, others))
+
+    def run_jvp(primals, tangents):
+        floats, others = primals
+        d_floats, _ = tangents
+        active = [i for i, d in enumerate(d_floats) if not isinstance(d, SymbolicZero)]
+        n = sum(_size(floats[i]) for i in active)
+        forward = n <= FORWARD_MODE_MAX
+        _log_choice(where, n, forward, reverse_name)
+        if forward:
+            out, jac = jacobian_push(lambda fl: fn(merge(fl, others)), list(floats), active)
+            t_flat, _ = ravel_pytree([d_floats[i] for i in active])
+            return out, _contract(out, jac, t_flat)
+        d_floats = [jnp.zeros_like(x) if isinstance(d, SymbolicZero) else d
+                    for x, d in zip(floats, d_floats, strict=True)]
+        return jax.jvp(lambda fl: reverse_fn(merge(fl, others)), (list(floats),), (d_floats,))
+
+    run.defjvp(run_jvp, symbolic_zeros=True)
+    return run(floats0, others0)
+
+
+def auto_vjp(fn, forward_fn, reverse_fn, tree, *, where: str, reverse_name: str):
+    """``fn(tree)`` for computations that already have a custom VJP (``reverse_fn``, e.g. an
+    adaptive solve's replay): the VJP is built from forward mode through ``forward_fn`` (a
+    ``jvp``-able computation of the same values) for few differentiated components, and is
+    ``reverse_fn``'s own otherwise."""
+    floats0, others0, merge = _split_inexact(tree)
+
+    @jax.custom_vjp
+    def run(floats, others):
+        return fn(merge(floats, others))
+
+    choice = {}  # the branch taken, decided while tracing the forward rule
+
+    def run_fwd(floats, others):
+        values = [x.value for x in floats]
+        other_values = [x.value for x in others]
+        active = [i for i, x in enumerate(floats) if x.perturbed]
+        n = sum(_size(values[i]) for i in active)
+        forward = n <= FORWARD_MODE_MAX
+        _log_choice(where, n, forward, reverse_name)
+        flat, unravel = ravel_pytree([values[i] for i in active])
+        choice.update(how="none" if n == 0 else "forward" if forward else "reverse",
+                      active=active, unravel=unravel, flat=(flat.shape, flat.dtype))
+        if n == 0:
+            return fn(merge(values, other_values)), None
+        if forward:
+            return jacobian_push(lambda fl: forward_fn(merge(fl, other_values)),
+                                 values, active)
+        return jax.vjp(lambda fl: reverse_fn(merge(fl, other_values)), values)
+
+    def run_bwd(data, cotangent):
+        how, active = choice["how"], choice["active"]
+        n_other = len(others0)
+        if how == "none":
+            return [None] * len(floats0), [None] * n_other
+        ct_leaves = jax.tree_util.tree_leaves(
+            cotangent, is_leaf=lambda x: isinstance(x, SymbolicZero))
+        if how == "forward":
+            float_cts = [ct for ct in ct_leaves if _is_float_ct(ct)]
+            shape, dtype = choice["flat"]
+            total = jnp.zeros(shape, dtype)
+            for ct, jl in zip(float_cts, data, strict=True):
+                if not isinstance(ct, SymbolicZero):
+                    total = total + jnp.tensordot(ct, jl, axes=jnp.ndim(ct)).astype(dtype)
+            per_active = dict(zip(active, choice["unravel"](total), strict=True))
+            return [per_active.get(i) for i in range(len(floats0))], [None] * n_other
+        treedef = jax.tree_util.tree_structure(
+            cotangent, is_leaf=lambda x: isinstance(x, SymbolicZero))
+        dense = jax.tree_util.tree_unflatten(treedef, [_instantiate(ct) for ct in ct_leaves])
+        (d_floats,) = data(dense)
+        return list(d_floats), [None] * n_other
+
+    run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
+    return run(floats0, others0)
+
+
+def _is_float_ct(ct) -> bool:
+    if isinstance(ct, SymbolicZero):
+        return jnp.issubdtype(ct.aval.dtype, jnp.inexact)
+    return _is_float(ct) and ct.dtype != jax.dtypes.float0
+
+
+def _instantiate(ct):
+    if isinstance(ct, SymbolicZero):
+        dtype = ct.aval.dtype
+        return (np.zeros(ct.aval.shape, jax.dtypes.float0)
+                if not jnp.issubdtype(dtype, jnp.inexact) else jnp.zeros(ct.aval.shape, dtype))
+    return ct
