@@ -17,14 +17,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._adjoint import (
-    TANGENTS_ONLY,
-    Checkpointed,
     Direct,
-    ForwardMode,
     _TangentsOnly,
-    forward_mode,
 )
-from ._auto import auto_vjp
 from ._control import initial_step, log_error_ratio, pi_factor
 from ._errors import Result, check_solution
 from ._events import (
@@ -259,8 +254,7 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
     tdtype = t0.dtype
     # Chunks of attempts, skipped once the run is done. Checkpointed: chunks of about
     # sqrt(max_steps) attempts whose residuals are recomputed in the backward pass.
-    checkpointed = isinstance(adjoint, Checkpointed)
-    size = adjoint.segment_length(max_steps) if checkpointed else _CHUNK
+    size = adjoint.chunk_length(max_steps, _CHUNK)
     n_chunks = -(-max_steps // size)
     ev0 = None if events is None else init_state(events, t0, y0)
 
@@ -290,8 +284,7 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
     def run_chunk(c):
         return lax.scan(one, c, None, length=size)
 
-    if checkpointed:
-        run_chunk = jax.checkpoint(run_chunk)
+    run_chunk = adjoint.remat(run_chunk)
 
     def chunk(s, _):
         return lax.cond(
@@ -381,29 +374,30 @@ _adaptive_solve.defvjp(_adaptive_fwd, _adaptive_bwd)
 
 
 def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, adjoint,
-                   y0, t0, t1, dt0, rtol, atol, ts, args, events=None):
+                  y0, t0, t1, dt0, rtol, atol, ts, args, events=None):
+    """The adaptive solve, differentiated as ``adjoint`` builds it
+    (:meth:`~simlib.AbstractAdjoint.wrap`; reverse mode replays the attempts in chunks that
+    :meth:`~simlib.AbstractAdjoint.remat` may recompute)."""
     tdtype = time_dtype(y0)
     f_plain, f_args = convert_closure(f, jnp.asarray(t0, tdtype), y0, args)
     if events is not None and not isinstance(events, EventSet):
         events = EventSet.convert(events, jnp.asarray(t0, tdtype), y0, args)
-    if adjoint is None:  # the default: chosen from what is differentiated (_auto.py)
-        def run(strategy):
-            return lambda tree: adaptive_core(
-                f_plain, solver, mode, save_t0, n_save, False, max_steps, strategy, tree[0],
-                *tree[2][:-1], tree[1], events=tree[2][-1])
 
-        sol = auto_vjp(run(Direct()), run(TANGENTS_ONLY), run(Direct()),
-                       (y0, f_args, (t0, t1, dt0, rtol, atol, ts, events)),
-                       where="solve", reverse_name="Direct() (the recorded replay)")
-        return check_solution(sol, in_graph_check, jnp.asarray(t1, tdtype), max_steps)
-    if isinstance(adjoint, ForwardMode):
-        sol = forward_mode(
-            lambda y0, fargs, c: pack_events(adaptive_core(
-                f_plain, solver, mode, save_t0, n_save, False, max_steps, TANGENTS_ONLY, y0,
-                *c[:-1], fargs, events=c[-1])),
-            y0, f_args, (t0, t1, dt0, rtol, atol, ts, events))
-        return check_solution(unpack_events(sol), in_graph_check, jnp.asarray(t1, tdtype),
-                              max_steps)
+    def core(tree, strategy):
+        y0, f_args, (t0, t1, dt0, rtol, atol, ts, events) = tree
+        return pack_events(_adaptive_run(f_plain, solver, mode, save_t0, n_save, max_steps,
+                                         strategy, y0, t0, t1, dt0, rtol, atol, ts, f_args,
+                                         events))
+
+    sol = adjoint.wrap(core, (y0, f_args, (t0, t1, dt0, rtol, atol, ts, events)),
+                       jvp_able=False, reverse=Direct(), where="solve")
+    return check_solution(unpack_events(sol), in_graph_check, jnp.asarray(t1, tdtype),
+                          max_steps)
+
+
+def _adaptive_run(f_plain, solver, mode, save_t0, n_save, max_steps, adjoint, y0, t0, t1, dt0,
+                  rtol, atol, ts, f_args, events):
+    tdtype = time_dtype(y0)
     inputs = dict(
         y0=y0, t0=jnp.asarray(t0, tdtype), t1=jnp.asarray(t1, tdtype),
         dt0=None if dt0 is None else jnp.asarray(dt0, tdtype),
@@ -443,7 +437,7 @@ def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, a
         n_fevals = n_fevals + ev.n_restarts * solver.init_fevals
     return assemble_solution(mode, save_t0, t0a, y0, t_end, y_end, inputs["ts"], saved,
                              (sts, sys_), (n_steps, n_acc, n_fevals, t_end), result,
-                             in_graph_check, t1a, max_steps,
+                             False, t1a, max_steps,
                              events=None if ev is None else records(events, ev))
 
 

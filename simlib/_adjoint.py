@@ -32,11 +32,53 @@ class AbstractAdjoint:
     """How ``jax.grad`` goes through a :func:`~simlib.solve` (its ``adjoint=`` argument).
 
     The base class of :class:`Direct`, :class:`Checkpointed`, :class:`Reversible` and
-    :class:`ForwardMode`. It is not an extension point: ``solve`` and ``simulate`` dispatch
-    on these four classes, so a new subclass would be rejected or treated as ``Direct``.
-    Strategies are frozen dataclasses registered as pytrees without leaves (static
-    arguments of the compiled cores); see docs/gradients.md.
+    :class:`ForwardMode` (and of the default, chosen when ``adjoint=None``: simlib/_auto.py).
+    Each strategy owns how the differentiated computation is built, in two places that
+    ``solve`` (fixed step and adaptive) and ``simulate`` share:
+
+    - :meth:`wrap`: the whole run, ``core(tree, strategy)``, differentiated this strategy's
+      way (forward mode wraps it in a custom VJP built from forward-mode derivatives; the
+      default chooses at trace time; the others run it as it is);
+    - :meth:`scan`: the differentiated loop, ``lax.scan(body, carry0, None, length=n)``
+      (``Checkpointed`` recomputes segments of it in the backward pass), and :meth:`remat`
+      for loops that a driver builds itself (the adaptive replay's chunks).
+
+    It is not an extension point. Strategies are frozen dataclasses registered as pytrees
+    without leaves (static arguments of the compiled cores); see docs/gradients.md.
     """
+
+    def wrap(self, core, tree, *, jvp_able: bool, reverse: AbstractAdjoint, where: str):
+        """``core(tree, strategy)`` as this strategy differentiates it.
+
+        ``tree`` holds every traced input (nothing closed over); ``jvp_able``: whether the
+        run built with :data:`TANGENTS_ONLY` is a plain computation (fixed step, particles)
+        rather than a custom VJP (adaptive); ``reverse``: the driver's reverse-mode strategy
+        for the default's choice; ``where``: the caller's name, for messages.
+        """
+        return core(tree, self)
+
+    def scan(self, body, carry0, n_iter: int, *, backwards=None):
+        """``lax.scan(body, carry0, None, length=n_iter)``, differentiated this way.
+
+        ``backwards(carry0, n_iter)``: the same loop with a backward pass that integrates
+        backwards (what :class:`Reversible` runs; the driver builds it, since it needs the
+        step itself)."""
+        return lax.scan(body, carry0, None, length=n_iter)
+
+    def nested(self, n_outer: int, n_inner: int) -> tuple[AbstractAdjoint, AbstractAdjoint]:
+        """The strategies of an outer loop of ``n_outer`` iterations over inner loops of
+        ``n_inner`` (the particle engine's frames of steps), so that together they do what
+        this strategy does to one loop of ``n_outer * n_inner`` iterations."""
+        return self, self
+
+    def chunk_length(self, n_iter: int, default: int) -> int:
+        """Iterations per chunk of a loop of ``n_iter`` that a driver builds in chunks."""
+        return default
+
+    def remat(self, fn):
+        """A chunk function, as this strategy differentiates it (``Checkpointed``:
+        recomputed in the backward pass)."""
+        return fn
 
 
 @register_static
@@ -70,6 +112,31 @@ class Checkpointed(AbstractAdjoint):
             return int(self.steps_per_segment)
         return max(1, math.ceil(math.sqrt(n_steps)))
 
+    def scan(self, body, carry0, n_iter: int, *, backwards=None):
+        """Segments of :meth:`segment_length` iterations, recomputed in reverse; a last,
+        shorter segment takes the remainder (no padding iterations)."""
+        segment = min(self.segment_length(n_iter), max(n_iter, 1))
+        whole = n_iter - n_iter % segment
+        carry, outs = checkpointed_scan(body, carry0, whole, segment)
+        if whole == n_iter:
+            return carry, outs
+        carry, rest = checkpointed_scan(body, carry, n_iter - whole, n_iter - whole)
+        return carry, jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]), outs, rest)
+
+    def chunk_length(self, n_iter: int, default: int) -> int:
+        return self.segment_length(n_iter)
+
+    def nested(self, n_outer: int, n_inner: int) -> tuple[AbstractAdjoint, AbstractAdjoint]:
+        # A segment of k steps: whole inner loops (k // n_inner of them) when k >= n_inner,
+        # else segments of k inside each inner loop, whose ends are stored too.
+        k = self.segment_length(n_outer * n_inner)
+        if k >= n_inner:
+            return Checkpointed(max(1, round(k / n_inner))), Direct()
+        return Checkpointed(1), Checkpointed(k)
+
+    def remat(self, fn):
+        return jax.checkpoint(fn)
+
 
 @register_static
 @dataclass(frozen=True)
@@ -82,6 +149,9 @@ class Reversible(AbstractAdjoint):
     constants. Round-off in the reconstruction grows with the number of steps (and
     exponentially on chaotic problems); compare with :class:`Checkpointed` when in doubt.
     """
+
+    def scan(self, body, carry0, n_iter: int, *, backwards=None):
+        return backwards(carry0, n_iter)
 
 
 @register_static
@@ -100,6 +170,9 @@ class ForwardMode(AbstractAdjoint):
     Only the inputs actually differentiated get tangents. Works for fixed-step and adaptive
     runs; ``jax.jvp`` of the solve itself still cannot go through (it is a custom VJP).
     """
+
+    def wrap(self, core, tree, *, jvp_able, reverse, where):
+        return forward_mode(lambda *t: core(t, TANGENTS_ONLY), *tree)
 
 
 class _TangentsOnly(AbstractAdjoint):

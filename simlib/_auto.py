@@ -28,6 +28,7 @@ is made in a ``custom_vjp`` forward rule.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +36,8 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 from jax.flatten_util import ravel_pytree
 
-from ._adjoint import _split_inexact
+from ._adjoint import TANGENTS_ONLY, AbstractAdjoint, _split_inexact
+from ._solver._base import register_static
 
 FORWARD_MODE_MAX = 16
 """Forward mode for at most this many differentiated input components (measured:
@@ -201,3 +203,22 @@ def _instantiate(ct):
         return (np.zeros(ct.aval.shape, jax.dtypes.float0)
                 if not jnp.issubdtype(dtype, jnp.inexact) else jnp.zeros(ct.aval.shape, dtype))
     return ct
+
+
+@register_static
+@dataclass(frozen=True)
+class Automatic(AbstractAdjoint):
+    """The default strategy (``adjoint=None``): forward mode for at most
+    :data:`FORWARD_MODE_MAX` differentiated input components, the driver's reverse strategy
+    otherwise (module docstring)."""
+
+    def wrap(self, core, tree, *, jvp_able, reverse, where):
+        name = f"{type(reverse).__name__}()"
+        if jvp_able:
+            return auto_jvp(lambda t: core(t, TANGENTS_ONLY), lambda t: core(t, reverse), tree,
+                            where=where, reverse_name=name)
+        return auto_vjp(lambda t: core(t, reverse), lambda t: core(t, TANGENTS_ONLY),
+                        lambda t: core(t, reverse), tree, where=where, reverse_name=name)
+
+
+AUTOMATIC = Automatic()

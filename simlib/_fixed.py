@@ -14,17 +14,12 @@ import numpy as np
 from jax import lax
 
 from ._adjoint import (
-    TANGENTS_ONLY,
     Checkpointed,
     Direct,
-    ForwardMode,
     Reversible,
-    checkpointed_scan,
-    forward_mode,
     reject_time_gradients,
     reversible_scan,
 )
-from ._auto import auto_jvp
 from ._errors import Result, check_solution
 from ._events import (
     EventSet,
@@ -150,29 +145,28 @@ def _step_events(f, solver, t, y, h, target, args, state, count, failure, ev, ev
 
 def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_steps, adjoint,
                y0, t0, t1, dt, n_grid, ts, args, events=None):
+    """The fixed-step solve, differentiated as ``adjoint`` builds it
+    (:meth:`~simlib.AbstractAdjoint.wrap`, then :meth:`~simlib.AbstractAdjoint.scan`)."""
     tdtype = time_dtype(y0)
     if events is not None and not isinstance(events, EventSet):
         events = EventSet.convert(events, jnp.asarray(t0, tdtype), y0, args)
-    if adjoint is None:  # the default: chosen from what is differentiated (_auto.py)
-        f_plain, fargs = convert_closure(f, jnp.asarray(t0, tdtype), y0, args)
-        reverse = Checkpointed() if n_iter > CHECKPOINT_ABOVE else Direct()
+    f_plain, fargs = convert_closure(f, jnp.asarray(t0, tdtype), y0, args)
 
-        def run(strategy):
-            return lambda tree: fixed_core(
-                f_plain, solver, mode, save_t0, n_iter, n_save, False, max_steps, strategy,
-                tree[0], *tree[2][:-1], tree[1], events=tree[2][-1])
+    def core(tree, strategy):
+        y0, fargs, (t0, t1, dt, n_grid, ts, events) = tree
+        return pack_events(_fixed_run(f_plain, solver, mode, save_t0, n_iter, n_save,
+                                      max_steps, strategy, y0, t0, t1, dt, n_grid, ts, fargs,
+                                      events))
 
-        sol = auto_jvp(run(Direct()), run(reverse), (y0, fargs, (t0, t1, dt, n_grid, ts, events)),
-                       where="solve", reverse_name=f"{type(reverse).__name__}()")
-        return check_solution(sol, in_graph_check, t1, max_steps)
-    if isinstance(adjoint, ForwardMode):
-        f_plain, fargs = convert_closure(f, jnp.asarray(t0, tdtype), y0, args)
-        sol = forward_mode(
-            lambda y0, fargs, c: pack_events(fixed_core(
-                f_plain, solver, mode, save_t0, n_iter, n_save, False, max_steps,
-                TANGENTS_ONLY, y0, *c[:-1], fargs, events=c[-1])),
-            y0, fargs, (t0, t1, dt, n_grid, ts, events))
-        return check_solution(unpack_events(sol), in_graph_check, t1, max_steps)
+    reverse = Checkpointed() if n_iter > CHECKPOINT_ABOVE else Direct()
+    sol = adjoint.wrap(core, (y0, fargs, (t0, t1, dt, n_grid, ts, events)), jvp_able=True,
+                       reverse=reverse, where="solve")
+    return check_solution(unpack_events(sol), in_graph_check, jnp.asarray(t1, tdtype), max_steps)
+
+
+def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0, t0, t1, dt,
+               n_grid, ts, args, events):
+    tdtype = time_dtype(y0)
     if isinstance(adjoint, Reversible):
         t0, t1, dt, ts = reject_time_gradients((t0, t1, dt, ts), "Reversible")
     t0 = jnp.asarray(t0, tdtype)
@@ -228,12 +222,8 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
     carry0 = (t0, y0, state0, zero, zero, buf0, zero, t0, zero, zero)
     if events is not None:
         carry0 = carry0 + (init_state(events, t0, y0),)
-    if isinstance(adjoint, Checkpointed):
-        carry, outs = checkpointed_scan(body, carry0, n_iter, adjoint.segment_length(n_iter))
-    elif isinstance(adjoint, Reversible):
-        carry, outs = reversible_scan(f, solver, mode, n_save, advance, carry0, n_iter, args)
-    else:
-        carry, outs = lax.scan(body, carry0, None, length=n_iter)
+    carry, outs = adjoint.scan(body, carry0, n_iter, backwards=lambda c, n: reversible_scan(
+        f, solver, mode, n_save, advance, c, n, args))
     t, y, _, k, i, buf, result, fail_t, fail_step, count, *ev = carry
     if ev:
         ev = ev[0]
@@ -253,7 +243,7 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
     return assemble_solution(mode, save_t0, t0, y0, t, y, ts_arr,
                              jax.tree_util.tree_map(lambda b: b[:n_save], buf) if mode == "ts"
                              else None, outs, (step_final, step_final, n_fevals, t_final),
-                             result, in_graph_check, t1, max_steps,
+                             result, False, t1, max_steps,
                              events=records(events, ev) if ev else None)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from ._adaptive import adaptive_jit as _adaptive_jit
 from ._adjoint import AbstractAdjoint, Reversible, is_time_symmetric
+from ._auto import AUTOMATIC
 from ._errors import Result, SolverError, result_message
 from ._events import Event, as_events, check_events
 from ._fixed import fixed_iterations, grid_count, has_interpolant
@@ -280,7 +281,7 @@ def solve(
             if not is_tracer(tol) and not (np.isfinite(float(tol)) and float(tol) > 0):
                 raise ValueError(f"{name} must be positive and finite, got {tol!r}")
         sol = _adaptive_jit(f, solver, mode, saveat.t0, n_save, in_graph_check, max_steps,
-                            adjoint,
+                            AUTOMATIC if adjoint is None else adjoint,
                             y0, t0, t1, dt, rtol, atol, ts, args, events=events)
     else:
         if solver.propose_step is not None:
@@ -305,7 +306,7 @@ def solve(
             n_iter += sum(ev.capacity for ev in events
                           if ev.apply is not None and not ev.terminal)
         sol = _fixed_jit(f, solver, mode, saveat.t0, n_iter, n_save, in_graph_check, max_steps,
-                         adjoint,
+                         AUTOMATIC if adjoint is None else adjoint,
                          y0, t0, t1, dt, n_grid, ts, args, events=events)
 
     if throw and not traced:

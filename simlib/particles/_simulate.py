@@ -25,6 +25,7 @@ from .._adjoint import (
     _split_inexact,
     reject_time_gradients,
 )
+from .._auto import AUTOMATIC, Automatic
 from .._errors import Result, SolverError, check_in_graph, raise_on_failure
 from .._util import inside_trace
 from ._dynamics import NVE, Carry, Integrator, State
@@ -184,8 +185,7 @@ def _frames(model, integrator, carry, masses, params, dt, key, n_frames, save_ev
     """Run ``n_frames * save_every`` steps; return ``(carry, code, _Failure)`` and the
     per-frame records. Every step is checked (:func:`_status`); the first failure sticks."""
     step = integrator.step
-    if isinstance(adjoint, Checkpointed):
-        step = jax.checkpoint(step)
+    outer, inner = adjoint.nested(n_frames, save_every)
     limit = _move_limit(model, carry.neighbors, carry.positions.dtype)
 
     def checked(c):
@@ -199,15 +199,13 @@ def _frames(model, integrator, carry, masses, params, dt, key, n_frames, save_ev
         return (c, code, failure), None
 
     def one_frame(state, _):
-        state, _ = lax.scan(one_step, state, None, length=save_every)
+        state, _ = inner.scan(one_step, state, save_every)
         c = state[0]
         record = (c.positions, c.velocities, c.potential_energy, _kinetic(c.velocities, masses))
         return state, record
 
-    if isinstance(adjoint, Checkpointed):
-        one_frame = jax.checkpoint(one_frame)
     init = (carry, *checked(carry))
-    return lax.scan(one_frame, init, None, length=n_frames)
+    return outer.scan(one_frame, init, n_frames)
 
 
 _frames_jit = jax.jit(_frames, static_argnums=(7, 8, 9))
@@ -352,7 +350,7 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
     integrator = NVE() if integrator is None else integrator
     state, n_steps, save_every = _check_args(energy, state, space, dt, n_steps, integrator,
                                              save_every, neighbors, key, adjoint)
-    adjoint = Checkpointed() if adjoint is None else adjoint
+    adjoint = AUTOMATIC if adjoint is None else adjoint
     model = _Model(as_energy(energy), space)
     key = jax.random.key(0) if key is None else key
     n_frames = n_steps // save_every
@@ -388,6 +386,39 @@ def _builds(nbrs):
 
 def _simulate_traced(model, integrator, state, masses, params, dt, key, n_frames, save_every,
                      neighbors, adjoint, throw):
+    """The run as one traced scan, differentiated as ``adjoint`` builds it
+    (:meth:`~simlib.AbstractAdjoint.wrap`, then ``nested``/``scan`` in :func:`_frames`)."""
+    x0, v0 = jnp.asarray(state.positions), jnp.asarray(state.velocities)
+    if _closes_over_tracers(model, x0, params, neighbors):
+        # The default's custom JVP cannot see values the energy closes over; reverse mode
+        # through the plain scan can.
+        adjoint = Checkpointed() if isinstance(adjoint, Automatic) else adjoint
+
+    def core(tree, strategy):
+        (x0, v0, masses, params), (model, integrator, neighbors, dt), key = tree
+        return _run_traced(model, integrator, State(x0, v0, masses), masses, params, dt,
+                           key, n_frames, save_every, neighbors, strategy)
+
+    traj = adjoint.wrap(core, ((x0, v0, masses, params), (model, integrator, neighbors, dt), key),
+                        jvp_able=True, reverse=Checkpointed(), where="simulate")
+    if throw:
+        failure = _Failure(traj.stats["failed_step"], traj.stats["failed_atom"])
+        t_fail = failure.step.astype(dt.dtype) * dt
+        traj = check_in_graph(traj, traj.result, t_fail, failure.step,
+                              n_frames * save_every * dt, n_frames * save_every,
+                              caller="simulate")
+    return traj
+
+
+def _closes_over_tracers(model, x0, params, neighbors) -> bool:
+    """Whether the energy closes over traced values (one trace of a force evaluation)."""
+    _, consts = jax.closure_convert(
+        lambda x, p, n: model.energy_and_forces(x, p, n), x0, params, neighbors)
+    return any(isinstance(c, jax.core.Tracer) for c in consts)
+
+
+def _run_traced(model, integrator, state, masses, params, dt, key, n_frames, save_every,
+                neighbors, adjoint):
     if isinstance(adjoint, Reversible):
         carry0, (carry, code, failure), records = _reversible(
             model, integrator, neighbors, dt, key, n_frames, save_every,
@@ -397,13 +428,8 @@ def _simulate_traced(model, integrator, state, masses, params, dt, key, n_frames
         (carry, code, failure), records = _frames(model, integrator, carry0, masses, params,
                                                   dt, key, n_frames, save_every, adjoint)
     code, failure = _merge(_initial(model.space, state.positions), (code, failure))
-    traj = _assemble(carry0, records, carry, masses, dt, save_every, code, failure,
+    return _assemble(carry0, records, carry, masses, dt, save_every, code, failure,
                      _builds(carry.neighbors), jnp.int32(0))
-    if throw:
-        t_fail = failure.step.astype(dt.dtype) * dt
-        traj = check_in_graph(traj, code, t_fail, failure.step, n_frames * save_every * dt,
-                              n_frames * save_every, caller="simulate")
-    return traj
 
 
 def _initial(space, positions):
