@@ -129,8 +129,11 @@ def solve(
             :class:`Checkpointed` (memory ~ sqrt of the steps) or :class:`Reversible`
             (fixed-step time-symmetric symplectic solvers; memory independent of the
             steps) or :class:`ForwardMode` (forward-mode Jacobian, for a few inputs).
-            The default is ``Checkpointed()`` for fixed-step runs of more than
-            1,024 steps and ``Direct()`` otherwise.
+            The default (``None``) chooses when the gradient is taken: forward mode for
+            at most 16 differentiated input components, else reverse mode
+            (``Checkpointed()`` for fixed-step runs of more than 1,024 steps,
+            ``Direct()`` otherwise); the ``simlib`` logger reports the choice at level
+            INFO (docs/gradients.md).
         events: An :class:`Event` or a list of them: zeros of ``cond(t, y, args)`` located
             on the dense output, recorded in ``Solution.events``, ending the run
             (``terminal``) or changing the state (``apply``). See docs/events.md.

@@ -311,10 +311,13 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
         throw: Raise :class:`~simlib.SolverError` on failure (see Failures below); with
             ``False`` the code is in ``result`` and the step and atom in ``stats``.
         progress: Show a progress bar (eager calls).
-        adjoint: ``Checkpointed()`` (default: each frame and each step recomputed in reverse
-            mode, so memory holds one carry per step; ``steps_per_segment`` is not used
-            here), ``Direct()`` (stores every step's residuals) or ``Reversible()`` (NVE
-            only: the backward pass integrates backwards, memory independent of the steps).
+        adjoint: ``None`` (default: forward mode for at most 16 differentiated input
+            components, such as a potential's parameters, else ``Checkpointed()``;
+            docs/gradients.md), ``Checkpointed(steps_per_segment)`` (the state stored every
+            ``steps_per_segment`` steps, ``ceil(sqrt(n_steps))`` by default, and each
+            segment recomputed in reverse mode), ``Direct()`` (stores every step's
+            residuals) or ``Reversible()`` (NVE only: the backward pass integrates
+            backwards, memory independent of the steps).
         chunk_steps: Steps per compiled chunk in eager calls (rounded to frames).
 
     Returns:
@@ -389,10 +392,10 @@ def _simulate_traced(model, integrator, state, masses, params, dt, key, n_frames
     """The run as one traced scan, differentiated as ``adjoint`` builds it
     (:meth:`~simlib.AbstractAdjoint.wrap`, then ``nested``/``scan`` in :func:`_frames`)."""
     x0, v0 = jnp.asarray(state.positions), jnp.asarray(state.velocities)
-    if _closes_over_tracers(model, x0, params, neighbors):
+    if isinstance(adjoint, Automatic) and _closes_over_tracers(model, x0, params, neighbors):
         # The default's custom JVP cannot see values the energy closes over; reverse mode
         # through the plain scan can.
-        adjoint = Checkpointed() if isinstance(adjoint, Automatic) else adjoint
+        adjoint = Checkpointed()
 
     def core(tree, strategy):
         (x0, v0, masses, params), (model, integrator, neighbors, dt), key = tree
