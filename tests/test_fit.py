@@ -239,6 +239,33 @@ def test_one_compilation_serves_all_chunks():
     assert res.compile_time > 0 and res.run_time > 0
 
 
+def test_chunks_evaluate_each_point_once():
+    """Each chunk carries its final loss and gradient into the next one: 95 adam steps in
+    chunks of 10 evaluate the loss at the 96 points params_0 .. params_95, once each."""
+    calls = []
+
+    def loss(p):
+        jax.debug.callback(lambda: calls.append(1))
+        return quad(p)
+
+    params, losses = _optax_loop(quad, P0, optax.adam(0.1), 95)
+    res = fit(loss, P0, optimizer=optax.adam(0.1), steps=95, chunk=10, progress=False)
+    assert len(calls) == 96
+    np.testing.assert_allclose(res.params["a"], params["a"], rtol=1e-12)
+    np.testing.assert_allclose(res.history[:-1], losses, rtol=1e-12)
+
+
+def test_fit_reports_its_speed():
+    res = fit(quad, P0, steps=40, chunk=10, progress=False)
+    assert res.n_steps == 40
+    assert res.compile_time > 0 and res.run_time > 0 and res.steps_per_second > 0
+    assert res.steps_per_second == res.n_steps / res.run_time
+    assert "steps_per_second" in repr(res)
+    lm = sl.least_squares(lambda p: p["a"] - 3.0, P0)
+    assert lm.n_steps > 0 and lm.compile_time > 0 and lm.run_time > 0
+    assert lm.steps_per_second == lm.n_steps / lm.run_time
+
+
 def test_fit_lbfgs_rosenbrock():
     def rosen(p):
         x, y = p

@@ -78,8 +78,12 @@ class FitResult:
             ``jax.flatten_util.ravel_pytree(params)`` (when ``stderr=True``).
         covariance: ``(p, p)`` covariance matrix in the same order (when ``stderr=True``).
         gauss_newton: The full :class:`GaussNewton` record (when ``stderr=True``).
-        compile_time: Seconds spent tracing and compiling the chunk function.
-        run_time: Seconds spent running the compiled chunks (compilation excluded).
+        compile_time: Seconds spent tracing and compiling the optimisation loop (once per
+            call).
+        run_time: Seconds spent running the compiled loop, host work between chunks
+            included, compilation and standard errors excluded.
+        steps_per_second: Optimiser steps per second of run time, ``n_steps / run_time``
+            (``nan`` when ``run_time`` is 0).
     """
 
     params: PyTree
@@ -95,6 +99,11 @@ class FitResult:
     gauss_newton: GaussNewton | None = field(default=None, repr=False)
     compile_time: float = 0.0
     run_time: float = 0.0
+    steps_per_second: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        rate = self.n_steps / self.run_time if self.run_time > 0 else math.nan
+        object.__setattr__(self, "steps_per_second", rate)
 
 
 # --------------------------------------------------------------------------------------
@@ -152,18 +161,21 @@ def _check_positive_int(value: Any, name: str) -> int:
 
 def _make_chunk(objective: Callable, optimizer: optax.GradientTransformationExtraArgs,
                 chunk: int, from_state: bool) -> Callable:
-    """``run(u, state, remaining, gtol)``: up to ``min(chunk, remaining)`` optimiser steps
-    as one ``lax.scan`` of ``chunk + 1`` iterations.
+    """``run(u, state, value, grad, have, remaining, gtol)``: up to ``min(chunk, remaining)``
+    optimiser steps as one ``lax.scan`` of ``chunk + 1`` iterations.
 
-    Iteration ``k`` evaluates the loss and gradient at the current parameters and, if
-    ``k < remaining``, the gradient norm exceeds ``gtol`` and both are finite, applies one
-    update; the first iteration that does not update is the final evaluation, and the
-    later ones do nothing. So the loss after the last update comes from the same
-    evaluation code as every step (one traced copy of the gradient, not two).
+    Iteration ``k`` takes the loss and gradient at the current parameters (computed, or
+    the carried ``(value, grad)`` when ``have`` says they belong to ``u``: the final
+    evaluation of the previous chunk, so that chunks do not evaluate their start twice)
+    and, if ``k < remaining``, the gradient norm exceeds ``gtol`` and both are finite,
+    applies one update; the first iteration that does not update is the final
+    evaluation, and the later ones do nothing. So the loss after the last update comes
+    from the same evaluation code as every step (one traced copy of the gradient).
 
-    Returns ``(u, state, values, grad_norms, n_done)``: ``values[k]`` and ``grad_norms[k]``
-    at the parameters after ``k`` updates of this chunk, for ``k = 0 .. n_done`` (NaN
-    beyond), and the number of updates ``n_done``.
+    Returns ``(u, state, value, grad, values, grad_norms, n_done)``: ``(value, grad)`` at
+    the returned ``u``; ``values[k]`` and ``grad_norms[k]`` at the parameters after ``k``
+    updates of this chunk, for ``k = 0 .. n_done`` (NaN beyond); the number of updates
+    ``n_done``.
     """
     if from_state:
         value_and_grad = optax.value_and_grad_from_state(objective)
@@ -174,13 +186,15 @@ def _make_chunk(objective: Callable, optimizer: optax.GradientTransformationExtr
             del state
             return plain(u)
 
-    def run(u, state, remaining, gtol):
-        value_dtype = jax.eval_shape(objective, u).dtype
+    def run(u, state, value, grad, have, remaining, gtol):
+        value_dtype = value.dtype
         nan = jnp.full((), jnp.nan, value_dtype)
 
         def evaluate(carry, i):
-            u, state, _ = carry
-            value, grad = value_and_grad(u, state=state)
+            u, state, value, grad, have, _ = carry
+            value, grad = lax.cond(have, lambda: (value, grad),
+                                   lambda: value_and_grad(u, state=state))
+            value = value.astype(value_dtype)
             gnorm = otu.tree_norm(grad).astype(value_dtype)
             go = (i < remaining) & (gnorm > gtol) & jnp.isfinite(value) & jnp.isfinite(gnorm)
 
@@ -190,18 +204,19 @@ def _make_chunk(objective: Callable, optimizer: optax.GradientTransformationExtr
                 return optax.apply_updates(u, updates), new_state
 
             u, state = lax.cond(go, update, lambda _: (u, state), None)
-            return (u, state, ~go), (value.astype(value_dtype), gnorm, go)
+            return (u, state, value, grad, ~go, ~go), (value, gnorm, go)
 
         def skip(carry, i):
             del i
             return carry, (nan, nan, jnp.zeros((), bool))
 
         def body(carry, i):
-            return lax.cond(carry[2], skip, evaluate, carry, i)
+            return lax.cond(carry[5], skip, evaluate, carry, i)
 
-        init = (u, state, jnp.zeros((), bool))
-        (u, state, _), (values, gnorms, took) = lax.scan(body, init, jnp.arange(chunk + 1))
-        return u, state, values, gnorms, jnp.sum(took)
+        init = (u, state, value, grad, have, jnp.zeros((), bool))
+        (u, state, value, grad, _, _), (values, gnorms, took) = lax.scan(
+            body, init, jnp.arange(chunk + 1))
+        return u, state, value, grad, values, gnorms, jnp.sum(took)
 
     return run
 
@@ -229,7 +244,9 @@ def fit(
     starting from :math:`u_0 = T^{-1}(\texttt{params0})`; the result is reported in
     physical values :math:`x = T(u)`. Steps run compiled, ``chunk`` at a time (a
     ``lax.scan`` in one jitted function that is compiled once and serves every chunk,
-    the last one included).
+    the last one included); each chunk passes its final loss and gradient to the next,
+    so each point is evaluated once. ``FitResult.compile_time``, ``run_time`` and
+    ``steps_per_second`` say where the time went.
 
     Stopping rule (checked after every chunk, only when ``tol`` is given): with
     :math:`L_j` the loss after chunk ``j`` and :math:`L_{j-1}` the loss before it, stop
@@ -338,26 +355,28 @@ def fit(
     run = jax.jit(_make_chunk(objective, opt, chunk, from_state))
     value_dtype = jax.eval_shape(objective, u0).dtype
     gtol = jnp.asarray(-1.0 if tol is None else tol, value_dtype)
-    compiled = run.lower(u0, state0, jnp.asarray(chunk, jnp.int32), gtol).compile()
+    value0 = jnp.zeros((), value_dtype)
+    grad0 = jax.tree_util.tree_map(jnp.zeros_like, u0)
+    have0 = jnp.zeros((), bool)
+    compiled = run.lower(u0, state0, value0, grad0, have0, jnp.asarray(chunk, jnp.int32),
+                         gtol).compile()
     compile_time = time.perf_counter() - start
 
-    u, state = u0, state0
+    u, state, carried = u0, state0, (value0, grad0, have0)
     history: list[np.ndarray] = []
     done = 0
     converged = False
     message = f"ran all {steps} steps" + ("" if tol is not None else " (no tol given)")
     loss_prev = None
     loss_now = grad_now = math.nan
-    run_time = 0.0
     bar = tqdm(total=steps, disable=not progress, desc="fit", unit="step", leave=False)
+    t_start = time.perf_counter()
     try:
         while done < steps:
             n = min(chunk, steps - done)
-            t_start = time.perf_counter()
-            out = jax.block_until_ready(compiled(u, state, jnp.asarray(n, jnp.int32), gtol))
-            run_time += time.perf_counter() - t_start
-            u_new, state_new, values, gnorms, n_done = out
-            n_done = int(n_done)
+            out = compiled(u, state, *carried, jnp.asarray(n, jnp.int32), gtol)
+            u_new, state_new, value_new, grad_new, values, gnorms, n_done = out
+            n_done = int(n_done)  # waits for the chunk
             trail = np.asarray(values)[: n_done + 1]  # losses after 0 .. n_done updates
             g_trail = np.asarray(gnorms)[: n_done + 1]
             if loss_prev is None:
@@ -368,8 +387,8 @@ def fit(
                 # rerun the chunk up to the last step whose loss and gradient are finite
                 bad = int(np.argmin(np.isfinite(trail) & np.isfinite(g_trail)))
                 good = max(bad - 1, 0)
-                u, state, values, gnorms, _ = compiled(u, state, jnp.asarray(good, jnp.int32),
-                                                       gtol)
+                u, state, *_, values, gnorms, _ = compiled(
+                    u, state, *carried, jnp.asarray(good, jnp.int32), gtol)
                 history.append(np.asarray(values)[:good])
                 done += good
                 loss_now, grad_now = float(values[good]), float(gnorms[good])
@@ -382,6 +401,7 @@ def fit(
             stopped = n_done < n
             history.append(values)
             u, state, done = u_new, state_new, done + n_done
+            carried = (value_new, grad_new, jnp.ones((), bool))
             loss_now, grad_now = value_end, gnorm_end
             bar.update(n_done)
             bar.set_postfix(loss=f"{loss_now:.6g}", grad=f"{grad_now:.2g}")
@@ -398,6 +418,8 @@ def fit(
             loss_prev = loss_now
     finally:
         bar.close()
+    jax.block_until_ready(u)
+    run_time = time.perf_counter() - t_start
 
     params = to_physical(u)
     hist = np.concatenate(history + [np.array([loss_now])]) if history else np.array([loss_now])
