@@ -15,9 +15,11 @@ the truth there: the extrapolation error.
 The weights are a plain pytree (a list of (W, b) pairs) passed to solve as ``args``, and
 the MLP is four lines of jax.numpy: simlib depends on neither Flax nor Equinox, and an
 Equinox module would work the same way (it is a pytree too), but the example stays free
-of dependencies simlib does not have.
+of dependencies simlib does not have. The loss counts the observations up to a horizon
+that grows over the first third of the steps (fitting the whole window at once often
+stalls on a plateau). docs/neural-ode.md explains the example and its results.
 
-    python examples/neural_ode.py                      # ~1 minute on 2 cores
+    python examples/neural_ode.py                      # ~25 s on 2 cores
     python examples/neural_ode.py --plot neural_ode.png --steps 3000
 """
 
