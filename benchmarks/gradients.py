@@ -19,6 +19,23 @@ Three measurements in one run, float64 throughout:
    ``peak - baseline`` against the steps is fitted on log-log axes for ``Direct``,
    ``Checkpointed`` and ``Reversible``.
 
+4. **issue 12 cases** (``--cases issue12``), RK4, the gradient with the strategy a user
+   gets by default (``adjoint`` omitted), ``ForwardMode()`` and ``Checkpointed()``:
+   * ``single ts 5e4``: one trajectory, 5*10^4 steps, squared error at 201 save times
+     ``t = 0, 0.05, ..., 10`` (the data: RK4 at ``DATA_ARGS``), 4 parameters;
+   * ``batched ts 2e4``: the same loss on one batched ``(512, 2)`` state (the 512
+     ensemble initial states), 2*10^4 steps, divided by 512;
+   * ``vmap512 final 2e4``: ``jax.vmap`` of one-trajectory solves over the same 512
+     initial states, the ``final`` loss, 2*10^4 steps;
+   * ``mlp 1e3``: a 2 -> 32 -> 32 -> 2 tanh MLP vector field (1,218 weights, key 0),
+     ``y0 = [1, 0.5]``, 10^3 steps on ``[0, 10]``, ``sum(ys^2)`` at 101 save times, the
+     gradient with respect to every weight; contenders: the default, ``Checkpointed``,
+     ``Direct`` and diffrax ``RecursiveCheckpointAdjoint`` (RK4*, constant steps).
+   ``--quick`` divides the steps of the first three by 5. The targets of issue 12 are
+   checked: ensembles <= 5x (4x stretch) with the default, ``Checkpointed`` <= 10x on
+   ensembles, one small trajectory <= 30x (<= 5x with the small-loop limit raised),
+   ``mlp`` <= 10x and faster than diffrax.
+
 Contenders of 1 and 2 (every one ``jax.jit``-compiled):
 
 * ``simlib RK4`` / ``simlib Tsit5``: ``forward`` is the loss with the default adjoint;
@@ -54,9 +71,25 @@ Usage::
 
     python benchmarks/gradients.py            # full run (~5-7 minutes on 2 cores)
     python benchmarks/gradients.py --quick    # 10^4 steps, ensemble 2*10^3 steps (~1.5 min)
+    python benchmarks/gradients.py --cases issue12 --json benchmarks/results/gradients_issue12.json
+    python benchmarks/gradients.py --cases issue12 --fast-cpu-loops \
+        --json benchmarks/results/gradients_issue12_fast.json
+
+``--fast-cpu-loops`` sets ``XLA_FLAGS=--xla_backend_extra_options=
+xla_cpu_small_while_loop_byte_threshold=100000000`` before jax is imported (XLA:CPU's
+small-loop limit raised, README (g)); setting that variable by hand does the same.
 """
 
-import jax
+import os
+import sys
+
+FAST_LOOPS_OPTION = "xla_cpu_small_while_loop_byte_threshold=100000000"
+if "--fast-cpu-loops" in sys.argv[1:] and "small_while_loop" not in os.environ.get("XLA_FLAGS", ""):
+    # before jax is imported: XLA reads XLA_FLAGS when its CPU backend starts
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_extra_options="
+                               + FAST_LOOPS_OPTION).strip()
+
+import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -64,11 +97,9 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-import os  # noqa: E402
 import platform  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import ClassVar  # noqa: E402
@@ -77,6 +108,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _format import finish, fmt_r, fmt_s, simlib_commit  # noqa: E402  (benchmarks/_format.py, next to this file)
 from jax import lax  # noqa: E402
+from jax.flatten_util import ravel_pytree  # noqa: E402
 
 import simlib as sl  # noqa: E402
 
@@ -386,6 +418,142 @@ def contenders(loss: str, n: int, members: int | None, opts, data) -> dict:
 
 
 # --------------------------------------------------------------------------------------
+# issue 12 cases: what a user waits for with the default strategy
+
+ISSUE12_CASES = ("single_ts", "batched", "vmap512", "mlp")
+OLD_CASES = ("single", "ensemble", "memory")
+I12_MEMBERS = 512
+TS201 = T1 * np.arange(0, 201) / 200  # t = 0, 0.05, ..., 10: on the step grid
+MLP_SIZES = (2, 32, 32, 2)
+MLP_Y0 = (1.0, 0.5)
+MLP_TS = T1 * np.arange(0, 101) / 100
+
+
+def mlp_init(key):
+    """A flat vector of the MLP's weights (normal / sqrt(fan_in)) and its unravel."""
+    params = []
+    for k, (m, n) in zip(jax.random.split(key, len(MLP_SIZES) - 1),
+                         zip(MLP_SIZES[:-1], MLP_SIZES[1:], strict=True), strict=True):
+        params.append((jax.random.normal(k, (m, n), dtype=jnp.float64) / np.sqrt(m),
+                       jnp.zeros(n, dtype=jnp.float64)))
+    return ravel_pytree(params)
+
+
+def mlp_field(t, y, params):
+    """dy/dt = MLP(y): tanh hidden layers, linear output."""
+    del t
+    for w, b in params[:-1]:
+        y = jnp.tanh(y @ w + b)
+    w, b = params[-1]
+    return y @ w + b
+
+
+def _adjoint_kw(adjoint) -> dict:
+    return {} if adjoint is None else dict(adjoint=adjoint)  # None: omitted, the default
+
+
+def issue12_case(name: str, opts) -> dict:
+    """One issue-12 case: its label, sizes, parameters ``p0`` and contenders."""
+    solver = sl.RK4()
+    fam = "simlib RK4"
+    strategies = [("default", None)]
+    if name != "mlp" and HAS_FORWARD_MODE:
+        strategies.append(("ForwardMode", sl.ForwardMode()))
+    strategies.append(("Checkpointed", sl.Checkpointed()))
+    if name == "mlp":
+        strategies.append(("Direct", sl.Direct()))
+    quick = 5 if opts.quick else 1
+    p0 = jnp.asarray(LV_ARGS)
+    members = None
+    if name == "single_ts":
+        n = 50_000 // quick
+        dt = (T1 - T0) / n
+        data = observations(n, jnp.asarray(Y0), TS201)
+
+        def make(adjoint):
+            def loss(p):
+                sol = sl.solve(LV, jnp.asarray(Y0), T0, T1, solver=solver, dt=dt,
+                               args=p_args(p), saveat=sl.SaveAt(ts=TS201),
+                               **_adjoint_kw(adjoint))
+                return jnp.sum(jnp.square(sol.ys - data))
+            return loss
+
+        label, loss_name = f"single ts {n:.0e}", "ts201"
+    elif name == "batched":
+        n = 20_000 // quick
+        dt = (T1 - T0) / n
+        members = I12_MEMBERS
+        y0s = ensemble_y0(members)
+        data = observations(n, y0s, TS201)
+
+        def make(adjoint):
+            def loss(p):
+                sol = sl.solve(LV, y0s, T0, T1, solver=solver, dt=dt, args=p_args(p),
+                               saveat=sl.SaveAt(ts=TS201), **_adjoint_kw(adjoint))
+                return jnp.sum(jnp.square(sol.ys - data)) / members
+            return loss
+
+        label, loss_name = f"batched ts {n:.0e}", "ts201"
+    elif name == "vmap512":
+        n = 20_000 // quick
+        dt = (T1 - T0) / n
+        members = I12_MEMBERS
+        y0s = ensemble_y0(members)
+
+        def make(adjoint):
+            def one(p, y0):
+                sol = sl.solve(LV, y0, T0, T1, solver=solver, dt=dt, args=p_args(p),
+                               **_adjoint_kw(adjoint))
+                return jnp.sum(sol.ys[-1])
+
+            return lambda p: jnp.mean(jax.vmap(one, in_axes=(None, 0))(p, y0s))
+
+        label, loss_name = f"vmap{members} final {n:.0e}", "final"
+    elif name == "mlp":
+        n = 1_000
+        dt = (T1 - T0) / n
+        p0, unravel = mlp_init(jax.random.PRNGKey(SEED))
+        y0 = jnp.asarray(MLP_Y0)
+
+        def make(adjoint):
+            def loss(p):
+                sol = sl.solve(mlp_field, y0, T0, T1, solver=solver, dt=dt, args=unravel(p),
+                               saveat=sl.SaveAt(ts=MLP_TS), **_adjoint_kw(adjoint))
+                return jnp.sum(jnp.square(sol.ys))
+            return loss
+
+        label, loss_name = f"mlp {n:.0e}", "mlp ts101"
+    else:
+        raise ValueError(f"unknown issue-12 case {name!r}")
+    label = label.replace("e+0", "e")
+    out = {f"{fam} forward": dict(family=fam, kind="forward", method="forward", fn=make(None))}
+    peer = "diffrax RK4* RecursiveCheckpoint" if name == "mlp" and diffrax is not None else None
+    for method, adjoint in strategies:
+        out[f"{fam} {method}"] = dict(family=fam, kind="grad", method=method, peer=peer,
+                                      fn=jax.grad(make(adjoint)))
+    if name == "mlp" and diffrax is not None:
+        term = diffrax.ODETerm(mlp_field)
+
+        def dloss(adjoint):
+            def loss(p):
+                kw = {} if adjoint is None else dict(adjoint=adjoint)
+                sol = diffrax.diffeqsolve(term, DiffraxRK4(), T0, T1, dt, y0, args=unravel(p),
+                                          saveat=diffrax.SaveAt(ts=MLP_TS),
+                                          stepsize_controller=diffrax.ConstantStepSize(),
+                                          max_steps=n + 8, **kw)
+                return jnp.sum(jnp.square(sol.ys))
+            return loss
+
+        out["diffrax RK4* forward"] = dict(family="diffrax RK4*", kind="forward",
+                                           method="forward", fn=dloss(None))
+        out["diffrax RK4* RecursiveCheckpoint"] = dict(
+            family="diffrax RK4*", kind="grad", method="RecursiveCheckpoint",
+            fn=jax.grad(dloss(diffrax.RecursiveCheckpointAdjoint())))
+    return dict(label=label, loss=loss_name, steps=n, members=members, issue12=name,
+                p0=p0, contenders=out)
+
+
+# --------------------------------------------------------------------------------------
 # timing
 
 
@@ -433,7 +601,7 @@ def loop_kernels(compiled) -> list:
 
 def measure_case(case: dict, opts) -> dict:
     """Compile, warm up and time every contender of a case, round-robin."""
-    p = jnp.asarray(LV_ARGS)
+    p = case.get("p0", jnp.asarray(LV_ARGS))
     table = {}
     calls = {}
     for name, c in case["contenders"].items():
@@ -715,10 +883,11 @@ def _cpu_model():
     return platform.processor() or None
 
 
-def observations(n: int) -> jax.Array:
+def observations(n: int, y0=None, ts=TS) -> jax.Array:
     """The 'ts' loss's data: simlib RK4 at DATA_ARGS on the same steps."""
-    sol = sl.solve(LV, jnp.asarray(Y0), T0, T1, solver=sl.RK4(), dt=(T1 - T0) / n,
-                   args=DATA_ARGS, saveat=sl.SaveAt(ts=TS))
+    y0 = jnp.asarray(Y0) if y0 is None else y0
+    sol = sl.solve(LV, y0, T0, T1, solver=sl.RK4(), dt=(T1 - T0) / n,
+                   args=DATA_ARGS, saveat=sl.SaveAt(ts=ts))
     return sol.ys
 
 
@@ -750,7 +919,7 @@ def targets(rows: list[dict], memory: dict | None) -> list[dict]:
 
     # The issue's two problems: one Lotka-Volterra trajectory and the 1,000-member
     # ensemble, both with the final-state loss.
-    for case in sorted({r["case"] for r in rows if " final " in r["case"]},
+    for case in sorted({r["case"] for r in rows if " final n=" in r["case"]},
                        key=lambda c: (len(c), c)):
         steps = next(r["steps"] for r in rows if r["case"] == case)
         default = "Checkpointed" if steps > CHECKPOINT_ABOVE else "Direct"
@@ -798,6 +967,43 @@ def targets(rows: list[dict], memory: dict | None) -> list[dict]:
     return out
 
 
+def issue12_targets(rows: list[dict], fast: bool) -> list[dict]:
+    """The targets of issue 12 on its cases: ratios to the forward in this run."""
+    out = []
+    mode = "small-loop limit raised" if fast else "default XLA flags"
+
+    def row(case, method):
+        return next((r for r in rows if r["case"] == case and r["method"] == method
+                     and "ratio" in r), None)
+
+    def add(target, need, value, unit="x forward", met=None):
+        status = "SKIPPED" if value is None else (
+            "MET" if (value <= need if met is None else met) else "MISSED")
+        out.append(dict(target=target, need=need, value=value, status=status, unit=unit))
+
+    for case in sorted({r["case"] for r in rows if r.get("members") and " n=" not in r["case"]}):
+        r = row(case, "default")
+        v = None if r is None else r["ratio"]
+        add(f"{case}: default gradient <= 5x forward ({mode})", 5.0, v)
+        add(f"{case}: default gradient <= 4x forward (stretch)", 4.0, v)
+        r = row(case, "Checkpointed")
+        add(f"{case}: Checkpointed() <= 10x forward", 10.0, None if r is None else r["ratio"])
+    for case in sorted({r["case"] for r in rows if r["case"].startswith("single ts ")
+                        and " n=" not in r["case"]}):
+        r = row(case, "default")
+        need = 5.0 if fast else 30.0
+        add(f"{case}: default gradient <= {need:g}x forward ({mode})", need,
+            None if r is None else r["ratio"])
+    for case in sorted({r["case"] for r in rows if r["case"].startswith("mlp ")}):
+        r = row(case, "default")
+        add(f"{case}: default gradient <= 10x forward ({mode})", 10.0,
+            None if r is None else r["ratio"])
+        sp = None if r is None else r.get("speedup")
+        add(f"{case}: default gradient faster than diffrax RK4* RecursiveCheckpoint", 1.0, sp,
+            unit="x (diffrax grad / simlib grad)", met=sp is not None and sp > 1.0)
+    return out
+
+
 def report(results: dict) -> str:
     lines = []
     p = lines.append
@@ -807,6 +1013,10 @@ def report(results: dict) -> str:
       f"{results['loadavg_start'][0]:.1f} -> {results['loadavg_end'][0]:.1f}")
     p("Lotka-Volterra, float64, t in [0, 10]; gradient w.r.t. the 4 parameters; best of "
       f"{results['repeats']} ({results['slow_repeats']} for calls over {results['slow_s']:g} s)")
+    if any("issue12" in c for c in results["cases"]):
+        p("issue 12 cases: RK4; default = adjoint omitted; single/batched ts: squared error at "
+          "201 save times; vmap512: final loss; mlp: 2->32->32->2 tanh MLP field, 1,218 "
+          "weights, sum(ys^2) at 101 save times")
     if results.get("xla_flags"):
         p(f"XLA_FLAGS={results['xla_flags']}")
     p("simlib ForwardMode: " + ("present" if results["has_forward_mode"]
@@ -846,11 +1056,12 @@ def report(results: dict) -> str:
     p("Kernels per loop iteration in the optimized HLO (trip count x kernels; fusions and "
       "unfused ops):")
     for c in results["cases"]:
-        for name in ("simlib RK4 forward", "simlib RK4 Direct", "simlib RK4 Checkpointed",
+        for name in ("simlib RK4 forward", "simlib RK4 default", "simlib RK4 Direct",
+                     "simlib RK4 Checkpointed",
                      "simlib RK4 ForwardMode", "simlib RK4 jacfwd (Direct)",
                      "simlib RK4 vmap(jacfwd) (Direct)", "floor RK4 forward",
                      "floor RK4 grad", "floor RK4 grad ckpt", "floor RK4 grad ckpt+remat",
-                     "floor RK4 hand adjoint"):
+                     "floor RK4 hand adjoint", "diffrax RK4* RecursiveCheckpoint"):
             loops = c["table"].get(name, {}).get("loops")
             if loops:
                 p(f"  {c['label']:22s} {name:34s} " + ", ".join(
@@ -927,15 +1138,19 @@ def run(opts) -> dict:
                      ts=TS.tolist(), data_args=DATA_ARGS,
                      ensemble_y0="[10, 5] * exp(0.1 * normal(PRNGKey(0)))"),
         skipped={}, cases=[], rows=[], loadavg_start=list(os.getloadavg()),
-        xla_flags=os.environ.get("XLA_FLAGS", ""),
+        xla_flags=os.environ.get("XLA_FLAGS", ""), cases_run=sorted(opts.cases),
+        fast_cpu_loops="small_while_loop_byte_threshold" in os.environ.get("XLA_FLAGS", ""),
     )
     if diffrax is None:
         results["skipped"]["diffrax"] = DIFFRAX_ERROR
     if not HAS_FORWARD_MODE:
         results["skipped"]["simlib ForwardMode"] = "simlib has no ForwardMode"
     results["ts_probe"] = ts_probe()
-    plan = [("final", opts.single_steps, None), ("ts", opts.single_steps, None)]
-    plan += [("final", n, opts.members) for n in opts.ensemble_steps]
+    plan = []
+    if "single" in opts.cases:
+        plan += [("final", opts.single_steps, None), ("ts", opts.single_steps, None)]
+    if "ensemble" in opts.cases:
+        plan += [("final", n, opts.members) for n in opts.ensemble_steps]
     for loss, n, members in plan:
         label = (f"single {loss} n={n:.0e}" if members is None
                  else f"ens{members} {loss} n={n:.0e}").replace("e+0", "e")
@@ -949,11 +1164,24 @@ def run(opts) -> dict:
         results["cases"].append(case)
         results["rows"] += summarize(case, table)
         jax.clear_caches()
-    if opts.memory_steps:
+    for name in ISSUE12_CASES:
+        if name not in opts.cases:
+            continue
+        case = issue12_case(name, opts)
+        print(f"  {case['label']}", flush=True)
+        table = measure_case(case, opts)
+        del case["contenders"]
+        case["p0_size"] = int(np.size(case.pop("p0")))
+        case["table"] = table
+        results["cases"].append(case)
+        results["rows"] += summarize(case, table)
+        jax.clear_caches()
+    if opts.memory_steps and "memory" in opts.cases:
         print("  memory", flush=True)
         results["memory"] = memory_scaling(opts.memory_steps, opts.chain_dim, opts.mem_limit_gb,
                                            opts.child_timeout)
     results["targets"] = targets(results["rows"], results.get("memory"))
+    results["targets"] += issue12_targets(results["rows"], results["fast_cpu_loops"])
     results["loadavg_end"] = list(os.getloadavg())
     return results
 
@@ -983,6 +1211,16 @@ def main(argv=None) -> int:
     parser.add_argument("--slow-s", type=float, default=2.0)
     parser.add_argument("--once-s", type=float, default=15.0,
                         help="a contender whose warm-up call takes longer is timed by that call")
+    parser.add_argument("--cases", nargs="+", default=["all"],
+                        choices=["all", "old", "issue12", *OLD_CASES, *ISSUE12_CASES],
+                        help="what to run: single (final and ts, n=--single-steps), ensemble, "
+                             "memory (together: old), and the issue-12 cases single_ts "
+                             "(5*10^4 steps, 201 save times), batched ((512, 2) state, "
+                             "2*10^4), vmap512 (2*10^4, final), mlp (1,218 weights, 10^3 "
+                             "steps) (together: issue12); all (default) runs everything")
+    parser.add_argument("--fast-cpu-loops", action="store_true",
+                        help="raise XLA:CPU's small-loop limit (XLA_FLAGS=--xla_backend_extra_"
+                             "options=" + FAST_LOOPS_OPTION + ", set before jax is imported)")
     parser.add_argument("--json", type=Path, default=RESULTS_PATH)
     parser.add_argument("--memory-child", nargs=3, metavar=("STRATEGY", "STEPS", "DIM"),
                         help=argparse.SUPPRESS)
@@ -991,6 +1229,11 @@ def main(argv=None) -> int:
         s, n, d = opts.memory_child
         print("MEMORY " + json.dumps(memory_child(s, int(n), int(d))), flush=True)
         return 0
+    cases = set()
+    for c in opts.cases:
+        cases |= {"all": {*OLD_CASES, *ISSUE12_CASES}, "old": set(OLD_CASES),
+                  "issue12": set(ISSUE12_CASES)}.get(c, {c})
+    opts.cases = cases
     if opts.single_steps is None:
         opts.single_steps = 10_000 if opts.quick else 100_000
     if opts.ensemble_steps is None:
