@@ -1,0 +1,266 @@
+"""XLA:CPU's small-loop limit: every benchmark at a few thresholds, as ratios to the default.
+
+XLA:CPU compiles a ``while`` loop whose body touches fewer than
+``xla_cpu_small_while_loop_byte_threshold`` bytes per iteration (default 1,024) into one
+function, and runs every other loop kernel by kernel (benchmarks/README.md, gradients.py
+(g)). ``simlib.fast_cpu_loops()`` raises that limit. This script measures what raising it
+does to every benchmark script in this directory: each script runs in a fresh subprocess
+per threshold (the flag is read once per process, when JAX starts its CPU backend), with
+
+    XLA_FLAGS=--xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=N
+
+and the timings of its JSON output are divided by the same row's timing at the default
+limit. A ratio below 1 is a speed-up; above 1.10 is flagged as a regression. Rows of peers
+that do not use XLA (scipy, numpy) measure the machine's noise. The particle peers
+(LAMMPS, jax-md, REBOUND) are not run: their own benchmark compares them with simlib.
+
+    python benchmarks/cpu_loops.py                       # ~20 minutes on 2 cores
+    python benchmarks/cpu_loops.py --scripts gradients --thresholds 0 16384
+
+Each run of a script is wrapped in ``flock -x /tmp/simlib_cpu.lock`` when ``flock``
+exists (the machine is shared), and the scripts are run round-robin over the thresholds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from _format import simlib_commit  # noqa: E402
+
+FLAG = "xla_cpu_small_while_loop_byte_threshold"
+DEFAULT_THRESHOLDS = [0, 16 * 1024, 1024 * 1024, 100_000_000]  # 0: XLA's default (1,024)
+REGRESSION = 1.10
+
+# Sizes chosen so that one script at one threshold takes 1-3 minutes here. The large
+# states are all in: the 32,000-atom LJ fluid, 4,096-body gravity, the 10,000-member
+# Lorenz ensemble; so are the small ones: one gradient trajectory, 100- and 1,000-member
+# ensembles, the stiff problems.
+SCRIPTS = {
+    "ode": ["ode.py", "--members", "100", "1000", "10000", "--repeats", "3",
+            "--compile-repeats", "1", "--scipy-members", "5", "--max-unrolled", "100"],
+    "particles": ["particles.py", "--parts", "lj", "gravity", "--lj-cells", "10", "20",
+                  "--lj-steps", "100", "50", "--melt-steps", "100", "--repeats", "3",
+                  "--grav-repeats", "10", "--grav-sim-steps", "20", "--peers"],
+    "gradients": ["gradients.py", "--quick", "--memory-steps"],
+    "stiff": ["stiff.py", "--quick"],
+}
+
+
+def xla_flags(threshold: int, base: str) -> str:
+    if threshold <= 0:
+        return base
+    return (base + f" --xla_backend_extra_options={FLAG}={threshold}").strip()
+
+
+def label(threshold: int) -> str:
+    if threshold <= 0:
+        return "default"
+    if threshold % (1024 * 1024) == 0:
+        return f"{threshold // (1024 * 1024)} MiB"
+    if threshold % 1024 == 0:
+        return f"{threshold // 1024} KiB"
+    if threshold % 1_000_000 == 0:
+        return f"{threshold // 1_000_000} MB"
+    return f"{threshold} B"
+
+
+# ---------------------------------------------------------------- extracting timings
+# Each extractor maps a script's JSON to {row: (run seconds, compile seconds or None)}.
+
+def rows_ode(d: dict) -> dict:
+    return {f"{t['case']} N={t['members']} {t['method']}": (t["time_s"], t.get("compile_s"))
+            for t in d["timings"] if t.get("time_s") is not None}
+
+
+def rows_gradients(d: dict) -> dict:
+    out = {}
+    for r in d["rows"]:
+        if r.get("forward_s") is not None:
+            out[f"{r['case']} {r['family']} forward"] = (r["forward_s"],
+                                                         r.get("forward_compile_s"))
+        if r.get("grad_s") is not None:
+            out[f"{r['case']} {r['name']}"] = (r["grad_s"], r.get("compile_s"))
+    return out
+
+
+def rows_stiff(d: dict) -> dict:
+    out = {}
+    for r in d["rows"]:
+        if r.get("time") is not None:
+            out[f"{r['problem']} {r['lib']} {r['solver']} rtol={r['rtol']:g}"] = (
+                r["time"], r.get("compile"))
+    ens = d.get("ensemble") or {}
+    for r in ens.get("rows", []):
+        if r.get("time") is not None:
+            out[f"ensemble {ens.get('members')} {r['lib']} {r['solver']}"] = (
+                r["time"], r.get("compile"))
+    return out
+
+
+def rows_particles(d: dict) -> dict:
+    out = {}
+    parts = d["parts"]
+    for r in (parts.get("lj") or {}).get("rows", []):
+        for peer in ("simlib", "lammps", "jax-md"):
+            x = r.get(peer)
+            if isinstance(x, dict) and x.get("seconds") is not None:
+                out[f"LJ {r['n']} atoms {r['dtype']} {peer} {x.get('steps')} steps"] = (
+                    x["seconds"], x.get("compile_s"))
+    g = parts.get("gravity") or {}
+    for dtype, x in (g.get("simlib") or {}).items():
+        if not isinstance(x, dict):
+            continue
+        if x.get("seconds") is not None:
+            out[f"gravity {g.get('n')} bodies {dtype} simlib force"] = (x["seconds"],
+                                                                         x.get("compile_s"))
+        if x.get("sim_seconds") is not None:
+            out[f"gravity {g.get('n')} bodies {dtype} simlib {x.get('sim_steps')} steps"] = (
+                x["sim_seconds"], x.get("sim_compile_s"))
+    for peer in ("numpy", "rebound"):
+        for dtype, x in (g.get(peer) or {}).items():
+            if isinstance(x, dict) and x.get("seconds") is not None:
+                out[f"gravity {g.get('n')} bodies {dtype} {peer}"] = (x["seconds"], None)
+        if isinstance(g.get(peer), dict) and g[peer].get("seconds") is not None:
+            out[f"gravity {g.get('n')} bodies {peer}"] = (g[peer]["seconds"], None)
+    return out
+
+
+EXTRACT = dict(ode=rows_ode, gradients=rows_gradients, stiff=rows_stiff,
+               particles=rows_particles)
+
+
+# ---------------------------------------------------------------- running
+
+def run_one(name: str, threshold: int, tmp: Path, timeout: float, lock: bool) -> dict:
+    out_json = tmp / f"{name}_{threshold}.json"
+    cmd = [sys.executable, str(HERE / SCRIPTS[name][0]), *SCRIPTS[name][1:],
+           "--json", str(out_json)]
+    if lock and shutil.which("flock"):
+        cmd = ["flock", "-x", "/tmp/simlib_cpu.lock", *cmd]
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = xla_flags(threshold, os.environ.get("XLA_FLAGS", ""))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    res = dict(script=name, threshold=threshold, xla_flags=env["XLA_FLAGS"], wall_s=wall,
+               returncode=proc.returncode, load_end=os.getloadavg()[0])
+    if proc.returncode != 0 or not out_json.exists():
+        res["error"] = (proc.stderr or proc.stdout)[-3000:]
+        return res
+    data = json.loads(out_json.read_text())
+    res["rows"] = {k: dict(s=v[0], compile_s=v[1]) for k, v in EXTRACT[name](data).items()}
+    res["script_wall_s"] = data.get("wall_s")
+    return res
+
+
+def table(runs: list[dict], thresholds: list[int]) -> tuple[list[dict], list[str]]:
+    """One entry per (script, row): the times and the ratios to the default threshold."""
+    by = {(r["script"], r["threshold"]): r for r in runs if "rows" in r}
+    out, lines = [], []
+    for name in SCRIPTS:
+        base = by.get((name, thresholds[0]))
+        if base is None:
+            continue
+        lines.append(f"\n{name}.py  (run / compile time at {label(thresholds[0])} limit; "
+                     "then each threshold's ratio to it, run (compile))")
+        head = f"{'row':<62} {'base s':>9} {'compile':>8}"
+        for t in thresholds[1:]:
+            head += f" {label(t):>15}"
+        lines.append(head)
+        for row, b in base["rows"].items():
+            entry = dict(script=name, row=row, base_s=b["s"], base_compile_s=b["compile_s"],
+                         ratio={}, compile_ratio={}, regression=[])
+            cells = ""
+            for t in thresholds[1:]:
+                r = by.get((name, t), {}).get("rows", {}).get(row)
+                if r is None or not b["s"]:
+                    cells += f" {'-':>15}"
+                    continue
+                q = r["s"] / b["s"]
+                c = (r["compile_s"] / b["compile_s"]
+                     if r["compile_s"] and b["compile_s"] else None)
+                entry["ratio"][label(t)] = q
+                entry["compile_ratio"][label(t)] = c
+                flag = "!" if q > REGRESSION else " "
+                if q > REGRESSION:
+                    entry["regression"].append(label(t))
+                cc = f"({c:.2f})" if c is not None else "(-)"
+                cells += f" {q:>7.2f}{flag}{cc:>7}"
+            comp = f"{b['compile_s']:.2f}" if b["compile_s"] is not None else "-"
+            lines.append(f"{row[:62]:<62} {b['s']:>9.4f} {comp:>8}{cells}")
+            out.append(entry)
+    return out, lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scripts", nargs="+", choices=list(SCRIPTS), default=list(SCRIPTS))
+    ap.add_argument("--thresholds", nargs="+", type=int, default=DEFAULT_THRESHOLDS,
+                    help="bytes; 0 = XLA's default (the denominator, keep it first)")
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="per script run")
+    ap.add_argument("--no-lock", action="store_true", help="do not wrap runs in flock -x")
+    ap.add_argument("--json", type=Path, default=HERE / "results" / "cpu_loops.json")
+    args = ap.parse_args()
+
+    t_start = time.perf_counter()
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.scripts:
+            for t in args.thresholds:
+                r = run_one(name, t, Path(tmp), args.timeout_s, not args.no_lock)
+                status = "ok" if "rows" in r else f"FAILED rc={r['returncode']}"
+                print(f"{name:>10} {label(t):>8}: {r['wall_s']:6.1f} s  {status}", flush=True)
+                if "error" in r:
+                    print(r["error"], flush=True)
+                runs.append(r)
+    entries, lines = table(runs, args.thresholds)
+    regressions = [e for e in entries if e["regression"]]
+    lines.append(f"\n{len(regressions)} rows over {REGRESSION:.2f}x at some threshold:")
+    for e in regressions:
+        lines.append(f"  {e['script']}: {e['row']}: " + ", ".join(
+            f"{t} {e['ratio'][t]:.2f}" for t in e["regression"]))
+    report = "\n".join(lines)
+    print(report)
+
+    results = dict(
+        date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), simlib_commit=simlib_commit(ROOT),
+        python=sys.version.split()[0], platform=platform.platform(), cpu_count=os.cpu_count(),
+        cpu_model=_cpu_model(), flag=FLAG, thresholds=args.thresholds,
+        scripts={k: SCRIPTS[k] for k in args.scripts}, regression_limit=REGRESSION,
+        runs=runs, table=entries, wall_s=time.perf_counter() - t_start, report=report)
+    try:
+        import jax
+        results["jax_version"] = jax.__version__
+    except ImportError:
+        pass
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=1, default=float) + "\n")
+    print(f"\nwrote {args.json}")
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+if __name__ == "__main__":
+    main()
