@@ -154,10 +154,12 @@ def run_one(name: str, threshold: int, tmp: Path, timeout: float, lock: bool) ->
     env["XLA_FLAGS"] = xla_flags(threshold, os.environ.get("XLA_FLAGS", ""))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     t0 = time.perf_counter()
+    load_start = os.getloadavg()[0]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
     res = dict(script=name, threshold=threshold, xla_flags=env["XLA_FLAGS"], wall_s=wall,
-               returncode=proc.returncode, load_end=os.getloadavg()[0])
+               returncode=proc.returncode, load_before_lock=load_start,
+               load_end=os.getloadavg()[0])
     if proc.returncode != 0 or not out_json.exists():
         res["error"] = (proc.stderr or proc.stdout)[-3000:]
         return res
@@ -167,9 +169,27 @@ def run_one(name: str, threshold: int, tmp: Path, timeout: float, lock: bool) ->
     return res
 
 
+def best_of(runs: list[dict]) -> dict:
+    """(script, threshold) -> {row: {s, compile_s}}, the best of all runs of that pair."""
+    by: dict = {}
+    for r in runs:
+        if "rows" not in r:
+            continue
+        rows = by.setdefault((r["script"], r["threshold"]), {"rows": {}})["rows"]
+        for row, v in r["rows"].items():
+            if row not in rows:
+                rows[row] = dict(v)
+                continue
+            rows[row]["s"] = min(rows[row]["s"], v["s"])
+            if v["compile_s"] is not None and rows[row]["compile_s"] is not None:
+                rows[row]["compile_s"] = min(rows[row]["compile_s"], v["compile_s"])
+    return by
+
+
 def table(runs: list[dict], thresholds: list[int]) -> tuple[list[dict], list[str]]:
-    """One entry per (script, row): the times and the ratios to the default threshold."""
-    by = {(r["script"], r["threshold"]): r for r in runs if "rows" in r}
+    """One entry per (script, row): the best times over all runs, and the ratios to the
+    default threshold's."""
+    by = best_of(runs)
     out, lines = [], []
     for name in SCRIPTS:
         base = by.get((name, thresholds[0]))
@@ -208,16 +228,24 @@ def table(runs: list[dict], thresholds: list[int]) -> tuple[list[dict], list[str
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--scripts", nargs="+", choices=list(SCRIPTS), default=list(SCRIPTS))
+    ap.add_argument("--scripts", nargs="*", choices=list(SCRIPTS), default=list(SCRIPTS),
+                    help="scripts to run (none: only tabulate the --merge files)")
     ap.add_argument("--thresholds", nargs="+", type=int, default=DEFAULT_THRESHOLDS,
                     help="bytes; 0 = XLA's default (the denominator, keep it first)")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per script run")
     ap.add_argument("--no-lock", action="store_true", help="do not wrap runs in flock -x")
     ap.add_argument("--json", type=Path, default=HERE / "results" / "cpu_loops.json")
+    ap.add_argument("--merge", type=Path, nargs="*", default=[],
+                    help="earlier results JSON whose runs are pooled with this run's (each "
+                         "row's best time is taken): rerun a pair disturbed by other load")
     args = ap.parse_args()
 
     t_start = time.perf_counter()
     runs = []
+    for path in args.merge:
+        runs += json.loads(path.read_text())["runs"]
+    thresholds = list(dict.fromkeys(
+        [*args.thresholds, *(r["threshold"] for r in runs)]))
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.scripts:
             for t in args.thresholds:
@@ -227,7 +255,7 @@ def main() -> None:
                 if "error" in r:
                     print(r["error"], flush=True)
                 runs.append(r)
-    entries, lines = table(runs, args.thresholds)
+    entries, lines = table(runs, thresholds)
     regressions = [e for e in entries if e["regression"]]
     lines.append(f"\n{len(regressions)} rows over {REGRESSION:.2f}x at some threshold:")
     for e in regressions:
@@ -239,8 +267,8 @@ def main() -> None:
     results = dict(
         date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), simlib_commit=simlib_commit(ROOT),
         python=sys.version.split()[0], platform=platform.platform(), cpu_count=os.cpu_count(),
-        cpu_model=_cpu_model(), flag=FLAG, thresholds=args.thresholds,
-        scripts={k: SCRIPTS[k] for k in args.scripts}, regression_limit=REGRESSION,
+        cpu_model=_cpu_model(), flag=FLAG, thresholds=thresholds,
+        scripts=SCRIPTS, merged=[str(p) for p in args.merge], regression_limit=REGRESSION,
         runs=runs, table=entries, wall_s=time.perf_counter() - t_start, report=report)
     try:
         import jax
