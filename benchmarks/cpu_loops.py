@@ -142,6 +142,99 @@ EXTRACT = dict(ode=rows_ode, gradients=rows_gradients, stiff=rows_stiff,
                particles=rows_particles)
 
 
+# ---------------------------------------------------------------- paired check
+# The same functions, compiled in a fresh process per threshold, all in one lock hold,
+# alternating thresholds: for each, the best of 5 calls, how many loops XLA compiled whole
+# (`xla_cpu_small_call` in the optimized HLO) and the process's CPU time over wall time.
+
+PAIRED_CHILD = r"""
+import json, resource, sys, time
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp
+sys.path.insert(0, sys.argv[1])
+import simlib as sl
+import ode
+
+def lv(p, y0, n, adjoint):
+    return sl.solve(sl.systems.lotka_volterra, y0, 0.0, 10.0, solver=sl.RK4(), dt=10.0 / n,
+                    args=p, max_steps=n, adjoint=adjoint).ys[-1]
+
+def ens(adjoint):
+    return lambda p: jnp.mean(jax.vmap(lambda y: lv(p, y, 2000, adjoint).sum())(y0s))
+
+def lorenz(case, batched, n):
+    return (lambda y: ode.simlib_fn(case, batched)(y, ode.jargs()), ode.initial_conditions(n))
+
+p = jnp.array([1.5, 1.0, 3.0, 1.0])
+y0s = jnp.array([10.0, 5.0]) * jnp.exp(0.1 * jax.random.normal(jax.random.PRNGKey(0), (1000, 2)))
+cases = {
+    "LV one trajectory, RK4 1e4 steps, Checkpointed grad":
+        (jax.grad(lambda p: lv(p, jnp.array([10.0, 5.0]), 10000, sl.Checkpointed()).sum()), p),
+    "LV one trajectory, RK4 1e4 steps, ForwardMode grad":
+        (jax.grad(lambda p: lv(p, jnp.array([10.0, 5.0]), 10000, sl.ForwardMode()).sum()), p),
+    "LV vmap 1000 members, RK4 2e3 steps, forward": (ens(None), p),
+    "LV vmap 1000 members, RK4 2e3 steps, Checkpointed grad": (jax.grad(ens(sl.Checkpointed())), p),
+    "LV vmap 1000 members, RK4 2e3 steps, ForwardMode grad": (jax.grad(ens(sl.ForwardMode())), p),
+    "Lorenz Tsit5 adaptive batched N=100": lorenz("adaptive", True, 100),
+    "Lorenz Tsit5 fixed batched N=1000": lorenz("fixed", True, 1000),
+    "Lorenz Tsit5 fixed vmap N=1000": lorenz("fixed", False, 1000),
+    "Lorenz Tsit5 adaptive vmap N=1000": lorenz("adaptive", False, 1000),
+    "Lorenz Tsit5 fixed vmap N=10000": lorenz("fixed", False, 10000),
+    "Lorenz Tsit5 fixed batched N=10000": lorenz("fixed", True, 10000),
+    "Lorenz Tsit5 adaptive vmap N=10000": lorenz("adaptive", False, 10000),
+}
+out = {}
+for name, (f, x) in cases.items():
+    c = jax.jit(f).lower(x).compile()
+    whole = c.as_text().count('xla_cpu_small_call="true"')
+    jax.block_until_ready(c(x))
+    best, cpu = float("inf"), None
+    for _ in range(5):
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        jax.block_until_ready(c(x))
+        t = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        if t < best:
+            best = t
+            cpu = (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / t
+    out[name] = dict(s=best, compiled_whole=whole, cpu_per_wall=cpu)
+print(json.dumps(out))
+"""
+
+
+def paired(thresholds: list[int], rounds: int) -> dict:
+    """Run PAIRED_CHILD ``rounds`` times per threshold, alternating; the best per row."""
+    runs = []
+    for _ in range(rounds):
+        for t in thresholds:
+            env = dict(os.environ, XLA_FLAGS=xla_flags(t, os.environ.get("XLA_FLAGS", "")))
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+            proc = subprocess.run([sys.executable, "-c", PAIRED_CHILD, str(HERE)], env=env,
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(proc.stderr[-3000:])
+            runs.append(dict(threshold=t, load=os.getloadavg()[0],
+                             rows=json.loads(proc.stdout.strip().splitlines()[-1])))
+            print(f"  paired {label(t)} done", flush=True)
+    best: dict = {}
+    for r in runs:
+        for row, v in r["rows"].items():
+            b = best.setdefault(row, {}).get(r["threshold"])
+            if b is None or v["s"] < b["s"]:
+                best[row][r["threshold"]] = v
+    lines = [f"\npaired check (best of 5 calls x {rounds} processes per threshold; ratio to "
+             "the default, loops compiled whole, CPU/wall)"]
+    for row, d in best.items():
+        base = d[thresholds[0]]["s"]
+        lines.append(f"{row:<56} {base * 1e3:8.2f} ms " + " ".join(
+            f"| {label(t)}: {d[t]['s'] / base:5.2f} {d[t]['compiled_whole']} "
+            f"{d[t]['cpu_per_wall']:.2f}" for t in thresholds))
+    return dict(runs=runs, best=best, report="\n".join(lines))
+
+
 # ---------------------------------------------------------------- running
 
 def run_one(name: str, threshold: int, tmp: Path, timeout: float, lock: bool) -> dict:
@@ -155,10 +248,15 @@ def run_one(name: str, threshold: int, tmp: Path, timeout: float, lock: bool) ->
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     t0 = time.perf_counter()
     load_start = os.getloadavg()[0]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    wall = time.perf_counter() - t0
-    res = dict(script=name, threshold=threshold, xla_flags=env["XLA_FLAGS"], wall_s=wall,
-               returncode=proc.returncode, load_before_lock=load_start,
+    res = dict(script=name, threshold=threshold, xla_flags=env["XLA_FLAGS"],
+               load_before_lock=load_start)
+    try:  # the timeout includes the wait for the lock
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        res.update(wall_s=time.perf_counter() - t0, returncode=None,
+                   error=f"timed out after {timeout:.0f} s (lock wait included)")
+        return res
+    res.update(wall_s=time.perf_counter() - t0, returncode=proc.returncode,
                load_end=os.getloadavg()[0])
     if proc.returncode != 0 or not out_json.exists():
         res["error"] = (proc.stderr or proc.stdout)[-3000:]
@@ -232,29 +330,63 @@ def main() -> None:
                     help="scripts to run (none: only tabulate the --merge files)")
     ap.add_argument("--thresholds", nargs="+", type=int, default=DEFAULT_THRESHOLDS,
                     help="bytes; 0 = XLA's default (the denominator, keep it first)")
-    ap.add_argument("--timeout-s", type=float, default=900.0, help="per script run")
+    ap.add_argument("--timeout-s", type=float, default=3600.0,
+                    help="per script run, the wait for the lock included")
+    ap.add_argument("--raw-dir", type=Path, default=None,
+                    help="keep the scripts' own JSON outputs there (default: a new temporary "
+                         "folder, kept)")
     ap.add_argument("--no-lock", action="store_true", help="do not wrap runs in flock -x")
     ap.add_argument("--json", type=Path, default=HERE / "results" / "cpu_loops.json")
     ap.add_argument("--merge", type=Path, nargs="*", default=[],
                     help="earlier results JSON whose runs are pooled with this run's (each "
                          "row's best time is taken): rerun a pair disturbed by other load")
+    ap.add_argument("--from-dir", type=Path, nargs="*", default=[],
+                    help="also pool the scripts' own outputs found in these folders, named "
+                         "{script}_{threshold}.json (as this script writes them)")
+    ap.add_argument("--paired", action="store_true",
+                    help="run only the paired check (one lock hold) at --thresholds")
+    ap.add_argument("--paired-rounds", type=int, default=2)
     args = ap.parse_args()
+    if args.paired:
+        if not args.no_lock and shutil.which("flock") and not os.environ.get("CPU_LOOPS_LOCKED"):
+            os.environ["CPU_LOOPS_LOCKED"] = "1"
+            os.execvp("flock", ["flock", "-x", "/tmp/simlib_cpu.lock", sys.executable,
+                                *sys.argv])
+        ts = sorted({0, *args.thresholds})
+        res = paired(ts, args.paired_rounds)
+        print(res["report"])
+        out = json.loads(args.json.read_text()) if args.json.exists() else {}
+        out["paired"] = dict(thresholds=ts, rounds=args.paired_rounds,
+                             date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), **res)
+        args.json.write_text(json.dumps(out, indent=1, default=float) + "\n")
+        print(f"\nadded to {args.json}")
+        return
 
     t_start = time.perf_counter()
     runs = []
     for path in args.merge:
         runs += json.loads(path.read_text())["runs"]
-    thresholds = list(dict.fromkeys(
-        [*args.thresholds, *(r["threshold"] for r in runs)]))
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.scripts:
-            for t in args.thresholds:
-                r = run_one(name, t, Path(tmp), args.timeout_s, not args.no_lock)
-                status = "ok" if "rows" in r else f"FAILED rc={r['returncode']}"
-                print(f"{name:>10} {label(t):>8}: {r['wall_s']:6.1f} s  {status}", flush=True)
-                if "error" in r:
-                    print(r["error"], flush=True)
-                runs.append(r)
+    for path in [p for d in args.from_dir for p in sorted(d.glob("*_*.json"))]:
+        name, _, t = path.stem.rpartition("_")  # a child's output, {script}_{threshold}.json
+        if name in SCRIPTS and t.isdigit():
+            data = json.loads(path.read_text())
+            runs.append(dict(script=name, threshold=int(t), from_file=str(path),
+                             script_wall_s=data.get("wall_s"), rows={
+                                 k: dict(s=v[0], compile_s=v[1])
+                                 for k, v in EXTRACT[name](data).items()}))
+    # 0 (XLA's default) first: every ratio is to it
+    thresholds = sorted({0, *args.thresholds, *(r["threshold"] for r in runs)})
+    raw = args.raw_dir or Path(tempfile.mkdtemp(prefix="cpu_loops_"))
+    raw.mkdir(parents=True, exist_ok=True)
+    print(f"the scripts' own outputs go to {raw}", flush=True)
+    for name in args.scripts:
+        for t in args.thresholds:
+            r = run_one(name, t, raw, args.timeout_s, not args.no_lock)
+            status = "ok" if "rows" in r else f"FAILED rc={r['returncode']}"
+            print(f"{name:>10} {label(t):>8}: {r['wall_s']:6.1f} s  {status}", flush=True)
+            if "error" in r:
+                print(r["error"], flush=True)
+            runs.append(r)
     entries, lines = table(runs, thresholds)
     regressions = [e for e in entries if e["regression"]]
     lines.append(f"\n{len(regressions)} rows over {REGRESSION:.2f}x at some threshold:")
@@ -275,6 +407,10 @@ def main() -> None:
         results["jax_version"] = jax.__version__
     except ImportError:
         pass
+    if args.json.exists():  # keep an earlier paired check
+        old = json.loads(args.json.read_text())
+        if "paired" in old:
+            results["paired"] = old["paired"]
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1, default=float) + "\n")
     print(f"\nwrote {args.json}")
