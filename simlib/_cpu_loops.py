@@ -39,13 +39,13 @@ def fast_cpu_loops(threshold_bytes: int | None = None) -> None:
     into one function instead of running one kernel (1-2 us of dispatch) per operation per
     iteration. Gradients of small systems gain the most: measured on 2 cores, one
     Lotka-Volterra trajectory's gradient (10^4 RK4 steps, 4 parameters) ran 13-20x faster,
-    and ensembles of 100-1,000 members of 2-3 states 1.1-2x (benchmarks/README.md,
+    and ensembles of 100-1,000 members of 2-3 states up to 2x (benchmarks/README.md,
     ``cpu_loops.py``). Compile times stayed within noise. The cost is parallelism: a loop
     compiled into one function runs on one core, where a loop run kernel by kernel may split
     each large kernel over the cores. The 1 MiB default keeps every large state measured
     (10,000-member ensembles, 32,000-atom and 4,096-body particle systems) above the limit,
-    so their code is unchanged; at 100 MB the 10,000-member ensemble's loop was compiled
-    whole and ran up to 1.8x slower.
+    so their code is unchanged; at 100 MB a 10,000-member Lorenz ensemble's loop was
+    compiled whole and ran 1.44x slower, on one core instead of two.
 
     XLA reads ``XLA_FLAGS`` once, when JAX starts its CPU backend (the first array,
     ``jit`` or ``jax.devices()``), so call this before JAX runs anything: first thing in
