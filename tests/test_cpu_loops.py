@@ -147,6 +147,16 @@ def test_call_after_jax_started_is_a_no_op_when_already_set(monkeypatch):
         sl.fast_cpu_loops(200_000_000)
 
 
+def test_call_after_jax_started_on_an_accelerator_returns(monkeypatch):
+    # The option only concerns XLA:CPU: with a GPU or TPU as the default backend a late
+    # call changes nothing and does not raise (no accelerator here, so the check is faked).
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    jnp.ones(3).block_until_ready()
+    monkeypatch.setattr(_cpu_loops, "_default_backend_is_cpu", lambda: False)
+    sl.fast_cpu_loops()
+    assert "XLA_FLAGS" not in os.environ
+
+
 @pytest.mark.parametrize("bad", [0, 512, -1, 2**63, 1.5, 1e6, "1048576", True, [4096]])
 def test_bad_threshold(bad):
     with pytest.raises(ValueError, match="threshold_bytes"):
