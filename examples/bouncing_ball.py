@@ -97,4 +97,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    sl.fast_cpu_loops()  # before any JAX work: small loops compiled whole (docs/gradients.md)
     main()

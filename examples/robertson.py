@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import simlib as sl
 
+    sl.fast_cpu_loops()  # before any JAX work: small loops compiled whole (docs/gradients.md)
     solver = getattr(sl, args.solver)()
     atol = 1e-6 * args.rtol
     saveat = (sl.SaveAt(ts=jnp.logspace(-6, np.log10(args.t1), 200))

@@ -8,6 +8,7 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 
 from . import particles, systems
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
+from ._cpu_loops import fast_cpu_loops
 from ._errors import Result, SolverError
 from ._events import Event, EventRecord
 from ._solve import SaveAt, Solution, solve
@@ -93,6 +94,7 @@ __all__ = [
     "Tsit5",
     "VelocityVerlet",
     "Yoshida4",
+    "fast_cpu_loops",
     "fit",
     "least_squares",
     "mse_loss",

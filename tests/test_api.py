@@ -52,6 +52,7 @@ PUBLIC = [
     "Tsit5",
     "VelocityVerlet",
     "Yoshida4",
+    "fast_cpu_loops",
     "fit",
     "least_squares",
     "mse_loss",
