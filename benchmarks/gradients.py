@@ -75,19 +75,18 @@ Usage::
     python benchmarks/gradients.py --cases issue12 --fast-cpu-loops \
         --json benchmarks/results/gradients_issue12_fast.json
 
-``--fast-cpu-loops`` sets ``XLA_FLAGS=--xla_backend_extra_options=
-xla_cpu_small_while_loop_byte_threshold=100000000`` before jax is imported (XLA:CPU's
-small-loop limit raised, README (g)); setting that variable by hand does the same.
+``--fast-cpu-loops`` calls ``simlib.fast_cpu_loops()`` before JAX starts (XLA:CPU's
+small-loop limit raised to 1 MiB, README (g) and ``cpu_loops.py``), as a user would.
 """
 
 import os
 import sys
 
-FAST_LOOPS_OPTION = "xla_cpu_small_while_loop_byte_threshold=100000000"
-if "--fast-cpu-loops" in sys.argv[1:] and "small_while_loop" not in os.environ.get("XLA_FLAGS", ""):
-    # before jax is imported: XLA reads XLA_FLAGS when its CPU backend starts
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_extra_options="
-                               + FAST_LOOPS_OPTION).strip()
+if "--fast-cpu-loops" in sys.argv[1:]:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import simlib
+
+    simlib.fast_cpu_loops()  # before any JAX computation
 
 import jax  # noqa: E402
 
@@ -1219,8 +1218,8 @@ def main(argv=None) -> int:
                              "2*10^4), vmap512 (2*10^4, final), mlp (1,218 weights, 10^3 "
                              "steps) (together: issue12); all (default) runs everything")
     parser.add_argument("--fast-cpu-loops", action="store_true",
-                        help="raise XLA:CPU's small-loop limit (XLA_FLAGS=--xla_backend_extra_"
-                             "options=" + FAST_LOOPS_OPTION + ", set before jax is imported)")
+                        help="call simlib.fast_cpu_loops() first (XLA:CPU's small-loop "
+                             "limit raised to 1 MiB)")
     parser.add_argument("--json", type=Path, default=RESULTS_PATH)
     parser.add_argument("--memory-child", nargs=3, metavar=("STRATEGY", "STEPS", "DIM"),
                         help=argparse.SUPPRESS)
