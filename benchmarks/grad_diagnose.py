@@ -222,6 +222,8 @@ def rows(n, members, seg_lengths):
     out["A forward, t1 only"] = ("A", "forward", a_loss(n, members, None, save="t1"))
     out["A Checkpointed, t1 only"] = ("A", "grad",
                                       jax.grad(a_loss(n, members, ck, save="t1")))
+    out["A ForwardMode, t1 only"] = ("A", "grad",
+                                     jax.grad(a_loss(n, members, sl.ForwardMode(), save="t1")))
     out["A forward, ts off grid"] = ("A", "forward", a_loss(n, members, None, off_grid=True))
     out["A Checkpointed, ts off grid"] = ("A", "grad",
                                           jax.grad(a_loss(n, members, ck, off_grid=True)))
