@@ -408,12 +408,12 @@ class SaveWrites:
     def __init__(self, slot, value, n_rows: int, fill: float):
         self.slot, self.value, self.n_rows, self.fill = slot, value, n_rows, fill
 
-    def tree_flatten(self):
-        return (self.slot, self.value), (self.n_rows, self.fill)
+    def tree_flatten(self):  # the fill as text: a NaN would make tree structures unequal
+        return (self.slot, self.value), (self.n_rows, repr(float(self.fill)))
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(*children, *aux)
+        return cls(*children, aux[0], float(aux[1]))
 
 
 def _checkpointed_writes(body, carry0, n_seg: int, segment: int, spec: SaveWrites):
