@@ -21,7 +21,8 @@ suspected causes:
 * the scan body's bookkeeping: a hand-written RK4 loop with the same checkpointing
   (``floor ckpt``), no checks, counts or time selects;
 * floors: the hand-derived adjoint (no autodiff; B is ``gradients.py``'s, A the same
-  with the save-time cotangents injected at segment ends).
+  with the save-time cotangents injected at segment ends), and on B a custom VJP per
+  segment applying ``jax.vjp`` of one hand-written RK4 step (``segment vjp``).
 
 Usage::
 
