@@ -426,8 +426,8 @@ def _checkpointed_writes(body, carry0, n_seg: int, segment: int, spec: SaveWrite
     ``(slot, value)`` and the outer loop scatters them into the buffer, so the segments
     carry only the state and the backward sweep gathers the saved rows' cotangents once
     per segment. Undifferentiated, the loop writes the buffer in place step by step (the
-    scatter would cost the forward 15-20%): a ``custom_vjp`` whose forward pass keeps the
-    differentiated version's VJP as its residual.
+    scatter would cost the forward 15-20%): a ``custom_jvp`` whose rule is the segmented
+    version's JVP, which reverse mode transposes (and ``jax.jvp`` still goes through).
     """
     step, consts = _hoist_constants(lambda c: body(c, None), carry0)
 
@@ -466,17 +466,14 @@ def _checkpointed_writes(body, carry0, n_seg: int, segment: int, spec: SaveWrite
 
         return lax.scan(outer, (carry0, buf0()), None, length=n_seg)[0]
 
-    @jax.custom_vjp
+    @jax.custom_jvp
     def run(carry0, consts):
         return plain(carry0, consts)
 
-    def run_fwd(carry0, consts):
-        return jax.vjp(segmented, carry0, consts)
+    @run.defjvp
+    def run_jvp(primals, tangents):  # reverse mode transposes this (jax.checkpoint's)
+        return jax.jvp(segmented, primals, tangents)
 
-    def run_bwd(vjp, cotangent):
-        return vjp(cotangent)
-
-    run.defvjp(run_fwd, run_bwd)
     return run(carry0, consts)
 
 

@@ -146,3 +146,12 @@ def test_forward_mode_under_nested_vmap():
     np.testing.assert_allclose(g, np.asarray(jax.grad(loss)(P0, sl.Direct())), rtol=1e-12)
     np.testing.assert_allclose(g, central_differences(lambda p: loss(p, sl.Direct()), P0),
                                rtol=1e-6)
+
+
+def test_forward_mode_autodiff_through_checkpointed_saves(batched_refs):
+    """``jax.jacfwd`` (a JVP) through ``Checkpointed`` with ``SaveAt(ts)``: the save-buffer
+    path is a ``custom_jvp``, so forward-mode autodiff still goes through it."""
+    direct, fd = batched_refs["off"]
+    g = np.asarray(jax.jacfwd(batched_loss(sl.Checkpointed(7), TS_OFF))(P0))
+    np.testing.assert_allclose(g, direct, rtol=1e-12)
+    np.testing.assert_allclose(g, fd, rtol=1e-6)
