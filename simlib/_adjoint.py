@@ -57,12 +57,13 @@ class AbstractAdjoint:
         """
         return core(tree, self)
 
-    def scan(self, body, carry0, n_iter: int, *, backwards=None):
+    def scan(self, body, carry0, n_iter: int, *, padding: bool = False, backwards=None):
         """``lax.scan(body, carry0, None, length=n_iter)``, differentiated this way.
 
-        ``backwards(carry0, n_iter)``: the same loop with a backward pass that integrates
-        backwards (what :class:`Reversible` runs; the driver builds it, since it needs the
-        step itself)."""
+        ``padding``: iterations past ``n_iter`` are no-ops (the fixed-step walk's zero steps
+        at ``t1``), so a strategy may run a few more. ``backwards(carry0, n_iter)``: the same
+        loop with a backward pass that integrates backwards (what :class:`Reversible` runs;
+        the driver builds it, since it needs the step itself)."""
         return lax.scan(body, carry0, None, length=n_iter)
 
     def nested(self, n_outer: int, n_inner: int) -> tuple[AbstractAdjoint, AbstractAdjoint]:
@@ -112,10 +113,12 @@ class Checkpointed(AbstractAdjoint):
             return int(self.steps_per_segment)
         return max(1, math.ceil(math.sqrt(n_steps)))
 
-    def scan(self, body, carry0, n_iter: int, *, backwards=None):
-        """Segments of :meth:`segment_length` iterations, recomputed in reverse; a last,
-        shorter segment takes the remainder (no padding iterations)."""
+    def scan(self, body, carry0, n_iter: int, *, padding: bool = False, backwards=None):
+        """Segments of :meth:`segment_length` iterations, recomputed in reverse; the last
+        one padded with no-op iterations when ``padding``, else a shorter segment."""
         segment = min(self.segment_length(n_iter), max(n_iter, 1))
+        if padding:
+            return checkpointed_scan(body, carry0, n_iter, segment)
         whole = n_iter - n_iter % segment
         carry, outs = checkpointed_scan(body, carry0, whole, segment)
         if whole == n_iter:
@@ -150,7 +153,7 @@ class Reversible(AbstractAdjoint):
     exponentially on chaotic problems); compare with :class:`Checkpointed` when in doubt.
     """
 
-    def scan(self, body, carry0, n_iter: int, *, backwards=None):
+    def scan(self, body, carry0, n_iter: int, *, padding: bool = False, backwards=None):
         return backwards(carry0, n_iter)
 
 
@@ -200,7 +203,7 @@ def forward_mode(fn, y0, fargs, consts):
 
     @jax.custom_vjp
     def run(float_leaves, other_leaves):
-        return call(float_leaves, other_leaves)
+        return _all_batched(call)(float_leaves, other_leaves)
 
     def run_fwd(float_leaves, other_leaves):
         values = [x.value for x in float_leaves]
@@ -208,24 +211,29 @@ def forward_mode(fn, y0, fargs, consts):
         marks = [x.value if x.perturbed else None for x in float_leaves]
         active = [i for i, m in enumerate(marks) if m is not None]
 
-        def with_active(act):
-            full = list(values)
-            for i, a in zip(active, act, strict=True):
-                full[i] = a
-            return call(full, others)
-
         act0 = [values[i] for i in active]
         flat, unravel = ravel_pytree(act0)
         if flat.size == 0:
             return call(values, others), (None, marks)
 
         # One forward pass that carries a tangent per active component (vmap of jvp, as
-        # jax.jacfwd does) and returns the primal solution unbatched alongside.
-        def push(v):
-            sol, tangent = jax.jvp(with_active, (act0,), (unravel(v),))
-            return sol, (tangent.ts, tangent.ys)
+        # jax.jacfwd does) and returns the primal solution unbatched alongside. Under a
+        # vmap (an ensemble), the tangent axis goes outside the members (_jacfwd_outside).
+        def push_all(values, others):
+            def with_active(act):
+                full = list(values)
+                for i, a in zip(active, act, strict=True):
+                    full[i] = a
+                return call(full, others)
 
-        sol, jac = jax.vmap(push, out_axes=(None, -1))(jnp.eye(flat.size, dtype=flat.dtype))
+            def push(v):
+                sol, tangent = jax.jvp(with_active, ([values[i] for i in active],),
+                                       (unravel(v),))
+                return sol, (tangent.ts, tangent.ys)
+
+            return jax.vmap(push, out_axes=(None, -1))(jnp.eye(flat.size, dtype=flat.dtype))
+
+        sol, jac = _jacfwd_outside(push_all, call, active)(values, others)
         return sol, (jac, marks)
 
     def run_bwd(res, cotangent):
@@ -292,8 +300,15 @@ def checkpointed_scan(body, carry0, n_iter: int, segment: int):
 
     Runs ``ceil(n_iter / segment) * segment`` iterations; the extra ones must be no-ops
     (the fixed-step walk makes them zero steps at ``t1``) and their outputs are dropped.
+
+    A body whose per-step output is a :class:`SaveWrites` gets, instead of the stacked
+    outputs, the buffer those writes fill: the buffer then lives outside the recomputed
+    segments (see :func:`_checkpointed_writes`).
     """
     n_seg = -(-n_iter // segment)
+    writes = jax.eval_shape(lambda c: body(c, None)[1], carry0)
+    if isinstance(writes, SaveWrites):
+        return _checkpointed_writes(body, carry0, n_seg, segment, writes)
     inner = jax.checkpoint(lambda c: lax.scan(body, c, None, length=segment))
     carry, outs = lax.scan(lambda c, _: inner(c), carry0, None, length=n_seg)
     outs = jax.tree_util.tree_map(
@@ -457,3 +472,140 @@ def reversible_scan(f, solver, mode, n_save, advance, carry0, n_iter, args):
     carry = (t_end, y, None, k_end, i_end, buf, result, fail_t, fail_step, count_end)
     outs = (full_plan[0] + full_plan[1], ys) if mode == "steps" else None
     return carry, outs
+
+
+# ---- save buffers outside the recomputed segments (issue 12)
+@jax.tree_util.register_pytree_node_class
+class SaveWrites:
+    """A scan body's per-step output meaning "write ``value`` at row ``slot`` of a buffer
+    of ``n_rows`` rows filled with ``fill``" (a ``slot`` of ``n_rows - 1`` is the scratch
+    row of a step that saves nothing). ``checkpointed_scan`` returns the filled buffer."""
+
+    def __init__(self, slot, value, n_rows: int, fill: float):
+        self.slot, self.value, self.n_rows, self.fill = slot, value, n_rows, fill
+
+    def tree_flatten(self):  # the fill as text: a NaN would make tree structures unequal
+        return (self.slot, self.value), (self.n_rows, repr(float(self.fill)))
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children, aux[0], float(aux[1]))
+
+
+def _checkpointed_writes(body, carry0, n_seg: int, segment: int, spec: SaveWrites):
+    """``checkpointed_scan`` for a body that returns :class:`SaveWrites`.
+
+    A save buffer carried through the loop (``SaveAt(ts=...)``) would be an input of every
+    recomputed segment: ``jax.checkpoint`` stores it at each segment start (201 x 512 x 2
+    float64 is 1.6 MB, times 142 segments) and the backward sweep carries its cotangent
+    through every step. When differentiated, each segment here returns its steps'
+    ``(slot, value)`` and the outer loop scatters them into the buffer, so the segments
+    carry only the state and the backward sweep gathers the saved rows' cotangents once
+    per segment. Undifferentiated, the loop writes the buffer in place step by step (the
+    scatter would cost the forward 15-20%): a ``custom_jvp`` whose rule is the segmented
+    version's JVP, which reverse mode transposes (and ``jax.jvp`` still goes through).
+    """
+    step, consts = _hoist_constants(lambda c: body(c, None), carry0)
+
+    def buf0():  # made where it is used: a custom VJP must not close over a tracer
+        return jax.tree_util.tree_map(
+            lambda v: jnp.full((spec.n_rows,) + v.shape, spec.fill, v.dtype), spec.value)
+
+    def write_rows(buf, slot, value):
+        return jax.tree_util.tree_map(lambda b, v: b.at[slot].set(v.astype(b.dtype)), buf,
+                                      value)
+
+    def plain(carry0, consts):
+        def inner(c, _):
+            carry, buf = c
+            carry, w = step(carry, *consts)
+            return (carry, jax.tree_util.tree_map(
+                lambda b, v: lax.dynamic_update_index_in_dim(b, v.astype(b.dtype), w.slot, 0),
+                buf, w.value)), None
+
+        def outer(c, _):
+            return lax.scan(inner, c, None, length=segment)[0], None
+
+        return lax.scan(outer, (carry0, buf0()), None, length=n_seg)[0]
+
+    def segmented(carry0, consts):
+        def run_segment(c):
+            c, w = lax.scan(lambda c, _: step(c, *consts), c, None, length=segment)
+            return c, (w.slot, w.value)
+
+        recomputed = jax.checkpoint(run_segment)
+
+        def outer(c, _):
+            carry, buf = c
+            carry, (slot, value) = recomputed(carry)
+            return (carry, write_rows(buf, slot, value)), None
+
+        return lax.scan(outer, (carry0, buf0()), None, length=n_seg)[0]
+
+    @jax.custom_jvp
+    def run(carry0, consts):
+        return plain(carry0, consts)
+
+    @run.defjvp
+    def run_jvp(primals, tangents):  # reverse mode transposes this (jax.checkpoint's)
+        return jax.jvp(segmented, primals, tangents)
+
+    return run(carry0, consts)
+
+
+# ---- forward mode under vmap: the tangent axis outside the members (issue 12)
+def _jacfwd_outside(push_all, call, active):
+    """``push_all(values, others) -> (solution, jacobian)`` with a batching rule.
+
+    ``jax.vmap`` of ``push_all`` (an ensemble whose members each run forward mode) would
+    nest the tangent ``vmap`` inside the member one: every tangent array is laid out
+    ``(members, ..., tangents)``, which measured 1.9x slower than ``jax.jacfwd`` of the
+    vmapped solve on the 512-member Lotka-Volterra ensemble (benchmarks/grad_diagnose.py,
+    README (i)). The rule pushes the same tangents the other way round: ``vmap`` over
+    the tangent basis of ``jvp`` of the member-``vmap``ped solve (the same derivative, in
+    the layout of ``jax.jacfwd(jax.vmap(...))``), one tangent per active component of a
+    member, shared by all members.
+    """
+    fn = jax.custom_batching.custom_vmap(push_all)
+
+    @fn.def_vmap
+    def rule(axis_size, in_batched, values, others):
+        vb, ob = in_batched
+        axes = ([0 if b else None for b in vb], [0 if b else None for b in ob])
+        members = jax.vmap(call, in_axes=axes)
+        act = [values[i] for i in active]
+        one = [jnp.zeros(v.shape[1:] if vb[i] else v.shape, v.dtype)
+               for i, v in zip(active, act, strict=True)]
+        flat, unravel = ravel_pytree(one)
+
+        def with_active(a):
+            full = list(values)
+            for i, x in zip(active, a, strict=True):
+                full[i] = x
+            return members(full, others)
+
+        def push(v):
+            tangent = [jnp.broadcast_to(t, x.shape) for t, x in zip(unravel(v), act,
+                                                                      strict=True)]
+            sol, dsol = jax.jvp(with_active, (act,), (tangent,))
+            return sol, (dsol.ts, dsol.ys)
+
+        out = jax.vmap(push, out_axes=(None, -1))(jnp.eye(flat.size, dtype=flat.dtype))
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return fn
+
+
+def _all_batched(fn):
+    """``fn`` whose outputs under ``jax.vmap`` are all batched, as those of
+    :func:`_jacfwd_outside` are (the primal and the forward pass of a custom VJP must
+    agree on which outputs are batched)."""
+    out = jax.custom_batching.custom_vmap(fn)
+
+    @out.def_vmap
+    def rule(axis_size, in_batched, *args):
+        axes = jax.tree_util.tree_map(lambda b: 0 if b else None, in_batched)
+        res = jax.vmap(fn, in_axes=tuple(axes))(*args)
+        return res, jax.tree_util.tree_map(lambda _: True, res)
+
+    return out

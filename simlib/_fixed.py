@@ -17,6 +17,7 @@ from ._adjoint import (
     Checkpointed,
     Direct,
     Reversible,
+    SaveWrites,
     reject_time_gradients,
     reversible_scan,
 )
@@ -206,10 +207,13 @@ def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0,
                 f, solver, t, y, h, target, args, state, count, (result, fail_t, fail_step),
                 ev, events)
             k, save = jnp.where(cut, k_prev, k), save & ~cut
-        if mode == "ts":
-            buf = write(buf, jnp.where(save, i, n_save), y1)
-            i = i + save.astype(i.dtype)
         out = (target, y1) if mode == "steps" else None
+        if mode == "ts":
+            if saves_out:  # the loop fills the buffer (checkpointed_scan)
+                out = SaveWrites(jnp.where(save, i, n_save), y1, n_save + 1, jnp.nan)
+            else:
+                buf = write(buf, jnp.where(save, i, n_save), y1)
+            i = i + save.astype(i.dtype)
         if mode == "steps" and ev:  # rows after a terminal event: inf
             out = (jnp.where(stopped, jnp.inf, target),
                    tree_where(stopped, jax.tree_util.tree_map(
@@ -217,13 +221,18 @@ def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0,
         new = (target, y1, state1, k, i, buf, result, fail_t, fail_step, count)
         return (new + (ev,) if ev else new), out
 
-    buf0 = buffer(y0, n_save + 1, jnp.nan) if mode == "ts" else None
+    # Checkpointed: the save buffer stays out of the recomputed segments
+    saves_out = mode == "ts" and isinstance(adjoint, Checkpointed)
+    buf0 = buffer(y0, n_save + 1, jnp.nan) if mode == "ts" and not saves_out else None
     zero = jnp.array(0, jnp.int32)
     carry0 = (t0, y0, state0, zero, zero, buf0, zero, t0, zero, zero)
     if events is not None:
         carry0 = carry0 + (init_state(events, t0, y0),)
-    carry, outs = adjoint.scan(body, carry0, n_iter, backwards=lambda c, n: reversible_scan(
-        f, solver, mode, n_save, advance, c, n, args))
+    carry, outs = adjoint.scan(body, carry0, n_iter, padding=True,
+                               backwards=lambda c, n: reversible_scan(
+                                   f, solver, mode, n_save, advance, c, n, args))
+    if saves_out:  # the buffer came back as the loop's output
+        carry, outs = carry[:5] + (outs,) + carry[6:], None
     t, y, _, k, i, buf, result, fail_t, fail_step, count, *ev = carry
     if ev:
         ev = ev[0]
