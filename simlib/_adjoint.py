@@ -21,8 +21,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
-from jax.flatten_util import ravel_pytree
+from jax.custom_derivatives import CustomVJPPrimal
 
 from ._solver._base import register_static
 from ._util import checked_step, convert_closure
@@ -175,7 +174,12 @@ class ForwardMode(AbstractAdjoint):
     """
 
     def wrap(self, core, tree, *, jvp_able, reverse, where):
-        return forward_mode(lambda *t: core(t, TANGENTS_ONLY), *tree)
+        from ._auto import auto_vjp  # the default's machinery, with forward mode forced
+
+        def plain(t):
+            return core(t, TANGENTS_ONLY)
+        return auto_vjp(plain, plain, None, tree, where=where, reverse_name="",
+                        max_forward=None)
 
 
 class _TangentsOnly(AbstractAdjoint):
@@ -184,74 +188,6 @@ class _TangentsOnly(AbstractAdjoint):
 
 register_static(_TangentsOnly)
 TANGENTS_ONLY = _TangentsOnly()
-
-
-def forward_mode(fn, y0, fargs, consts):
-    """``fn(y0, fargs, consts) -> Solution`` with a VJP built from its forward-mode Jacobian.
-
-    The forward pass pushes one tangent per component of the floating-point inputs that
-    are being differentiated (``y0``, ``fargs`` and the times or tolerances in
-    ``consts``; the custom VJP is told which are, ``symbolic_zeros=True``) through the
-    plain computation, so a gradient with respect to ``args`` alone pays for no ``y0``
-    tangents, and one with respect to ``t1`` is the exact derivative of the discrete
-    solution. Every traced value is an argument of the custom VJP, none is closed over.
-    """
-    float_leaves0, other_leaves0, merge = _split_inexact((y0, fargs, consts))
-
-    def call(float_leaves, other_leaves):
-        return fn(*merge(float_leaves, other_leaves))
-
-    @jax.custom_vjp
-    def run(float_leaves, other_leaves):
-        return _all_batched(call)(float_leaves, other_leaves)
-
-    def run_fwd(float_leaves, other_leaves):
-        values = [x.value for x in float_leaves]
-        others = [x.value for x in other_leaves]
-        marks = [x.value if x.perturbed else None for x in float_leaves]
-        active = [i for i, m in enumerate(marks) if m is not None]
-
-        act0 = [values[i] for i in active]
-        flat, unravel = ravel_pytree(act0)
-        if flat.size == 0:
-            return call(values, others), (None, marks)
-
-        # One forward pass that carries a tangent per active component (vmap of jvp, as
-        # jax.jacfwd does) and returns the primal solution unbatched alongside. Under a
-        # vmap (an ensemble), the tangent axis goes outside the members (_jacfwd_outside).
-        def push_all(values, others):
-            def with_active(act):
-                full = list(values)
-                for i, a in zip(active, act, strict=True):
-                    full[i] = a
-                return call(full, others)
-
-            def push(v):
-                sol, tangent = jax.jvp(with_active, ([values[i] for i in active],),
-                                       (unravel(v),))
-                return sol, (tangent.ts, tangent.ys)
-
-            return jax.vmap(push, out_axes=(None, -1))(jnp.eye(flat.size, dtype=flat.dtype))
-
-        sol, jac = _jacfwd_outside(push_all, call, active)(values, others)
-        return sol, (jac, marks)
-
-    def run_bwd(res, cotangent):
-        jac, marks = res
-        n_other = len(other_leaves0)
-        if jac is None:
-            return [None] * len(marks), [None] * n_other
-        flat, unravel = ravel_pytree([m for m in marks if m is not None])
-        total = jnp.zeros_like(flat)
-        for ct, jl in zip(jax.tree_util.tree_leaves((cotangent.ts, cotangent.ys)),
-                          jax.tree_util.tree_leaves(jac), strict=True):
-            if not isinstance(ct, SymbolicZero):
-                total = total + jnp.tensordot(ct, jl, axes=ct.ndim)
-        per_active = iter(unravel(total))
-        return [None if m is None else next(per_active) for m in marks], [None] * n_other
-
-    run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
-    return run(float_leaves0, other_leaves0)
 
 
 def reject_time_gradients(times, strategy: str):
@@ -551,61 +487,3 @@ def _checkpointed_writes(body, carry0, n_seg: int, segment: int, spec: SaveWrite
         return jax.jvp(segmented, primals, tangents)
 
     return run(carry0, consts)
-
-
-# ---- forward mode under vmap: the tangent axis outside the members (issue 12)
-def _jacfwd_outside(push_all, call, active):
-    """``push_all(values, others) -> (solution, jacobian)`` with a batching rule.
-
-    ``jax.vmap`` of ``push_all`` (an ensemble whose members each run forward mode) would
-    nest the tangent ``vmap`` inside the member one: every tangent array is laid out
-    ``(members, ..., tangents)``, which measured 1.9x slower than ``jax.jacfwd`` of the
-    vmapped solve on the 512-member Lotka-Volterra ensemble (benchmarks/grad_diagnose.py,
-    README (i)). The rule pushes the same tangents the other way round: ``vmap`` over
-    the tangent basis of ``jvp`` of the member-``vmap``ped solve (the same derivative, in
-    the layout of ``jax.jacfwd(jax.vmap(...))``), one tangent per active component of a
-    member, shared by all members.
-    """
-    fn = jax.custom_batching.custom_vmap(push_all)
-
-    @fn.def_vmap
-    def rule(axis_size, in_batched, values, others):
-        vb, ob = in_batched
-        axes = ([0 if b else None for b in vb], [0 if b else None for b in ob])
-        members = jax.vmap(call, in_axes=axes)
-        act = [values[i] for i in active]
-        one = [jnp.zeros(v.shape[1:] if vb[i] else v.shape, v.dtype)
-               for i, v in zip(active, act, strict=True)]
-        flat, unravel = ravel_pytree(one)
-
-        def with_active(a):
-            full = list(values)
-            for i, x in zip(active, a, strict=True):
-                full[i] = x
-            return members(full, others)
-
-        def push(v):
-            tangent = [jnp.broadcast_to(t, x.shape) for t, x in zip(unravel(v), act,
-                                                                      strict=True)]
-            sol, dsol = jax.jvp(with_active, (act,), (tangent,))
-            return sol, (dsol.ts, dsol.ys)
-
-        out = jax.vmap(push, out_axes=(None, -1))(jnp.eye(flat.size, dtype=flat.dtype))
-        return out, jax.tree_util.tree_map(lambda _: True, out)
-
-    return fn
-
-
-def _all_batched(fn):
-    """``fn`` whose outputs under ``jax.vmap`` are all batched, as those of
-    :func:`_jacfwd_outside` are (the primal and the forward pass of a custom VJP must
-    agree on which outputs are batched)."""
-    out = jax.custom_batching.custom_vmap(fn)
-
-    @out.def_vmap
-    def rule(axis_size, in_batched, *args):
-        axes = jax.tree_util.tree_map(lambda b: 0 if b else None, in_batched)
-        res = jax.vmap(fn, in_axes=tuple(axes))(*args)
-        return res, jax.tree_util.tree_map(lambda _: True, res)
-
-    return out

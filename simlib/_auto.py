@@ -54,30 +54,74 @@ def _size(x) -> int:
     return int(np.prod(jnp.shape(x), dtype=np.int64))
 
 
-def jacobian_push(call, values, active):
-    """``(out, jac)``: ``call(values)`` and, for every floating-point leaf of ``out``, its
-    Jacobian with respect to the components of ``values[i]`` for ``i`` in ``active``
-    (trailing axis, in ``ravel_pytree`` order).
+def jacobian_push(call, values, others, active, *, members_outside: bool = True):
+    """``(out, jac)``: ``call(values, others)`` and, for every floating-point leaf of
+    ``out``, its Jacobian with respect to the components of ``values[i]`` for ``i`` in
+    ``active`` (a trailing axis, in ``ravel_pytree`` order).
 
     One pass of the computation carrying one tangent per active component (``vmap`` of
-    ``jvp``, as ``jax.jacfwd`` does); the primal output comes back unbatched alongside.
+    ``jvp``, as ``jax.jacfwd`` does); the primal output comes back alongside. Under a
+    ``vmap`` (an ensemble whose members each run forward mode) a batching rule keeps the
+    tangent axis outside the members: ``vmap`` over the tangent basis of ``jvp`` of the
+    member-``vmap``ped computation, one tangent per component of a member shared by all
+    members (``jax.jacfwd(jax.vmap(...))``'s layout), which measured 1.8x faster than the
+    nested layout on a 512-member ensemble (benchmarks/README.md, gradients (i)). All
+    outputs of the rule are batched (see :func:`all_batched`). ``members_outside=False``
+    keeps the plain nested layout, for a custom JVP rule: the batching rule does not
+    survive a second derivative (``jax.hessian``).
     """
-    act0 = [values[i] for i in active]
-    flat, unravel = ravel_pytree(act0)
 
-    def with_active(act):
-        full = list(values)
-        for i, a in zip(active, act, strict=True):
-            full[i] = a
-        return call(full)
+    def pushed(call, values, others, members):
+        act = [values[i] for i in active]
+        one = [jnp.zeros(jnp.shape(x)[1:] if b else jnp.shape(x), jnp.result_type(x))
+               for x, b in zip(act, members, strict=True)]
+        flat, unravel = ravel_pytree(one)
 
-    def push(v):
-        out, tangent = jax.jvp(with_active, (act0,), (unravel(v),))
-        return out, [t for o, t in zip(jax.tree_util.tree_leaves(out),
-                                       jax.tree_util.tree_leaves(tangent), strict=True)
-                     if _is_float(o)]
+        def with_active(a):
+            full = list(values)
+            for i, x in zip(active, a, strict=True):
+                full[i] = x
+            return call(full, others)
 
-    return jax.vmap(push, out_axes=(None, -1))(jnp.eye(flat.size, dtype=flat.dtype))
+        def push(v):
+            tangent = [jnp.broadcast_to(t, jnp.shape(x)) for t, x in zip(unravel(v), act,
+                                                                           strict=True)]
+            out, d_out = jax.jvp(with_active, (act,), (tangent,))
+            return out, [t for o, t in zip(jax.tree_util.tree_leaves(out),
+                                           jax.tree_util.tree_leaves(d_out), strict=True)
+                         if _is_float(o)]
+
+        return jax.vmap(push, out_axes=(None, -1))(jnp.eye(flat.size, dtype=flat.dtype))
+
+    if not members_outside:
+        return pushed(call, values, others, [False] * len(active))
+    fn = jax.custom_batching.custom_vmap(
+        lambda values, others: pushed(call, values, others, [False] * len(active)))
+
+    @fn.def_vmap
+    def rule(axis_size, in_batched, values, others):
+        vb, ob = in_batched
+        members = jax.vmap(call, in_axes=([0 if b else None for b in vb],
+                                          [0 if b else None for b in ob]), axis_size=axis_size)
+        out = pushed(members, values, others, [vb[i] for i in active])
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return fn(values, others)
+
+
+def all_batched(fn):
+    """``fn`` whose outputs under ``jax.vmap`` are all batched, as those of
+    :func:`jacobian_push` are (the primal and the forward pass of a custom derivative must
+    agree on which outputs are batched)."""
+    out = jax.custom_batching.custom_vmap(fn)
+
+    @out.def_vmap
+    def rule(axis_size, in_batched, *args):
+        axes = jax.tree_util.tree_map(lambda b: 0 if b else None, in_batched)
+        res = jax.vmap(fn, in_axes=tuple(axes), axis_size=axis_size)(*args)
+        return res, jax.tree_util.tree_map(lambda _: True, res)
+
+    return out
 
 
 def _contract(out, jac, t_flat):
@@ -87,7 +131,9 @@ def _contract(out, jac, t_flat):
     jac_iter = iter(jac)
     tangents = []
     for leaf in leaves:
-        if _is_float(leaf):
+        if _is_float(leaf) and t_flat is None:
+            tangents.append(jnp.zeros_like(leaf))
+        elif _is_float(leaf):
             tangents.append(jnp.tensordot(next(jac_iter), t_flat, axes=1).astype(leaf.dtype))
         else:
             tangents.append(np.zeros(jnp.shape(leaf), jax.dtypes.float0))
@@ -103,7 +149,8 @@ def _log_choice(where: str, n: int, forward: bool, reverse_name: str):
                     where, reverse_name, n, FORWARD_MODE_MAX)
 
 
-def auto_jvp(fn, reverse_fn, tree, *, where: str, reverse_name: str):
+def auto_jvp(fn, reverse_fn, tree, *, where: str, reverse_name: str,
+             max_forward: int | None = FORWARD_MODE_MAX):
     """``fn(tree)`` (a plain, ``jvp``-able computation) whose derivative is forward mode for
     few differentiated components and ``jax.jvp(reverse_fn)`` otherwise.
 
@@ -112,19 +159,26 @@ def auto_jvp(fn, reverse_fn, tree, *, where: str, reverse_name: str):
     """
     floats0, others0, merge = _split_inexact(tree)
 
+    def call(floats, others):
+        return fn(merge(floats, others))
+
     @jax.custom_jvp
     def run(floats, others):
-        return fn(merge(floats, others))
+        return call(floats, others)
 
     def run_jvp(primals, tangents):
         floats, others = primals
         d_floats, _ = tangents
         active = [i for i, d in enumerate(d_floats) if not isinstance(d, SymbolicZero)]
         n = sum(_size(floats[i]) for i in active)
-        forward = n <= FORWARD_MODE_MAX
+        forward = max_forward is None or n <= max_forward
         _log_choice(where, n, forward, reverse_name)
+        if not active:
+            out = call(floats, others)
+            return out, _contract(out, [], None)
         if forward:
-            out, jac = jacobian_push(lambda fl: fn(merge(fl, others)), list(floats), active)
+            out, jac = jacobian_push(call, list(floats), list(others), active,
+                                     members_outside=False)
             t_flat, _ = ravel_pytree([d_floats[i] for i in active])
             return out, _contract(out, jac, t_flat)
         d_floats = [jnp.zeros_like(x) if isinstance(d, SymbolicZero) else d
@@ -135,56 +189,63 @@ def auto_jvp(fn, reverse_fn, tree, *, where: str, reverse_name: str):
     return run(floats0, others0)
 
 
-def auto_vjp(fn, forward_fn, reverse_fn, tree, *, where: str, reverse_name: str):
+def auto_vjp(fn, forward_fn, reverse_fn, tree, *, where: str, reverse_name: str,
+             max_forward: int | None = FORWARD_MODE_MAX):
     """``fn(tree)`` for computations that already have a custom VJP (``reverse_fn``, e.g. an
     adaptive solve's replay): the VJP is built from forward mode through ``forward_fn`` (a
     ``jvp``-able computation of the same values) for few differentiated components, and is
-    ``reverse_fn``'s own otherwise."""
+    ``reverse_fn``'s own otherwise. ``max_forward=None``: always forward mode
+    (``ForwardMode()``)."""
     floats0, others0, merge = _split_inexact(tree)
+
+    def call(floats, others):
+        return fn(merge(floats, others))
 
     @jax.custom_vjp
     def run(floats, others):
-        return fn(merge(floats, others))
+        return all_batched(call)(floats, others)
 
-    choice = {}  # the branch taken, decided while tracing the forward rule
-
+    # The branch taken travels in the residuals' structure (a dict key), and the active
+    # inputs as the values of ``marks`` (None for the others): JAX may trace the forward
+    # rule more than once (under vmap), so nothing is kept on the side.
     def run_fwd(floats, others):
         values = [x.value for x in floats]
         other_values = [x.value for x in others]
         active = [i for i, x in enumerate(floats) if x.perturbed]
         n = sum(_size(values[i]) for i in active)
-        forward = n <= FORWARD_MODE_MAX
-        _log_choice(where, n, forward, reverse_name)
-        flat, unravel = ravel_pytree([values[i] for i in active])
-        choice.update(how="none" if n == 0 else "forward" if forward else "reverse",
-                      active=active, unravel=unravel, flat=(flat.shape, flat.dtype))
+        forward = max_forward is None or n <= max_forward
+        if max_forward is not None:
+            _log_choice(where, n, forward, reverse_name)
         if n == 0:
-            return fn(merge(values, other_values)), None
+            return all_batched(call)(values, other_values), {}
         if forward:
-            return jacobian_push(lambda fl: forward_fn(merge(fl, other_values)),
-                                 values, active)
-        return jax.vjp(lambda fl: reverse_fn(merge(fl, other_values)), values)
+            out, jac = jacobian_push(lambda fl, ot: forward_fn(merge(fl, ot)), values,
+                                     other_values, active)
+            marks = [v if i in active else None for i, v in enumerate(values)]
+            return out, {"forward": (jac, marks)}
+        out, vjp = jax.vjp(lambda fl: reverse_fn(merge(fl, other_values)), values)
+        return out, {"reverse": vjp}
 
-    def run_bwd(data, cotangent):
-        how, active = choice["how"], choice["active"]
+    def run_bwd(res, cotangent):
         n_other = len(others0)
-        if how == "none":
+        if not res:
             return [None] * len(floats0), [None] * n_other
         ct_leaves = jax.tree_util.tree_leaves(
             cotangent, is_leaf=lambda x: isinstance(x, SymbolicZero))
-        if how == "forward":
+        if "forward" in res:
+            jac, marks = res["forward"]
             float_cts = [ct for ct in ct_leaves if _is_float_ct(ct)]
-            shape, dtype = choice["flat"]
-            total = jnp.zeros(shape, dtype)
-            for ct, jl in zip(float_cts, data, strict=True):
+            flat, unravel = ravel_pytree([m for m in marks if m is not None])
+            total = jnp.zeros(flat.shape, flat.dtype)
+            for ct, jl in zip(float_cts, jac, strict=True):
                 if not isinstance(ct, SymbolicZero):
-                    total = total + jnp.tensordot(ct, jl, axes=jnp.ndim(ct)).astype(dtype)
-            per_active = dict(zip(active, choice["unravel"](total), strict=True))
-            return [per_active.get(i) for i in range(len(floats0))], [None] * n_other
+                    total = total + jnp.tensordot(ct, jl, axes=jnp.ndim(ct)).astype(flat.dtype)
+            per_active = iter(unravel(total))
+            return [None if m is None else next(per_active) for m in marks], [None] * n_other
         treedef = jax.tree_util.tree_structure(
             cotangent, is_leaf=lambda x: isinstance(x, SymbolicZero))
         dense = jax.tree_util.tree_unflatten(treedef, [_instantiate(ct) for ct in ct_leaves])
-        (d_floats,) = data(dense)
+        (d_floats,) = res["reverse"](dense)
         return list(d_floats), [None] * n_other
 
     run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
