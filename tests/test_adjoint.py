@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _finite_differences import central_differences
 
 import simlib as sl
 from simlib.systems import kepler, lotka_volterra
@@ -32,14 +33,6 @@ def kepler_loss(q0, mu, adjoint, solver, saveat):
     return jnp.sum(q ** 2) + jnp.sum(p ** 3)
 
 
-def central_differences(fn, x, eps):
-    x = np.asarray(x, float)
-    out = np.zeros_like(x)
-    for j in range(x.size):
-        e = np.zeros_like(x)
-        e.flat[j] = eps
-        out.flat[j] = (float(fn(jnp.asarray(x + e))) - float(fn(jnp.asarray(x - e)))) / (2 * eps)
-    return out
 
 
 @pytest.fixture(scope="module", params=list(RK_CASES))

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _finite_differences import central_differences
 
 import simlib as sl
 from simlib import particles as sp
@@ -28,14 +29,6 @@ def loss(p, y0=Y0, adjoint=None, kw=FIXED):
     return jnp.sum(sol.ys ** 2)
 
 
-def central_differences(fn, x, eps):
-    x = np.asarray(x, float)
-    out = np.zeros_like(x)
-    for j in range(x.size):
-        e = np.zeros_like(x)
-        e.flat[j] = eps
-        out.flat[j] = (float(fn(jnp.asarray(x + e))) - float(fn(jnp.asarray(x - e)))) / (2 * eps)
-    return out
 
 
 def choices(caplog):

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _finite_differences import central_differences
 
 import simlib as sl
 from simlib.systems import lotka_volterra
@@ -30,14 +31,6 @@ TS_OFF = np.concatenate([TS_ON[:1], TS_ON[1:] - T1 / N / 3])
 DATA = jnp.linspace(1.0, 6.0, 12).reshape(6, 2)
 
 
-def central_differences(fn, x, eps=1e-6):
-    x = np.asarray(x, float)
-    out = np.zeros_like(x)
-    for j in range(x.size):
-        e = np.zeros_like(x)
-        e.flat[j] = eps
-        out.flat[j] = (float(fn(jnp.asarray(x + e))) - float(fn(jnp.asarray(x - e)))) / (2 * eps)
-    return out
 
 
 def batched_loss(adjoint, ts):
