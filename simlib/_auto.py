@@ -39,7 +39,7 @@ from jax.flatten_util import ravel_pytree
 from ._adjoint import TANGENTS_ONLY, AbstractAdjoint, _split_inexact
 from ._solver._base import register_static
 
-FORWARD_MODE_MAX = 16
+FORWARD_MODE_MAX = 8
 """Forward mode for at most this many differentiated input components (measured:
 docs/gradients.md, "The default strategy")."""
 

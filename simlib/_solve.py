@@ -130,7 +130,7 @@ def solve(
             (fixed-step time-symmetric symplectic solvers; memory independent of the
             steps) or :class:`ForwardMode` (forward-mode Jacobian, for a few inputs).
             The default (``None``) chooses when the gradient is taken: forward mode for
-            at most 16 differentiated input components, else reverse mode
+            at most 8 differentiated input components, else reverse mode
             (``Checkpointed()`` for fixed-step runs of more than 1,024 steps,
             ``Direct()`` otherwise); the ``simlib`` logger reports the choice at level
             INFO (docs/gradients.md).

@@ -19,6 +19,7 @@ settings.load_profile("simlib")
 # the default suite (another parameter, mode or strategy of the same check); seconds are
 # as measured on the 2-core machine (`--durations=0`, 2026-12-03).
 SLOW_IN_DEFAULT = {
+    "test_default_adjoint.py::test_many_components_take_reverse_mode[adaptive]",  # 7.4
     "test_blowup.py::test_extreme_positions_never_crash_and_never_pass_quietly[1]",  # 11.5
     "test_fit.py::test_gauss_newton_through_an_adaptive_solve",  # 9.1
     "test_events.py::test_state_after_apply_gradient_matches_finite_differences[adaptive]",

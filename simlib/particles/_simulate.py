@@ -311,7 +311,7 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
         throw: Raise :class:`~simlib.SolverError` on failure (see Failures below); with
             ``False`` the code is in ``result`` and the step and atom in ``stats``.
         progress: Show a progress bar (eager calls).
-        adjoint: ``None`` (default: forward mode for at most 16 differentiated input
+        adjoint: ``None`` (default: forward mode for at most 8 differentiated input
             components, such as a potential's parameters, else ``Checkpointed()``;
             docs/gradients.md), ``Checkpointed(steps_per_segment)`` (the state stored every
             ``steps_per_segment`` steps, ``ceil(sqrt(n_steps))`` by default, and each
