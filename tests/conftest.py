@@ -19,6 +19,22 @@ settings.load_profile("simlib")
 # the default suite (another parameter, mode or strategy of the same check); seconds are
 # as measured on the 2-core machine (`--durations=0`, 2026-12-03).
 SLOW_IN_DEFAULT = {
+    "test_default_adjoint.py::test_simulate_default_chooses_by_what_is_differentiated",
+    "test_default_adjoint.py::test_few_parameters_take_forward_mode[adaptive]",
+    "test_default_adjoint.py::test_default_keeps_forward_mode_transformations",
+    "test_default_adjoint.py::test_many_components_take_reverse_mode[fixed]",
+    "test_default_adjoint.py::test_simulate_energy_closing_over_a_traced_value",
+    "test_default_adjoint.py::test_simulate_checkpointed_segments_match_direct[1]",
+    "test_default_adjoint.py::test_simulate_checkpointed_segments_match_direct[45]",
+    "test_default_adjoint.py::test_simulate_checkpointed_segments_match_direct[1000]",
+    "test_neural_ode.py::test_the_examples_truth_is_scipys",
+    "test_neural_ode.py::test_the_saved_trajectories_are_the_saved_weights",
+    "test_neural_ode.py::test_training_beats_the_untrained_model_inside_and_outside_the_window",
+    "test_neural_ode.py::test_the_plot_is_written_on_request",
+    "test_ensemble_gradients.py::test_forward_mode_under_nested_vmap",
+    "test_ensemble_gradients.py::test_forward_mode_under_vmap_per_member_inputs",
+    "test_ensemble_gradients.py::test_checkpointed_saves_on_a_batched_state[sqrt-off]",
+    "test_ensemble_gradients.py::test_checkpointed_saves_on_a_batched_state[seg7-off]",
     "test_default_adjoint.py::test_many_components_take_reverse_mode[adaptive]",  # 7.4
     "test_blowup.py::test_extreme_positions_never_crash_and_never_pass_quietly[1]",  # 11.5
     "test_fit.py::test_gauss_newton_through_an_adaptive_solve",  # 9.1
