@@ -17,12 +17,15 @@ logger at level INFO (``logging.getLogger("simlib").setLevel("INFO")`` shows it)
 threshold was measured on the two problem shapes of benchmarks/gradients.py (one
 trajectory, and a batched ensemble), see docs/gradients.md.
 
-Fixed-step runs go through a ``jax.custom_jvp``, so ``jax.jvp``, ``jacfwd`` and ``hessian``
-still work: the forward-mode branch's tangent is ``J @ t`` (linear, so reverse mode
-transposes it to ``J^T ct``) and the reverse branch is the plain JVP of the loop, which
+Fixed-step runs and ``simulate`` go through a ``jax.custom_jvp``, so ``jax.jvp``,
+``jacfwd`` and ``hessian`` still work: the forward-mode branch's tangent is ``J @ t``
+(linear, so reverse mode transposes it to ``J^T ct``) and the reverse branch is the plain
+JVP of the loop, which
 ``jax.grad`` linearises and transposes as it would without the rule. Adaptive runs are
 already a ``jax.custom_vjp`` (their reverse mode replays the attempts), so the choice there
-is made in a ``custom_vjp`` forward rule.
+is made in a ``custom_vjp`` forward rule. ``ForwardMode()`` is that custom VJP with forward
+mode forced; under ``vmap`` it pushes the tangents outside the members
+(:func:`jacobian_push`), which the custom JVP cannot do and still survive ``jax.hessian``.
 """
 
 from __future__ import annotations
