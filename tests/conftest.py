@@ -19,6 +19,14 @@ settings.load_profile("simlib")
 # the default suite (another parameter, mode or strategy of the same check); seconds are
 # as measured on the 2-core machine (`--durations=0`, 2026-12-03).
 SLOW_IN_DEFAULT = {
+    "test_adjoint.py::test_runge_kutta_gradients_match_finite_differences[adaptive_tsit5-checkpointed]",
+    "test_default_adjoint.py::test_simulate_checkpointed_segments_match_direct[7]",
+    "test_bdf.py::test_ensemble_dense_output_and_a_bad_member",
+    "test_particle_gradients.py::test_box_gradient_matches_finite_differences[reversible-list]",
+    "test_adjoint.py::test_reversible_agrees_with_direct_and_checkpointed[steps-VelocityVerlet]",
+    "test_blowup.py::test_overlapping_atoms_raise_at_the_first_step[list-float32]",
+    "test_neighbors.py::test_free_space_list_is_the_brute_force_pair_set",
+    "test_bdf.py::test_jacobian_options_and_reuse",
     "test_default_adjoint.py::test_simulate_default_chooses_by_what_is_differentiated",
     "test_default_adjoint.py::test_few_parameters_take_forward_mode[adaptive]",
     "test_default_adjoint.py::test_default_keeps_forward_mode_transformations",
