@@ -451,6 +451,18 @@ def _adjoint_kw(adjoint) -> dict:
     return {} if adjoint is None else dict(adjoint=adjoint)  # None: omitted, the default
 
 
+def _ts201_loss(solver, y0, dt, data, members):
+    """``make(adjoint)``: the loss ``sum((ys - data)^2) / members`` at the 201 save times,
+    for a state ``y0`` (one trajectory, or a batched ensemble of ``members``)."""
+    def make(adjoint):
+        def loss(p):
+            sol = sl.solve(LV, y0, T0, T1, solver=solver, dt=dt, args=p_args(p),
+                           saveat=sl.SaveAt(ts=TS201), **_adjoint_kw(adjoint))
+            return jnp.sum(jnp.square(sol.ys - data)) / members
+        return loss
+    return make
+
+
 def issue12_case(name: str, opts) -> dict:
     """One issue-12 case: its label, sizes, parameters ``p0`` and contenders."""
     solver = sl.RK4()
@@ -467,15 +479,8 @@ def issue12_case(name: str, opts) -> dict:
     if name == "single_ts":
         n = 50_000 // quick
         dt = (T1 - T0) / n
-        data = observations(n, jnp.asarray(Y0), TS201)
-
-        def make(adjoint):
-            def loss(p):
-                sol = sl.solve(LV, jnp.asarray(Y0), T0, T1, solver=solver, dt=dt,
-                               args=p_args(p), saveat=sl.SaveAt(ts=TS201),
-                               **_adjoint_kw(adjoint))
-                return jnp.sum(jnp.square(sol.ys - data))
-            return loss
+        make = _ts201_loss(solver, jnp.asarray(Y0), dt, observations(n, jnp.asarray(Y0), TS201),
+                           1)
 
         label, loss_name = f"single ts {n:.0e}", "ts201"
     elif name == "batched":
@@ -483,14 +488,7 @@ def issue12_case(name: str, opts) -> dict:
         dt = (T1 - T0) / n
         members = I12_MEMBERS
         y0s = ensemble_y0(members)
-        data = observations(n, y0s, TS201)
-
-        def make(adjoint):
-            def loss(p):
-                sol = sl.solve(LV, y0s, T0, T1, solver=solver, dt=dt, args=p_args(p),
-                               saveat=sl.SaveAt(ts=TS201), **_adjoint_kw(adjoint))
-                return jnp.sum(jnp.square(sol.ys - data)) / members
-            return loss
+        make = _ts201_loss(solver, y0s, dt, observations(n, y0s, TS201), members)
 
         label, loss_name = f"batched ts {n:.0e}", "ts201"
     elif name == "vmap512":
