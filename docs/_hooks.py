@@ -2,10 +2,11 @@
 
 A line ``<!-- include: PATH -->`` (or ``<!-- include: PATH shift=N -->``) in a page is
 replaced by the file at PATH (relative to the repository root) without its title line,
-its other headings moved N levels down (default 0), and its image links pointing at copies of the images under the page's folder;
-``<!-- benchmark-results -->`` is replaced by the tables that ``docs/_tables.py`` renders
-from ``benchmarks/results/*.json``. So the validation report, the benchmarks README and
-their numbers appear on the site exactly as the scripts wrote them, never copied by hand.
+its other headings moved N levels down (default 0), and its image links pointing at
+copies of the images that the site gets; ``<!-- benchmark-results -->`` is replaced by
+the tables that ``docs/_tables.py`` renders from ``benchmarks/results/*.json``. So the
+validation report, the benchmarks README and their numbers appear on the site exactly
+as the scripts wrote them, never copied by hand.
 """
 
 from __future__ import annotations
