@@ -166,19 +166,20 @@ def test_custom_integrator_is_differentiable(page):
 FENCE = re.compile(r'(<!-- not run[^\n]*-->\n)?```(python|text title="Output")\n(.*?)```', re.S)
 # pages run in the default suite (a few seconds each); every other page runs in the slow set
 FAST_PAGES = {"common-errors.md", "systems.md", "neural-ode.md"}
-# pages with their own tests (extending.md above)
-OWN_TESTS = {"extending.md"}
+# pages with their own tests (extending.md above, long-time.md below)
+OWN_TESTS = {"extending.md", "long-time.md"}
 
 
-def run_page(path: Path) -> list[tuple[str, str]]:
-    """Run a page's python blocks in order, in one namespace, in the current directory.
+def run_page(path: Path, ns: dict | None = None) -> list[tuple[str, str]]:
+    """Run a page's python blocks in order, in one namespace (``ns`` if given), in the
+    current directory.
 
     Returns ``(printed, expected)`` for every block followed by an Output block.
     """
     import matplotlib
 
     matplotlib.use("Agg")
-    ns: dict = {"__name__": "__docs__"}
+    ns = {"__name__": "__docs__"} if ns is None else ns
     checks, printed = [], None
     for skip, kind, body in FENCE.findall(path.read_text()):
         if kind != "python":
@@ -214,6 +215,25 @@ def test_page_code_runs(path, tmp_path, monkeypatch):
     for printed, expected in run_page(path):
         assert printed == expected, (
             f"{path.name}: a block printed\n{printed}\nbut the page shows\n{expected}")
+
+
+@pytest.mark.slow
+def test_long_time_page_claims(tmp_path, monkeypatch):
+    """docs/long-time.md's statements, against the closed-form Kepler orbit and energy."""
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    run_page(DOCS / "long-time.md", ns)
+    energy, position = ns["energy_error"], ns["position_error"]
+    q, p = ns["y0"]
+    e0 = 0.5 * float(jnp.sum(p**2)) - 1.0 / float(jnp.linalg.norm(q))  # H, mu = 1
+    np.testing.assert_allclose(float(ns["E0"]), e0, rtol=1e-15)
+    ratio = {k: float(v[-200:].max() / v[:200].max()) for k, v in energy.items()}
+    assert 0.8 < ratio["VelocityVerlet"] < 1.25 and 0.8 < ratio["PEFRL"] < 1.25, ratio
+    assert ratio["RK4"] > 5, ratio                      # linear drift: about 10x
+    assert float(energy["RK4"][-1]) > float(energy["VelocityVerlet"][-200:].max())
+    final = {k: float(v[-1]) for k, v in position.items()}
+    assert final["PEFRL"] < 0.05 and final["PEFRL"] < 0.1 * min(
+        final["RK4"], final["VelocityVerlet"]), final
 
 
 def test_getting_started_has_its_five_steps():
@@ -332,7 +352,8 @@ def test_every_public_name_is_in_the_api_reference():
         if missing:
             lines = "\n".join(f"    ::: {modname}.{n}" for n in missing)
             problems.append(f"{len(missing)} public name(s) of {modname} are missing from the "
-                            f"API reference; add to {page} (under a fitting heading):\n{lines}")
+                            f"API reference; add to {page} (under the heading where it "
+                            f"belongs):\n{lines}")
     assert not problems, "\n".join(problems)
 
 
