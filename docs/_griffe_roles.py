@@ -6,7 +6,7 @@ become inline code (the last component for ``~`` names, as Sphinx shows them);
 ``:math:`...``` becomes ``$...$`` and a ``.. math::`` directive (on one line, or with an
 indented block under it) a ``$$...$$`` display (arithmatex); a section headed ``Example:`` or
 ``Example::`` becomes griffe's ``Examples:`` section, so that its ``>>>`` lines render as
-code instead of nested quotes.
+code instead of nested quotes; the ``::`` that introduces a literal block becomes ``:``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import griffe
 ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|mod|data|obj|exc|const):`(~?)([^`]+)`")
 MATH = re.compile(r":math:`([^`]+)`")
 EXAMPLE = re.compile(r"^(\s*)Example::?[ \t]*$", re.M)
+LITERAL = re.compile(r"(\S)::[ \t]*$", re.M)  # reST's "text::" before a literal block
 
 
 def _math_blocks(text: str) -> str:
@@ -53,4 +54,5 @@ class SphinxRoles(griffe.Extension):
             text = MATH.sub(lambda m: f"${m.group(1)}$", text)
             if ".. math::" in text:
                 text = _math_blocks(text)
-            obj.docstring.value = EXAMPLE.sub(r"\1Examples:", text)
+            text = EXAMPLE.sub(r"\1Examples:", text)
+            obj.docstring.value = LITERAL.sub(r"\1:", text)

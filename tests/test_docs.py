@@ -351,9 +351,12 @@ def test_every_public_name_is_in_the_api_reference():
             missing.append(name)
         if missing:
             lines = "\n".join(f"    ::: {modname}.{n}" for n in missing)
+            where = (f"add to {page} (under the heading where it belongs)"
+                     if (ROOT / page).exists() else
+                     f"create {page} (titled '# `{modname}`'), add it to mkdocs.yml's nav "
+                     "under 'API reference', and put in it")
             problems.append(f"{len(missing)} public name(s) of {modname} are missing from the "
-                            f"API reference; add to {page} (under the heading where it "
-                            f"belongs):\n{lines}")
+                            f"API reference; {where}:\n{lines}")
     assert not problems, "\n".join(problems)
 
 
