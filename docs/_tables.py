@@ -35,9 +35,11 @@ def _x(r: float) -> str:
 
 
 def _commit(d: dict) -> str:
-    c = d.get("simlib_commit") or d.get("commit") or "?"
-    date = str(d.get("date", "?"))[:10]
-    return f"`{c}`, {date}"
+    c = d.get("simlib_commit") or d.get("commit")
+    date = str(d.get("date") or "")[:10]
+    if not c and not date:
+        return "not recorded in the file"
+    return f"`{c or '?'}`, {date or 'date not recorded'}"
 
 
 def _ode_rows() -> list[list[str]]:
@@ -157,13 +159,17 @@ def _fmt(v) -> str:
 
 def results_markdown() -> str:
     """Every ``targets`` list and saved ``report`` of ``benchmarks/results/*.json``."""
-    out = ["## Targets, from `benchmarks/results/*.json`", "",
-           "| file | target | need | measured | status |", "|---|---|---|---|---|"]
     files = sorted(RESULTS.glob("*.json"))
+    out = ["## Targets, from `benchmarks/results/*.json`", "",
+           "The runs these files hold:", "", "| file | simlib commit, date |", "|---|---|"]
+    for path in files:
+        out.append(f"| `{path.name}` | {_commit(json.loads(path.read_text()))} |")
+    out += ["", "| file | target | need | measured | status |", "|---|---|---|---|---|"]
     for path in files:
         d = json.loads(path.read_text())
         for t in d.get("targets") or []:
-            out.append(f"| `{path.name}` | {t['target']} | {_fmt(t.get('need'))} | "
+            target = str(t["target"]).replace("|", "\\|")
+            out.append(f"| `{path.name}` | {target} | {_fmt(t.get('need'))} | "
                        f"{_fmt(t.get('value'))} {t.get('unit', '')} | {t.get('status', '-')} |")
     out += ["", "## Latest saved reports", "",
             "The text each benchmark script printed on its last saved run (the `report` "

@@ -166,8 +166,9 @@ def test_custom_integrator_is_differentiable(page):
 FENCE = re.compile(r'(<!-- not run[^\n]*-->\n)?```(python|text title="Output")\n(.*?)```', re.S)
 # pages run in the default suite (a few seconds each); every other page runs in the slow set
 FAST_PAGES = {"common-errors.md", "systems.md", "neural-ode.md"}
-# pages with their own tests (extending.md above, long-time.md below)
-OWN_TESTS = {"extending.md", "long-time.md"}
+# pages with their own tests: extending.md above, long-time.md below, stiff.md in
+# tests/test_stiff.py (test_stiff_guide_runs_as_written)
+OWN_TESTS = {"extending.md", "long-time.md", "stiff.md"}
 
 
 def run_page(path: Path, ns: dict | None = None) -> list[tuple[str, str]]:
@@ -264,8 +265,10 @@ def _doctests():
 
 
 DOCTESTS = _doctests()
-# doctests that compile a particle simulation (about 8 s): slow set
-SLOW_DOCTESTS = {"simlib.particles", "simlib.particles._simulate.simulate"}
+# doctests that compile a particle simulation (about 8 s) or a neighbour-list update
+# (3-4 s): slow set
+SLOW_DOCTESTS = {"simlib.particles", "simlib.particles._simulate.simulate",
+                 "simlib.particles._neighbors.neighbor_list"}
 
 
 @pytest.mark.parametrize("name", [
