@@ -363,6 +363,22 @@ def test_every_public_name_is_in_the_api_reference():
     assert not problems, "\n".join(problems)
 
 
+def test_public_names_have_docstrings():
+    """The API reference shows each public function and class with its own docstring."""
+    import inspect
+
+    bare = []
+    for modname, module, _ in _public_modules():
+        for name in getattr(module, "__all__", []):
+            obj = getattr(module, name)
+            if not (callable(obj) or inspect.isclass(obj)) or isinstance(obj, type(sl)):
+                continue
+            doc = (obj.__doc__ or "").strip()
+            if not doc or (inspect.isclass(obj) and doc.startswith(f"{name}(")):
+                bare.append(f"{modname}.{name}")  # none, or namedtuple's generated one
+    assert not bare, f"public names without a docstring of their own: {bare}"
+
+
 def test_api_reference_names_exist():
     """No ``:::`` entry names something that is gone (mkdocs would fail later, less clearly)."""
     stale = []
