@@ -70,8 +70,14 @@ def least_squares(
         residuals (about 1 at the noise level for residuals divided by the noise).
 
     Example:
-        >>> res = least_squares(lambda p: trajectory_residuals(predict(p), obs, sigma=s),
-        ...                     p0, transforms=Positive(), stderr=True)
+        >>> import jax.numpy as jnp
+        >>> from simlib.fit import Positive, least_squares
+        >>> ts = jnp.linspace(0.0, 2.0, 9)
+        >>> obs = 3.0 * jnp.exp(-1.5 * ts)           # y = a exp(-k t), a = 3, k = 1.5
+        >>> res = least_squares(lambda p: p["a"] * jnp.exp(-p["k"] * ts) - obs,
+        ...                     {"a": 1.0, "k": 1.0}, transforms=Positive())
+        >>> round(float(res.params["a"]), 6), round(float(res.params["k"]), 6)
+        (3.0, 1.5)
     """
     steps = _check_positive_int(steps, "steps")
     if not tol > 0:

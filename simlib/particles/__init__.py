@@ -1,14 +1,17 @@
 """Particle systems: spaces, pair potentials, neighbour lists, dynamics and observables.
 
 Example:
+    >>> import jax
     >>> from simlib import particles as sp
-    >>> positions, box = sp.lattice(6, 0.8442)
+    >>> positions, box = sp.lattice(4, 0.8442)          # 256 atoms, fcc
     >>> space = sp.periodic(box)
     >>> energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
     >>> nbrs = sp.neighbor_list(space, positions, r_cut=2.5, skin=0.3)
     >>> v = sp.maxwell_boltzmann(1.0, 1.44, key=jax.random.key(0), n=len(positions))
     >>> traj = sp.simulate(energy, sp.State(positions, v, 1.0), dict(sigma=1.0, epsilon=1.0),
-    ...                    space=space, dt=0.005, n_steps=1000, save_every=100, neighbors=nbrs)
+    ...                    space=space, dt=0.005, n_steps=100, save_every=10, neighbors=nbrs)
+    >>> traj.positions.shape
+    (11, 256, 3)
 """
 
 from ._dynamics import NVE, Integrator, Langevin, State

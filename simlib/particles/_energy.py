@@ -315,8 +315,12 @@ def pair_energy(potential: Callable, space: Space, r_cut: float | None = None, *
         With ``neighbors`` (a :func:`neighbor_list`) only listed pairs are visited.
 
     Example:
-        >>> energy = pair_energy(lennard_jones, periodic(box), r_cut=2.5)
+        >>> from simlib import particles as sp
+        >>> positions, box = sp.lattice(4, 0.8442)
+        >>> energy = sp.pair_energy(sp.lennard_jones, sp.periodic(box), r_cut=2.5)
         >>> u = energy(positions, dict(sigma=1.0, epsilon=1.0))
+        >>> print(f"{float(u) / len(positions):.3f}")   # per atom; a numpy pair sum: -6.773
+        -6.773
     """
     if not callable(potential):
         raise TypeError(f"pair_energy: potential must be a function u(r, params), "

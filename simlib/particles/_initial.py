@@ -23,6 +23,8 @@ def lattice(n_cells: int, density: float, *, kind: str = "fcc", dim: int = 3, dt
 
     Example:
         >>> positions, box = lattice(10, 0.8442)      # 4,000 particles
+        >>> positions.shape, round(float(box), 4)     # box = (4000 / 0.8442) ** (1 / 3)
+        ((4000, 3), 16.796)
     """
     if kind not in _BASIS:
         raise ValueError(f"lattice: kind must be 'fcc' or 'cubic', got {kind!r}")

@@ -355,8 +355,10 @@ def neighbor_list(space: Space, positions, r_cut: float, skin: float = 0.3, *,
             counted in ``missed_pairs`` and reported by :func:`simulate`.
 
     Example:
-        >>> nbrs = neighbor_list(periodic(box), positions, r_cut=2.5, skin=0.3)
-        >>> nbrs = nbrs.update(new_positions)
+        >>> from simlib import particles as sp
+        >>> positions, box = sp.lattice(4, 0.8442)
+        >>> nbrs = sp.neighbor_list(sp.periodic(box), positions, r_cut=2.5, skin=0.3)
+        >>> nbrs = nbrs.update(positions + 0.01)     # inside jit too, after each move
     """
     if not isinstance(space, Space):
         raise TypeError(f"neighbor_list: space must be free() or periodic(box), got {space!r}")

@@ -347,8 +347,18 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
         codes: a list that overflows at the step an atom flew off did so because of it.
 
     Example:
-        >>> traj = simulate(energy, State(x, v, 1.0), dict(sigma=1.0, epsilon=1.0),
-        ...                 space=space, dt=0.005, n_steps=1000, save_every=100, neighbors=nbrs)
+        >>> import jax
+        >>> from simlib import particles as sp
+        >>> x, box = sp.lattice(4, 0.8442)
+        >>> space = sp.periodic(box)
+        >>> energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
+        >>> nbrs = sp.neighbor_list(space, x, r_cut=2.5, skin=0.3)
+        >>> v = sp.maxwell_boltzmann(1.0, 1.44, key=jax.random.key(0), n=len(x))
+        >>> traj = sp.simulate(energy, sp.State(x, v, 1.0), dict(sigma=1.0, epsilon=1.0),
+        ...                    space=space, dt=0.005, n_steps=100, save_every=10,
+        ...                    neighbors=nbrs)
+        >>> len(traj.times), int(traj.result)
+        (11, 0)
     """
     integrator = NVE() if integrator is None else integrator
     state, n_steps, save_every = _check_args(energy, state, space, dt, n_steps, integrator,

@@ -92,8 +92,10 @@ def periodic(box) -> Space:
     interactions whose range is below half the shortest side.
 
     Example:
+        >>> import jax.numpy as jnp
         >>> space = periodic(10.0)
-        >>> space.displacement(jnp.array([9.5, 0.0]), jnp.array([0.5, 0.0]))  # -> [-1., 0.]
+        >>> space.displacement(jnp.array([9.5, 0.0]), jnp.array([0.5, 0.0])).tolist()
+        [-1.0, 0.0]
     """
     if box is None:
         raise ValueError("periodic: box must be given (a positive scalar or (d,) array); "
