@@ -43,6 +43,7 @@ __all__ = [
     "nonnegative_int",
     "positive_float",
     "positive_int",
+    "printer",
     "probability",
     "save_figure",
     "save_result",
@@ -250,6 +251,11 @@ def timed(fn: Callable[..., Any], *args: Any, **static: Any) -> tuple[Any, float
     start = time.perf_counter()
     out = jax.block_until_ready(compiled(*args))
     return out, compile_s, time.perf_counter() - start
+
+
+def printer(quiet: bool) -> Callable[..., None]:
+    """``print``, or a function that prints nothing when ``quiet``."""
+    return (lambda *args, **kwargs: None) if quiet else print
 
 
 def summary(what: str, *, compile_s: float | None = None, run_s: float | None = None,
