@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import simlib as sl
 from simlib import cli
 from simlib import particles as sp
 
@@ -160,5 +159,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sl.fast_cpu_loops()  # before any JAX work: small loops compiled whole (docs/gradients.md)
     main()
