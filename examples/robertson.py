@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         fig.tight_layout()
         cli.save_figure(fig, args.plot)
     if int(result) != 0:
-        prog = os.path.basename(sys.argv[0])
+        prog = cli._prog or os.path.basename(sys.argv[0])
         print(f"{prog}: error: the solve failed: {sl.Result(int(result)).name} "
               "(raise --max-steps or loosen --rtol)", file=sys.stderr)
         return 1

@@ -53,6 +53,7 @@ __all__ = [
 ]
 
 RESULT_SUFFIXES = (".npz", ".h5", ".hdf5")
+_prog: str | None = None  # "simlib run NAME" while `simlib run` runs an example
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
 
 
@@ -161,6 +162,8 @@ class ExampleParser(argparse.ArgumentParser):
 
     def __init__(self, description: str | None = None, **kwargs: Any):
         kwargs.setdefault("formatter_class", _Formatter)
+        if _prog is not None:
+            kwargs.setdefault("prog", _prog)
         super().__init__(description=description, **kwargs)
 
     def error(self, message: str):
@@ -212,7 +215,7 @@ def script(main_fn: Callable[..., Any]) -> Callable[..., Any]:
 
         from simlib import SolverError
 
-        prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else main_fn.__module__
+        prog = _prog or (Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "example")
         # a SolverError raised in a callback under jit is logged by JAX with its traceback
         # before it is re-raised: the one-line message below is enough
         callback_log = logging.getLogger("jax._src.callback")
@@ -377,9 +380,11 @@ def _cmd_run(argv: list[str]) -> int:
         print(f"simlib run: error: unknown example {name!r}; choose from "
               f"{', '.join(examples)}", file=sys.stderr)
         return 2
+    global _prog
     path = examples_dir() / f"{name}.py"
     saved = sys.argv[:]
-    sys.argv = [f"simlib run {name}", *rest]
+    sys.argv = [str(path), *rest]
+    _prog = f"simlib run {name}"
     try:
         runpy.run_path(str(path), run_name="__main__")
     except SystemExit as stop:
@@ -390,6 +395,7 @@ def _cmd_run(argv: list[str]) -> int:
         return 1
     finally:
         sys.argv = saved
+        _prog = None
     return 0
 
 
@@ -612,4 +618,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the imported module's main, not this __main__ copy's: the examples import
+    # simlib.cli, and `simlib run` sets the program name there
+    from simlib import cli as _cli
+
+    sys.exit(_cli.main())
