@@ -547,6 +547,9 @@ def _cmd_validate(argv: list[str]) -> int:
               f"{'FAIL' if bad else 'ok'}")
         for failure in section.failures:
             print(f"    {failure}")
+    print("worst: the largest simlib error the part records, in units of atol + rtol |ref| "
+          "(loose tolerances and low-order methods included); each part's own checks decide "
+          "pass or fail (the report explains them)")
     return int(status or 0)
 
 
