@@ -216,3 +216,27 @@ def test_info_reports_versions_devices_float64_and_native_kernels():
     assert "cpu" in rows["devices"]
     assert rows["native kernels"].split(":")[0] in (
         "loaded", "not loaded", "not built yet", "off", "unavailable")
+
+
+def test_a_failed_solve_is_one_line_and_exit_1(capsys):
+    """Eager, and under jit, where the SolverError arrives wrapped in JAX's runtime error."""
+    import jax
+    import jax.numpy as jnp
+
+    import simlib as sl
+
+    def decay(t, y, args):
+        return -y
+
+    def solve(y0):
+        return sl.solve(decay, y0, 0.0, 10.0, solver=sl.Tsit5(), rtol=1e-8, atol=1e-8,
+                        max_steps=2).ys
+
+    for run in (solve, jax.jit(solve)):
+        main = cli.script(lambda argv, run=run: run(jnp.ones(2)))
+        with pytest.raises(SystemExit) as stop:
+            main([])
+        assert stop.value.code == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert "error: solve: the step budget max_steps=2 was exhausted" in err, err
