@@ -4,7 +4,8 @@ Starts from an fcc lattice at the given density with Maxwell-Boltzmann velocitie
 and thermalises it with BAOAB Langevin dynamics at kT, lets it settle without the
 thermostat, then runs velocity-Verlet NVE with a cell-list neighbour list. Prints the
 energy drift, mean temperature and pressure, neighbour-list statistics and the speed, and
-plots the energies and g(r).
+plots the energies and g(r). Reduced Lennard-Jones units: lengths in sigma, energies in
+epsilon (k_B = 1, so kT too), time in tau = sigma sqrt(m / epsilon).
 
     python examples/lj_fluid.py --n-cells 6 --steps 4000 --plot out/lj_fluid.png
     simlib run lj_fluid --x64 --out out/lj_fluid.npz
@@ -215,16 +216,16 @@ def main(argv: list[str] | None = None) -> None:
                                   (ke, "kinetic K", 0.8)):
             ax0.plot(times, values - values.mean(), label=f"{label} (mean {values.mean():.3f})",
                      lw=lw)
-        ax0.set(xlabel="t", ylabel="energy per atom minus its mean",
+        ax0.set(xlabel="t [τ]", ylabel="energy per atom minus its mean [ε]",
                 title=f"NVE, {n} atoms, dt={args.dt}, {traj.positions.dtype}")
         ax0.legend()
         ax1.plot(times, (e_total - e_total[0]) / n)
         ax1.axhline(0.0, color="k", lw=0.5)
-        ax1.set(xlabel="t", ylabel="(E(t) - E(0)) / N",
+        ax1.set(xlabel="t [τ]", ylabel="(E(t) - E(0)) / N [ε]",
                 title=f"Energy conservation (shift={args.shift}, skin={args.skin})")
         ax2.plot(r, g)
         ax2.axhline(1.0, color="k", lw=0.5)
-        ax2.set(xlabel="r / sigma", ylabel="g(r)",
+        ax2.set(xlabel="r [σ]", ylabel="g(r)",
                 title=f"Radial distribution, density {args.density}, kT ~ {temps.mean():.3f}")
         fig.tight_layout()
         cli.save_figure(fig, args.plot)
