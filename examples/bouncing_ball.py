@@ -12,7 +12,6 @@ bounces accumulate at t_1 + 2 u e / (g (1 - e)) (Zeno): the run stops before tha
 
 from __future__ import annotations
 
-import argparse
 import math
 
 import jax
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import simlib as sl
+from simlib import cli
 
 
 def ball(t, y, g):
@@ -35,30 +35,34 @@ def closed_form(h0: float, v0: float, g: float, e: float, n: int) -> np.ndarray:
     return np.array(t)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--height", type=float, default=1.0, help="initial height h0 [m]")
-    parser.add_argument("--velocity", type=float, default=0.0,
-                        help="initial vertical velocity v0 [m/s]")
-    parser.add_argument("--gravity", type=float, default=9.81, help="g [m/s^2]")
-    parser.add_argument("--restitution", type=float, default=0.8,
-                        help="restitution coefficient e, in (0, 1)")
-    parser.add_argument("--bounces", type=int, default=8, help="bounces to simulate")
-    parser.add_argument("--solver", choices=["Tsit5", "Dopri5", "Dopri8"], default="Tsit5",
-                        help="adaptive solver")
-    parser.add_argument("--rtol", type=float, default=1e-10, help="relative tolerance")
-    parser.add_argument("--plot", default=None,
-                        help="write a figure of the height to this path (PNG); none if unset")
-    args = parser.parse_args(argv)
-    if args.height < 0 or args.gravity <= 0 or not 0 < args.restitution < 1:
-        parser.error("need --height >= 0, --gravity > 0 and 0 < --restitution < 1")
-    if args.bounces < 1 or not 0 < args.rtol < 1:
-        parser.error("need --bounces >= 1 and 0 < --rtol < 1")
+def parse(argv):
+    p = cli.ExampleParser(__doc__)
+    p.add_argument("--height", type=cli.nonnegative_float, default=1.0,
+                   help="initial height h0 [m]")
+    p.add_argument("--velocity", type=cli.finite_float, default=0.0,
+                   help="initial vertical velocity v0 [m/s]")
+    p.add_argument("--gravity", type=cli.positive_float, default=9.81, help="g [m/s^2]")
+    p.add_argument("--restitution", type=cli.positive_float, default=0.8,
+                   help="restitution coefficient e, in (0, 1)")
+    p.add_argument("--bounces", type=cli.positive_int, default=8, help="bounces to simulate")
+    p.add_argument("--solver", choices=["Tsit5", "Dopri5", "Dopri8"], default="Tsit5",
+                   help="adaptive solver")
+    p.add_argument("--rtol", type=cli.positive_float, default=1e-10,
+                   help="relative tolerance, in (0, 1); atol = rtol / 100")
+    cli.add_output_options(p)
+    args = p.parse_args(argv)
+    if not args.restitution < 1:
+        p.error(f"argument --restitution: must be below 1, got {args.restitution:g}")
+    if not args.rtol < 1:
+        p.error(f"argument --rtol: must be below 1, got {args.rtol:g}")
     if args.height == 0 and args.velocity <= 0:
-        parser.error("the ball starts on the floor: give --velocity > 0")
+        p.error("argument --velocity: the ball starts on the floor: give --velocity > 0")
+    return args
 
+
+@cli.script
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     jax.config.update("jax_enable_x64", True)
     g, e, n = args.gravity, args.restitution, args.bounces
     ref = closed_form(args.height, args.velocity, g, e, n + 1)
@@ -66,19 +70,29 @@ def main(argv: list[str] | None = None) -> None:
 
     floor = sl.Event(lambda t, y, g: y[0], terminal=False, direction=-1,
                      apply=lambda t, y, g: jnp.stack([y[0], -e * y[1]]), capacity=n)
-    ts = jnp.linspace(0.0, t_end, 1000)
-    sol = sl.solve(ball, jnp.array([args.height, args.velocity]), 0.0, t_end,
-                   solver=getattr(sl, args.solver)(), rtol=args.rtol, atol=args.rtol * 1e-2,
-                   args=g, events=floor, saveat=sl.SaveAt(ts=ts))
-    rec = sol.events[0]
-    got = np.asarray(rec.ts)
-    print(f"{int(rec.count)} bounces, {int(sol.stats['num_steps'])} steps "
-          f"({args.solver}, rtol {args.rtol:g})")
-    print(f"{'k':>3} {'simlib t_k':>20} {'closed form':>20} {'error':>10}")
-    for k in range(n):
-        print(f"{k + 1:>3} {got[k]:>20.15f} {ref[k]:>20.15f} {got[k] - ref[k]:>10.2e}")
-    print(f"max |error| = {np.max(np.abs(got - ref[:n])):.2e} s")
+    ts = np.linspace(0.0, t_end, 1000)
 
+    def run(y0, g):
+        sol = sl.solve(ball, y0, 0.0, t_end, solver=getattr(sl, args.solver)(), rtol=args.rtol,
+                       atol=args.rtol * 1e-2, args=g, events=floor, saveat=sl.SaveAt(ts=ts))
+        return sol.ys, sol.events[0].ts, sol.events[0].count, sol.stats["num_steps"]
+
+    (ys, got, count, num_steps), compile_s, run_s = cli.timed(
+        run, jnp.array([args.height, args.velocity]), g)
+    got, ys = np.asarray(got), np.asarray(ys)
+    err = np.max(np.abs(got - ref[:n]))
+    say = cli.printer(args.quiet)
+    say(f"{int(count)} bounces, {int(num_steps)} steps "
+          f"({args.solver}, rtol {args.rtol:g})")
+    say(f"{'k':>3} {'simlib t_k':>20} {'closed form':>20} {'error':>10}")
+    for k in range(n):
+        say(f"{k + 1:>3} {got[k]:>20.15f} {ref[k]:>20.15f} {got[k] - ref[k]:>10.2e}")
+    say(f"max |error| = {err:.2e} s")
+
+    if args.out:
+        cli.save_result(args.out, dict(g=g, restitution=e, solver=args.solver,
+                                       rtol=args.rtol), ts=ts, ys=ys, impact_times=got,
+                        closed_form=ref[:n])
     if args.plot:
         import matplotlib
 
@@ -86,14 +100,16 @@ def main(argv: list[str] | None = None) -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.plot(np.asarray(ts), np.asarray(sol.ys[:, 0]), lw=1.2, label="simlib")
+        ax.plot(ts, ys[:, 0], lw=1.2, label="simlib")
         ax.plot(ref[:n], np.zeros(n), "o", ms=4, label="closed-form impacts")
         ax.set_xlabel("t [s]")
         ax.set_ylabel("height [m]")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
-        print(f"wrote {args.plot}")
+        cli.save_figure(fig, args.plot)
+    cli.summary(f"bouncing_ball: {n} bounces, {args.solver} rtol {args.rtol:g}, events",
+                compile_s=compile_s, run_s=run_s,
+                result=f"impact times vs closed form: max |error| {err:.1e} s")
 
 
 if __name__ == "__main__":

@@ -5,24 +5,19 @@ force (all pairs, minimum image) at the true parameters, with optional Gaussian 
 simlib's direct pair forces, with a neighbour list, are fitted to them with sl.fit
 (optax L-BFGS on log sigma and log epsilon), and Gauss-Newton standard errors are reported.
 
-    python examples/fit_lj.py --out fit_lj.png
+    python examples/fit_lj.py --plot out/fit_lj.png
+    simlib run fit_lj --noise 0.1 --out out/fit_lj.npz
 """
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
-import matplotlib
 import numpy as np
-import optax
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-import simlib as sl  # noqa: E402
-from simlib import particles as sp  # noqa: E402
+import simlib as sl
+from simlib import cli
+from simlib import particles as sp
 
 R_CUT = 2.5
 
@@ -40,20 +35,28 @@ def numpy_lj_forces(x: np.ndarray, box: float, sigma: float, epsilon: float) -> 
     return np.sum(coef[:, :, None] * d, axis=1)
 
 
+def parse(argv):
+    p = cli.ExampleParser(__doc__)
+    p.add_argument("--cells", type=cli.positive_int, default=4,
+                   help="fcc cells per side (4 n^3 atoms; >= 3)")
+    p.add_argument("--frames", type=cli.positive_int, default=4, help="configurations used")
+    p.add_argument("--sigma", type=cli.positive_float, default=1.05, help="true sigma")
+    p.add_argument("--epsilon", type=cli.positive_float, default=0.85, help="true epsilon")
+    p.add_argument("--noise", type=cli.positive_float, default=0.05,
+                   help="force noise, as a fraction of the force's RMS")
+    p.add_argument("--seed", type=int, default=0, help="PRNG seed")
+    p.add_argument("--steps", type=cli.positive_int, default=50, help="maximum L-BFGS steps")
+    cli.add_output_options(p)
+    args = p.parse_args(argv)
+    if args.cells < 3:
+        p.error(f"argument --cells: must be at least 3, got {args.cells}")
+    return args
+
+
+@cli.script
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cells", type=int, default=4, help="fcc cells per side (4 n^3 atoms)")
-    parser.add_argument("--frames", type=int, default=4, help="configurations used")
-    parser.add_argument("--sigma", type=float, default=1.05, help="true sigma")
-    parser.add_argument("--epsilon", type=float, default=0.85, help="true epsilon")
-    parser.add_argument("--noise", type=float, default=0.05,
-                        help="force noise, as a fraction of the force's RMS")
-    parser.add_argument("--seed", type=int, default=0, help="PRNG seed")
-    parser.add_argument("--steps", type=int, default=50, help="maximum L-BFGS steps")
-    parser.add_argument("--out", default="fit_lj.png", help="output figure (PNG)")
-    args = parser.parse_args(argv)
-    if args.cells < 3 or args.frames < 1 or min(args.sigma, args.epsilon) <= 0:
-        parser.error("need --cells >= 3, --frames >= 1 and positive sigma, epsilon")
+    args = parse(argv)
+    import optax
 
     jax.config.update("jax_enable_x64", True)
     key = jax.random.key(args.seed)
@@ -90,28 +93,48 @@ def main(argv: list[str] | None = None) -> None:
     guess = dict(sigma=0.9 * args.sigma, epsilon=1.3 * args.epsilon)
     res = sl.fit(loss, guess, optimizer=optax.lbfgs(), steps=args.steps, tol=1e-12,
                  transforms=dict(sigma=sl.Positive(), epsilon=sl.Positive()),
-                 residuals=residuals, stderr=True, progress=False)
-    print(f"{len(positions)} atoms, {args.frames} frames, force noise {args.noise:.0%} of RMS")
+                 residuals=residuals, stderr=True, progress=not args.quiet)
+    say = (lambda *a: None) if args.quiet else print
+    say(f"{len(positions)} atoms, {args.frames} frames, force noise {args.noise:.0%} of RMS")
     for name in ("sigma", "epsilon"):
         fitted, err = float(res.params[name]), float(res.stderr[name])
-        print(f"{name:8s} true {true[name]:.6f}  fitted {fitted:.6f} +- {err:.1e}  "
+        say(f"{name:8s} true {true[name]:.6f}  fitted {fitted:.6f} +- {err:.1e}  "
               f"(error {abs(fitted - true[name]) / true[name]:.2e}, "
               f"{abs(fitted - true[name]) / err:.1f} standard errors)")
-    print(f"L-BFGS steps {int(res.n_steps)}, converged {bool(res.converged)}, "
+    say(f"L-BFGS steps {int(res.n_steps)}, converged {bool(res.converged)}, "
           f"final loss {float(res.loss):.4f} (1 is the noise level)")
 
     fitted_forces = np.asarray(force_fn(frames[0], res.params, neighbors=lists[0]))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    axes[0].plot(np.asarray(observed[0]).ravel(), fitted_forces.ravel(), ".", ms=2)
-    lim = np.abs(fitted_forces).max()
-    axes[0].plot([-lim, lim], [-lim, lim], "k--", lw=0.8)
-    axes[0].set(xlabel="observed force component", ylabel="fitted model force",
-                title="forces, frame 1")
-    axes[1].semilogy(np.asarray(res.history), lw=1)
-    axes[1].set(xlabel="L-BFGS step", ylabel="loss", title="fit history")
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
+    if args.out:
+        cli.save_result(args.out, dict(potential="lennard_jones", r_cut=R_CUT,
+                                       noise=args.noise, seed=args.seed),
+                        sigma=float(res.params["sigma"]), epsilon=float(res.params["epsilon"]),
+                        sigma_stderr=float(res.stderr["sigma"]),
+                        epsilon_stderr=float(res.stderr["epsilon"]),
+                        history=np.asarray(res.history), frames=np.asarray(frames),
+                        observed_forces=np.asarray(observed), box=float(box_scaled))
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        axes[0].plot(np.asarray(observed[0]).ravel(), fitted_forces.ravel(), ".", ms=2)
+        lim = np.abs(fitted_forces).max()
+        axes[0].plot([-lim, lim], [-lim, lim], "k--", lw=0.8, label="y = x")
+        axes[0].set(xlabel="observed force component [epsilon/sigma]",
+                    ylabel="fitted model force [epsilon/sigma]", title="forces, frame 1")
+        axes[0].legend()
+        axes[1].semilogy(np.asarray(res.history), lw=1)
+        axes[1].set(xlabel="L-BFGS step", ylabel="loss (1 = noise level)", title="fit history")
+        fig.tight_layout()
+        cli.save_figure(fig, args.plot)
+    cli.summary(f"fit_lj: {len(positions)} atoms x {args.frames} frames, L-BFGS",
+                compile_s=res.compile_time, run_s=res.run_time,
+                result=", ".join(f"{k} {float(res.params[k]):.5f}±{float(res.stderr[k]):.1e} "
+                                 f"(true {true[k]:g})" for k in ("sigma", "epsilon"))
+                + f"; loss {float(res.loss):.3f}")
 
 
 if __name__ == "__main__":

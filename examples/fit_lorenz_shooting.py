@@ -8,52 +8,58 @@ the truth. Multiple shooting (simlib.fit.multiple_shooting) splits the record in
 segments, each with its own fitted initial state (initialised from the data) and a
 continuity penalty, and recovers the parameters.
 
-    python examples/fit_lorenz_shooting.py --out fit_lorenz_shooting.png
+    python examples/fit_lorenz_shooting.py --plot out/fit_lorenz_shooting.png
 """
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
-import matplotlib
 import numpy as np
-import optax
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-import simlib as sl  # noqa: E402
-from simlib.fit import Positive, fit, multiple_shooting  # noqa: E402
-from simlib.systems import lorenz  # noqa: E402
+import simlib as sl
+from simlib import cli
+from simlib.fit import Positive, fit, multiple_shooting
+from simlib.systems import lorenz
 
 TRUE = np.array([10.0, 28.0, 8.0 / 3.0])
 NAMES = ("sigma", "rho", "beta")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--t1", type=float, default=20.0, help="length of the record")
-    parser.add_argument("--every", type=float, default=0.1, help="observation interval")
-    parser.add_argument("--noise", type=float, default=0.1, help="noise standard deviation")
-    parser.add_argument("--seed", type=int, default=1, help="PRNG seed of the noise")
-    parser.add_argument("--segment", type=float, default=0.5,
-                        help="segment length for multiple shooting (default 0.5)")
-    parser.add_argument("--guess", type=float, nargs=3, default=[8.0, 22.0, 2.0],
-                        help="initial (sigma, rho, beta)")
-    parser.add_argument("--steps", type=int, default=1000,
-                        help="maximum L-BFGS steps (multiple shooting)")
-    parser.add_argument("--single-steps", type=int, default=200,
-                        help="L-BFGS steps for single shooting")
-    parser.add_argument("--out", default="fit_lorenz_shooting.png", help="output figure (PNG)")
-    args = parser.parse_args(argv)
+def parse(argv):
+    p = cli.ExampleParser(__doc__)
+    p.add_argument("--t1", type=cli.positive_float, default=20.0, help="length of the record")
+    p.add_argument("--every", type=cli.positive_float, default=0.1,
+                   help="observation interval")
+    p.add_argument("--noise", type=cli.positive_float, default=0.1,
+                   help="noise standard deviation")
+    p.add_argument("--seed", type=int, default=1, help="PRNG seed of the noise")
+    p.add_argument("--segment", type=cli.positive_float, default=0.5,
+                   help="segment length for multiple shooting")
+    p.add_argument("--guess", type=cli.positive_float, nargs=3, default=[8.0, 22.0, 2.0],
+                   metavar="X", help="initial (sigma, rho, beta)")
+    p.add_argument("--steps", type=cli.positive_int, default=1000,
+                   help="maximum L-BFGS steps (multiple shooting)")
+    p.add_argument("--single-steps", type=cli.positive_int, default=200,
+                   help="L-BFGS steps for single shooting")
+    cli.add_output_options(p)
+    args = p.parse_args(argv)
     n_obs = int(round(args.t1 / args.every)) + 1
     per_segment = int(round(args.segment / args.every))
-    if n_obs < 3 or per_segment < 1 or (n_obs - 1) % per_segment:
-        parser.error("--segment must be a whole multiple of --every that divides --t1")
-    segments = (n_obs - 1) // per_segment
+    if (n_obs < 3 or per_segment < 1 or (n_obs - 1) % per_segment
+            or abs(per_segment * args.every - args.segment) > 1e-9 * args.segment):
+        p.error("argument --segment: must be a whole multiple of --every that divides --t1, "
+                f"got {args.segment:g}")
+    args.n_obs, args.segments = n_obs, (n_obs - 1) // per_segment
+    return args
 
+
+@cli.script
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    import optax
+
+    n_obs, segments = args.n_obs, args.segments
     jax.config.update("jax_enable_x64", True)
     ts = np.linspace(0.0, args.t1, n_obs)
     clean = sl.solve(lorenz, jnp.array([-8.0, 7.0, 27.0]), 0.0, args.t1, solver=sl.Dopri8(),
@@ -69,9 +75,12 @@ def main(argv: list[str] | None = None) -> None:
         ms = multiple_shooting(lorenz, ts, obs, segments=k, sigma=args.noise,
                                continuity_weight=1.0, **solver_kw)
         res = fit(ms.loss, ms.init_params(guess), optimizer=optax.lbfgs(), steps=steps,
-                  chunk=20, tol=1e-10, transforms=ms.transforms(Positive()))
+                  chunk=20, tol=1e-10, transforms=ms.transforms(Positive()),
+                  progress=not args.quiet)
         results[label] = (ms, res)
         est = np.asarray(res.params["args"])
+        if args.quiet:
+            continue
         print(f"{label} ({k} segment{'s' if k > 1 else ''} of {args.t1 / k:g} time units, "
               f"{3 * (k + 1)} parameters): {res.message}")
         print(f"  loss {res.history[0]:.4g} -> {res.loss:.5g} (weighted misfit; ~1 at the "
@@ -83,27 +92,48 @@ def main(argv: list[str] | None = None) -> None:
             gap = float(jnp.max(jnp.abs(ms.defects(res.params))))
             print(f"  largest continuity defect {gap:.3g}")
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 7))
-    for col, label in enumerate(results):
-        ms, res = results[label]
-        ax = axes[0, col]
-        ax.plot(ts, np.asarray(obs)[:, 0], ".", ms=3, color="0.4", label="observed x")
-        y0s, p = res.params["y0s"], tuple(res.params["args"])
-        for s in range(ms.segments):  # each segment, densely, from its fitted start state
-            t0, t1 = float(ts[ms.starts[s]]), float(ts[ms.starts[s + 1]])
-            fine = jnp.linspace(t0, t1, max(10, int(100 * (t1 - t0))))
-            ys = sl.solve(lorenz, y0s[s], t0, t1, solver=sl.Tsit5(), rtol=1e-9, atol=1e-9,
-                          args=p, saveat=sl.SaveAt(ts=fine), max_steps=100_000).ys
-            ax.plot(fine, ys[:, 0], "-", lw=1, color=f"C{s % 2}")
-        est = np.asarray(res.params["args"])
-        ax.set(xlabel="t", ylabel="x", title=f"{label}: (sigma, rho, beta) = "
-               f"({est[0]:.3f}, {est[1]:.3f}, {est[2]:.3f})")
-        ax.legend(fontsize=8, loc="upper right")
-        axes[1, col].semilogy(res.history)
-        axes[1, col].set(xlabel="L-BFGS step", ylabel="loss", title=f"{label}: loss")
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
+    if args.out:
+        ms, res = results["multiple shooting"]
+        cli.save_result(args.out, dict(system="lorenz", noise=args.noise, seed=args.seed,
+                                       segments=segments),
+                        ts=ts, observed=np.asarray(obs),
+                        single=np.asarray(results["single shooting"][1].params["args"]),
+                        multiple=np.asarray(res.params["args"]),
+                        segment_starts=np.asarray(res.params["y0s"]))
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(2, 2, figsize=(13, 7))
+        for col, label in enumerate(results):
+            ms, res = results[label]
+            ax = axes[0, col]
+            ax.plot(ts, np.asarray(obs)[:, 0], ".", ms=3, color="0.4", label="observed x")
+            y0s, p = res.params["y0s"], tuple(res.params["args"])
+            for s in range(ms.segments):  # each segment, densely, from its fitted start state
+                t0, t1 = float(ts[ms.starts[s]]), float(ts[ms.starts[s + 1]])
+                fine = jnp.linspace(t0, t1, max(10, int(100 * (t1 - t0))))
+                ys = sl.solve(lorenz, y0s[s], t0, t1, solver=sl.Tsit5(), rtol=1e-9, atol=1e-9,
+                              args=p, saveat=sl.SaveAt(ts=fine), max_steps=100_000).ys
+                ax.plot(fine, ys[:, 0], "-", lw=1, color=f"C{s % 2}")
+            est = np.asarray(res.params["args"])
+            ax.set(xlabel="t", ylabel="x", title=f"{label}: (sigma, rho, beta) = "
+                   f"({est[0]:.3f}, {est[1]:.3f}, {est[2]:.3f})")
+            ax.legend(fontsize=8, loc="upper right")
+            axes[1, col].semilogy(res.history)
+            axes[1, col].set(xlabel="L-BFGS step", ylabel="loss", title=f"{label}: loss")
+        fig.tight_layout()
+        cli.save_figure(fig, args.plot)
+    single, multi = (results[k][1] for k in ("single shooting", "multiple shooting"))
+    err = {k: float(np.max(np.abs(np.asarray(results[k][1].params["args"]) / TRUE - 1)))
+           for k in results}
+    cli.summary(f"fit_lorenz_shooting: {n_obs} observations, single vs {segments}-segment "
+                "multiple shooting", compile_s=single.compile_time + multi.compile_time,
+                run_s=single.run_time + multi.run_time,
+                result=f"max relative parameter error: single {err['single shooting']:.1e}, "
+                f"multiple {err['multiple shooting']:.1e}")
 
 
 if __name__ == "__main__":

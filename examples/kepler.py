@@ -1,39 +1,44 @@
 """Kepler orbit: symplectic Verlet and Yoshida keep the energy, RK4 lets it drift.
 
-Integrates an eccentric two-body orbit for many periods with the same step size and
-plots the relative energy error of each method, with the closed-form orbit as reference.
+Integrates an eccentric two-body orbit (mu = 1, semi-major axis 1, period 2 pi) for many
+periods with the same step size, and compares each method's relative energy error and its
+position error against the closed-form orbit. ``--plot`` draws the last orbit and the
+energy error against time; ``--out`` saves every method's saved states.
 
-    python examples/kepler.py --orbits 200 --steps-per-orbit 200 --out kepler.png
+    python examples/kepler.py --orbits 200 --steps-per-orbit 200 --plot out/kepler.png
 """
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import simlib as sl
+from simlib import cli
+from simlib.systems import kepler, kepler_energy, kepler_exact
 
-import simlib as sl  # noqa: E402
-from simlib.systems import kepler, kepler_energy, kepler_exact  # noqa: E402
+SOLVERS = ("VelocityVerlet", "Yoshida4", "PEFRL", "RK4")
 
 
+def parse(argv):
+    p = cli.ExampleParser(__doc__)
+    p.add_argument("--orbits", type=cli.positive_int, default=200, help="number of periods")
+    p.add_argument("--steps-per-orbit", type=cli.positive_int, default=200,
+                   help="steps per period (>= 4); dt = 2 pi / this")
+    p.add_argument("--eccentricity", type=cli.nonnegative_float, default=0.5, help="in [0, 1)")
+    cli.add_output_options(p)
+    args = p.parse_args(argv)
+    if not args.eccentricity < 1.0:
+        p.error(f"argument --eccentricity: must be below 1, got {args.eccentricity:g}")
+    if args.steps_per_orbit < 4:
+        p.error(f"argument --steps-per-orbit: must be at least 4, got {args.steps_per_orbit}")
+    return args
+
+
+@cli.script
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--orbits", type=int, default=200, help="number of periods (default 200)")
-    parser.add_argument("--steps-per-orbit", type=int, default=200, help="steps per period")
-    parser.add_argument("--eccentricity", type=float, default=0.5, help="in [0, 1)")
-    parser.add_argument("--out", default="kepler.png", help="output figure (PNG)")
-    args = parser.parse_args(argv)
-    if not 0.0 <= args.eccentricity < 1.0:
-        parser.error(f"--eccentricity must be in [0, 1), got {args.eccentricity}")
-    if args.orbits < 1 or args.steps_per_orbit < 4:
-        parser.error("--orbits must be >= 1 and --steps-per-orbit >= 4")
-
+    args = parse(argv)
     jax.config.update("jax_enable_x64", True)
     e = args.eccentricity
     # Perihelion of an orbit with semi-major axis 1 (period 2 pi for mu = 1).
@@ -41,38 +46,63 @@ def main(argv: list[str] | None = None) -> None:
     period = 2 * np.pi
     t1 = args.orbits * period
     dt = period / args.steps_per_orbit
-    ts = jnp.linspace(0.0, t1, 2001)
-    e0 = float(kepler_energy(y0, None))
-    exact = kepler_exact(ts, y0, None)
+    ts = np.linspace(0.0, t1, 2001)
+    ts_last = np.linspace(t1 - period, t1, 400)
+    steps = args.orbits * args.steps_per_orbit
+    grid = np.unique(np.concatenate([ts, ts_last]))  # one sorted save grid for both
+    i_ts, i_last = np.searchsorted(grid, ts), np.searchsorted(grid, ts_last)
 
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 5))
-    for solver in (sl.VelocityVerlet(), sl.Yoshida4(), sl.PEFRL(), sl.RK4()):
-        sol = sl.solve(kepler, y0, 0.0, t1, solver=solver, dt=dt, saveat=sl.SaveAt(ts=ts),
-                       max_steps=10**7)
-        energy = jax.vmap(lambda q, p: kepler_energy((q, p), None))(*sol.ys)
-        rel = np.abs(np.asarray(energy) - e0) / abs(e0)
-        pos_err = float(jnp.max(jnp.linalg.norm(sol.ys[0] - exact[0], axis=-1)))
-        name = type(solver).__name__
-        print(f"{name:15s} max |dE/E| = {rel.max():.2e}, final {rel[-1]:.2e}, "
-              f"max position error vs closed form {pos_err:.2e}")
-        ax1.semilogy(np.asarray(ts) / period, rel + 1e-17, label=name)
-    # The last orbit, finely sampled: Verlet's orbit has precessed, the others not visibly.
-    ts_last = jnp.linspace(t1 - period, t1, 400)
-    exact_last = kepler_exact(ts_last, y0, None)
-    for solver in (sl.VelocityVerlet(), sl.Yoshida4()):
-        sol = sl.solve(kepler, y0, 0.0, t1, solver=solver, dt=dt, saveat=sl.SaveAt(ts=ts_last),
-                       max_steps=10**7)
-        ax0.plot(sol.ys[0][:, 0], sol.ys[0][:, 1], lw=1, label=type(solver).__name__)
-    ax0.plot(exact_last[0][:, 0], exact_last[0][:, 1], "k--", lw=1, label="closed form")
-    ax0.set(aspect="equal", xlabel="x", ylabel="y",
-            title=f"Orbit {args.orbits} of a Kepler orbit, e = {e}")
-    ax0.legend()
-    ax1.set(xlabel="orbits", ylabel="|E - E0| / |E0|",
-            title=f"Energy error, dt = period / {args.steps_per_orbit}")
-    ax1.legend()
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
+    def run_all(y0):
+        out = {}
+        for name in SOLVERS:
+            sol = sl.solve(kepler, y0, 0.0, t1, solver=getattr(sl, name)(), dt=dt,
+                           saveat=sl.SaveAt(ts=grid),
+                           max_steps=steps + 10)
+            out[name] = jax.tree.map(lambda a: (a[i_ts], a[i_last]), sol.ys)
+        return out
+
+    ys, compile_s, run_s = cli.timed(run_all, y0)
+    e0 = float(kepler_energy(y0, None))
+    exact = kepler_exact(jnp.asarray(ts), y0, None)
+    rel, pos_err = {}, {}
+    for name in SOLVERS:
+        q, p = ys[name][0][0], ys[name][1][0]
+        energy = np.asarray(jax.vmap(lambda q, p: kepler_energy((q, p), None))(q, p))
+        rel[name] = np.abs(energy - e0) / abs(e0)
+        pos_err[name] = float(jnp.max(jnp.linalg.norm(q - exact[0], axis=-1)))
+        if not args.quiet:
+            print(f"{name:15s} max |dE/E| = {rel[name].max():.2e}, final {rel[name][-1]:.2e}, "
+                  f"max position error vs closed form {pos_err[name]:.2e}")
+    if args.out:
+        cli.save_result(args.out, dict(system="kepler", eccentricity=e, dt=dt, mu=1.0),
+                        ts=ts, **{f"q_{n}": ys[n][0][0] for n in SOLVERS},
+                        **{f"p_{n}": ys[n][1][0] for n in SOLVERS},
+                        **{f"energy_error_{n}": rel[n] for n in SOLVERS})
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 5))
+        exact_last = kepler_exact(jnp.asarray(ts_last), y0, None)
+        for name in ("VelocityVerlet", "Yoshida4"):  # the last orbit: Verlet's has precessed
+            q = np.asarray(ys[name][0][1])
+            ax0.plot(q[:, 0], q[:, 1], lw=1, label=name)
+        ax0.plot(exact_last[0][:, 0], exact_last[0][:, 1], "k--", lw=1, label="closed form")
+        ax0.set(aspect="equal", xlabel="x", ylabel="y",
+                title=f"Orbit {args.orbits} of a Kepler orbit, e = {e:g}")
+        ax0.legend()
+        for name in SOLVERS:
+            ax1.semilogy(ts / period, rel[name] + 1e-17, label=name)
+        ax1.set(xlabel="time [orbits]", ylabel="|E - E0| / |E0|",
+                title=f"Energy error, dt = period / {args.steps_per_orbit}")
+        ax1.legend()
+        fig.tight_layout()
+        cli.save_figure(fig, args.plot)
+    cli.summary(f"kepler: e = {e:g}, {args.orbits} orbits x {args.steps_per_orbit} steps, "
+                f"{len(SOLVERS)} methods", compile_s=compile_s, run_s=run_s,
+                result="max |dE/E| " + ", ".join(f"{n} {rel[n].max():.1e}" for n in SOLVERS))
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ Starts from an fcc lattice at the given density with Maxwell-Boltzmann velocitie
 and thermalises it with BAOAB Langevin dynamics at kT, lets it settle without the
 thermostat, then runs velocity-Verlet NVE with a cell-list neighbour list. Prints the
 energy drift, mean temperature and pressure, neighbour-list statistics and the speed, and
-plots the energies and g(r).
+plots the energies and g(r). Reduced Lennard-Jones units: lengths in sigma, energies in
+epsilon (k_B = 1, so kT too), time in tau = sigma sqrt(m / epsilon).
 
-    python examples/lj_fluid.py --n-cells 6 --steps 4000 --out lj_fluid.png
+    python examples/lj_fluid.py --n-cells 6 --steps 4000 --plot out/lj_fluid.png
+    simlib run lj_fluid --x64 --out out/lj_fluid.npz
 """
 
 from __future__ import annotations
@@ -17,13 +19,10 @@ import time
 
 import jax
 import jax.numpy as jnp
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from simlib import particles as sp  # noqa: E402
+from simlib import cli
+from simlib import particles as sp
 
 
 def tail_pressure(density: float, r_cut: float) -> float:
@@ -37,53 +36,57 @@ def tail_energy(density: float, r_cut: float) -> float:
     return 8.0 / 3.0 * math.pi * density * (r_cut**-9 / 3.0 - r_cut**-3)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n-cells", type=int, default=6,
-                        help="fcc unit cells per side, 4 atoms each (default 6: 864 atoms, "
-                             "the smallest box with a 3x3x3 cell list)")
-    parser.add_argument("--density", type=float, default=0.8442,
-                        help="number density in sigma^-3 (default 0.8442)")
-    parser.add_argument("--kT", type=float, default=0.722,
-                        help="temperature of the initial velocities and the thermostat "
-                             "(default 0.722)")
-    parser.add_argument("--gamma", type=float, default=1.0,
-                        help="Langevin friction during equilibration (default 1)")
-    parser.add_argument("--equil-steps", type=int, default=3000,
-                        help="Langevin equilibration steps; 0 for none (default 3000)")
-    parser.add_argument("--steps", type=int, default=4000,
-                        help="NVE production steps (default 4000)")
-    parser.add_argument("--dt", type=float, default=0.005, help="time step (default 0.005)")
-    parser.add_argument("--r-cut", type=float, default=2.5, help="LJ cutoff (default 2.5)")
-    parser.add_argument("--shift", action=argparse.BooleanOptionalAction, default=True,
-                        help="shift the potential to zero at the cutoff (default: on)")
-    parser.add_argument("--skin", type=float, default=0.3, help="neighbour-list skin (default 0.3)")
-    parser.add_argument("--tail-correction", action="store_true",
-                        help="add the analytic long-range correction to the pressure "
-                             "(and, unshifted, to the energy)")
-    parser.add_argument("--save-every", type=int, default=20,
-                        help="steps between saved frames (default 20)")
-    parser.add_argument("--debug", action="store_true",
-                        help="check the neighbour list against all pairs at every step (slow)")
-    parser.add_argument("--x64", action="store_true", help="run in float64 (default float32)")
-    parser.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
-    parser.add_argument("--out", default="lj_fluid.png", help="output figure (PNG)")
-    args = parser.parse_args(argv)
-    if args.n_cells < 1 or args.density <= 0 or args.kT <= 0 or args.gamma <= 0:
-        parser.error("--n-cells, --density, --kT and --gamma must be positive")
-    if args.equil_steps < 0 or args.steps < 1 or args.save_every < 1:
-        parser.error("need --equil-steps >= 0, --steps >= 1 and --save-every >= 1")
+def parse(argv):
+    p = cli.ExampleParser(__doc__)
+    p.add_argument("--n-cells", type=cli.positive_int, default=6,
+                   help="fcc unit cells per side, 4 atoms each (6: 864 atoms, the smallest "
+                   "box with a 3x3x3 cell list)")
+    p.add_argument("--n", type=cli.positive_int, default=None,
+                   help="atoms (rounded up to 4 n-cells^3); overrides --n-cells")
+    p.add_argument("--density", type=cli.positive_float, default=0.8442,
+                   help="number density in sigma^-3")
+    p.add_argument("--kT", type=cli.positive_float, default=0.722,
+                   help="temperature of the initial velocities and the thermostat")
+    p.add_argument("--gamma", type=cli.positive_float, default=1.0,
+                   help="Langevin friction during equilibration")
+    p.add_argument("--equil-steps", type=cli.nonnegative_int, default=3000,
+                   help="Langevin equilibration steps; 0 for none")
+    p.add_argument("--steps", type=cli.positive_int, default=4000, help="NVE production steps")
+    p.add_argument("--dt", type=cli.positive_float, default=0.005, help="time step")
+    p.add_argument("--r-cut", type=cli.positive_float, default=2.5, help="LJ cutoff")
+    p.add_argument("--shift", action=argparse.BooleanOptionalAction, default=True,
+                   help="shift the potential to zero at the cutoff")
+    p.add_argument("--skin", type=cli.nonnegative_float, default=0.3, help="neighbour-list skin")
+    p.add_argument("--tail-correction", action="store_true",
+                   help="add the analytic long-range correction to the pressure "
+                   "(and, unshifted, to the energy)")
+    p.add_argument("--save-every", type=cli.positive_int, default=20,
+                   help="steps between saved frames")
+    p.add_argument("--debug", action="store_true",
+                   help="check the neighbour list against all pairs at every step (slow)")
+    p.add_argument("--seed", type=int, default=0, help="PRNG seed")
+    cli.add_output_options(p, x64=False)
+    args = p.parse_args(argv)
+    if args.n is not None:
+        args.n_cells = math.ceil((args.n / 4) ** (1 / 3) - 1e-9)
     if args.equil_steps % args.save_every or args.steps % args.save_every:
-        parser.error(f"--equil-steps and --steps must be multiples of --save-every "
-                     f"({args.save_every})")
+        p.error(f"argument --save-every: must divide --equil-steps and --steps, got "
+                f"{args.save_every}")
+    box = args.n_cells * (4.0 / args.density) ** (1.0 / 3.0)  # the fcc lattice's box
+    if args.r_cut + args.skin > box / 2:
+        p.error(f"argument --r-cut: --r-cut + --skin = {args.r_cut + args.skin:g} exceeds half "
+                f"the box ({box / 2:.3f}); use more --n-cells")
+    return args
 
+
+@cli.script
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    say = cli.printer(args.quiet)
     if args.x64:
         jax.config.update("jax_enable_x64", True)
     positions, box = sp.lattice(args.n_cells, args.density)
     n = positions.shape[0]
-    if args.r_cut + args.skin > box / 2:
-        parser.error(f"--r-cut + --skin = {args.r_cut + args.skin} exceeds half the box "
-                     f"({box / 2:.3f}); use more --n-cells")
     space = sp.periodic(box)
     energy = sp.pair_energy(sp.lennard_jones, space, r_cut=args.r_cut, shift=args.shift)
     params = dict(sigma=1.0, epsilon=1.0)
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     nbrs = sp.neighbor_list(space, positions, r_cut=args.r_cut, skin=args.skin,
                             debug=args.debug)
     state = sp.State(positions, velocities, masses)
-    print(f"{n} atoms in a periodic box of side {box:.4f} (density {args.density}), "
+    say(f"{n} atoms in a periodic box of side {box:.4f} (density {args.density}), "
           f"{positions.dtype}; LJ r_cut={args.r_cut}, shift={args.shift}; "
           f"neighbour list capacity {nbrs.capacity}, skin {args.skin}, "
           f"{'cell grid ' + str(nbrs.grid) if nbrs.grid else 'all-pairs build (box < 3 cells)'}")
@@ -103,13 +106,13 @@ def main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         traj = sp.simulate(energy, state, params, n_steps=args.equil_steps, neighbors=nbrs,
                            integrator=sp.Langevin(kT=args.kT, gamma=args.gamma),
-                           key=key_langevin, progress=True, **common)
+                           key=key_langevin, progress=not args.quiet, **common)
         # The thermostat's noise moves the centre of mass; NVE conserves momentum, so start it at 0.
         v = traj.final.velocities
         state = sp.State(traj.final.positions, v - jnp.mean(v, axis=0), masses)
         nbrs = traj.neighbors
         temps = sp.temperature(traj.velocities[len(traj.times) // 2:], masses)
-        print(f"Langevin equilibration, {args.equil_steps} steps at kT={args.kT}, "
+        say(f"Langevin equilibration, {args.equil_steps} steps at kT={args.kT}, "
               f"gamma={args.gamma}: {time.perf_counter() - start:.1f} s (with compilation); "
               f"mean kT over the second half {float(jnp.mean(temps)):.4f}, "
               f"U/N at the end {float(traj.potential_energy[-1]) / n:.4f}")
@@ -121,13 +124,14 @@ def main(argv: list[str] | None = None) -> None:
     traj = sp.simulate(energy, state, params, n_steps=chunk, neighbors=nbrs,
                        chunk_steps=chunk, **common)
     state, nbrs = traj.final, traj.neighbors
-    print(f"NVE settling, {chunk} steps: {time.perf_counter() - start:.1f} s "
+    settle_s = time.perf_counter() - start
+    say(f"NVE settling, {chunk} steps: {settle_s:.1f} s "
           f"(with compilation)")
 
     builds0 = int(nbrs.n_builds)
     start = time.perf_counter()
     traj = sp.simulate(energy, state, params, n_steps=args.steps, neighbors=nbrs,
-                       chunk_steps=chunk, progress=True, **common)
+                       chunk_steps=chunk, progress=not args.quiet, **common)
     jax.block_until_ready(traj.positions)
     seconds = time.perf_counter() - start
 
@@ -165,53 +169,73 @@ def main(argv: list[str] | None = None) -> None:
         return means.std(ddof=1) / np.sqrt(len(means)) if len(means) > 1 else float("nan")
 
     n_builds = int(traj.neighbors.n_builds) - builds0
-    print(f"NVE production, {args.steps} steps of dt={args.dt} "
+    say(f"NVE production, {args.steps} steps of dt={args.dt} "
           f"(t = {args.steps * args.dt:g}), {traj.positions.dtype}:")
-    print(f"  energy drift: max |E(t) - E(0)| / N = {drift_max:.2e}, "
+    say(f"  energy drift: max |E(t) - E(0)| / N = {drift_max:.2e}, "
           f"linear trend {slope:+.2e} per atom per unit time, "
           f"E/N = {e_total[0] / n:.5f} -> {e_total[-1] / n:.5f}")
-    print(f"  mean kT = {temps.mean():.4f} +- {sem(temps):.4f}, "
+    say(f"  mean kT = {temps.mean():.4f} +- {sem(temps):.4f}, "
           f"mean U/N = {u_per_atom.mean() + u_tail:.4f} +- {sem(u_per_atom):.4f}"
           + (f" (tail {u_tail:+.4f} included)" if u_tail else ""))
-    print(f"  mean pressure = {p_frames.mean() + p_tail:.4f} +- {sem(p_frames):.4f} "
+    say(f"  mean pressure = {p_frames.mean() + p_tail:.4f} +- {sem(p_frames):.4f} "
           + (f"(tail correction {p_tail:+.4f} included)" if args.tail_correction
              else "(no tail correction; --tail-correction adds "
                   f"{tail_pressure(args.density, args.r_cut):+.4f})"))
-    print(f"  total momentum: max change {np.abs(momentum - momentum[0]).max():.1e} "
+    say(f"  total momentum: max change {np.abs(momentum - momentum[0]).max():.1e} "
           f"(start {np.abs(momentum[0]).max():.1e})")
-    print(f"  neighbour list: {n_builds} rebuilds ({args.steps / max(n_builds, 1):.1f} steps "
+    say(f"  neighbour list: {n_builds} rebuilds ({args.steps / max(n_builds, 1):.1f} steps "
           f"per rebuild), {int(traj.stats['n_reallocations'])} reallocations, capacity "
           f"{traj.neighbors.capacity}, most neighbours seen {int(traj.neighbors.max_neighbors)}"
           + (f", missed pairs {int(traj.neighbors.missed_pairs)}" if args.debug else ""))
-    print(f"  {seconds:.2f} s: {n * args.steps / seconds:,.0f} atom-steps/s "
+    say(f"  {seconds:.2f} s: {n * args.steps / seconds:,.0f} atom-steps/s "
           f"({args.steps / seconds:,.0f} steps/s)")
 
     # g(r) from at most 50 frames of the production run.
     stride = max(1, len(traj.times) // 50)
     r, g = sp.radial_distribution(traj.positions[::stride], space, r_max=box / 2, n_bins=150)
     r, g = np.asarray(r), np.asarray(g)
-    print(f"  g(r): first peak {g.max():.2f} at r = {r[np.argmax(g)]:.3f}")
+    say(f"  g(r): first peak {g.max():.2f} at r = {r[np.argmax(g)]:.3f}")
 
-    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(17, 5))
-    ke = np.asarray(traj.kinetic_energy, np.float64) / n
-    for values, label, lw in ((e_total / n, "total E", 1.5), (u_per_atom, "potential U", 0.8),
-                              (ke, "kinetic K", 0.8)):
-        ax0.plot(times, values - values.mean(), label=f"{label} (mean {values.mean():.3f})",
-                 lw=lw)
-    ax0.set(xlabel="t", ylabel="energy per atom minus its mean",
-            title=f"NVE, {n} atoms, dt={args.dt}, {traj.positions.dtype}")
-    ax0.legend()
-    ax1.plot(times, (e_total - e_total[0]) / n)
-    ax1.axhline(0.0, color="k", lw=0.5)
-    ax1.set(xlabel="t", ylabel="(E(t) - E(0)) / N",
-            title=f"Energy conservation (shift={args.shift}, skin={args.skin})")
-    ax2.plot(r, g)
-    ax2.axhline(1.0, color="k", lw=0.5)
-    ax2.set(xlabel="r / sigma", ylabel="g(r)",
-            title=f"Radial distribution, density {args.density}, kT ~ {temps.mean():.3f}")
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
+    if args.out:
+        cli.save_result(args.out, dict(potential="lennard_jones", r_cut=args.r_cut,
+                                       shift=args.shift, density=args.density, kT=args.kT,
+                                       dt=args.dt, seed=args.seed, x64=args.x64,
+                                       integrator="VelocityVerlet", box=float(box)),
+                        times=times, positions=np.asarray(traj.positions),
+                        velocities=np.asarray(traj.velocities), total_energy=e_total,
+                        potential_energy=u_per_atom * n, pressure=p_frames, r=r, g=g)
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(17, 5))
+        ke = np.asarray(traj.kinetic_energy, np.float64) / n
+        for values, label, lw in ((e_total / n, "total E", 1.5), (u_per_atom, "potential U", 0.8),
+                                  (ke, "kinetic K", 0.8)):
+            ax0.plot(times, values - values.mean(), label=f"{label} (mean {values.mean():.3f})",
+                     lw=lw)
+        ax0.set(xlabel="t [τ]", ylabel="energy per atom minus its mean [ε]",
+                title=f"NVE, {n} atoms, dt={args.dt}, {traj.positions.dtype}")
+        ax0.legend()
+        ax1.plot(times, (e_total - e_total[0]) / n)
+        ax1.axhline(0.0, color="k", lw=0.5)
+        ax1.set(xlabel="t [τ]", ylabel="(E(t) - E(0)) / N [ε]",
+                title=f"Energy conservation (shift={args.shift}, skin={args.skin})")
+        ax2.plot(r, g)
+        ax2.axhline(1.0, color="k", lw=0.5)
+        ax2.set(xlabel="r [σ]", ylabel="g(r)",
+                title=f"Radial distribution, density {args.density}, kT ~ {temps.mean():.3f}")
+        fig.tight_layout()
+        cli.save_figure(fig, args.plot)
+    # the settling call compiled the chunk that production reuses: its time less the
+    # production rate for its steps estimates the compile time
+    compile_s = max(0.0, settle_s - chunk * seconds / args.steps)
+    cli.summary(f"lj_fluid: {n} atoms, {args.equil_steps} Langevin + {args.steps} NVE steps, "
+                f"{traj.positions.dtype}", compile_s=compile_s, run_s=seconds,
+                result=f"NVE energy drift max |dE|/N {drift_max:.1e}, kT {temps.mean():.3f}, "
+                f"P {p_frames.mean() + p_tail:.3f}")
 
 
 if __name__ == "__main__":

@@ -1,78 +1,89 @@
 """Lorenz attractor: an ensemble of nearby trajectories, integrated with adaptive Tsit5.
 
-Shows fixed-vs-adaptive stepping, dense output at save times, and an ensemble run with
-``jax.vmap``. Writes a plot of the attractor and of how fast nearby members separate.
+Shows adaptive stepping, dense output at save times, and an ensemble run with ``jax.vmap``.
+``--plot`` draws the attractor and how fast nearby members separate; ``--out`` saves the
+ensemble's trajectories (times, states) to a .npz/.h5 file.
 
-    python examples/lorenz.py --members 64 --t1 30 --out lorenz.png
+    python examples/lorenz.py --members 64 --t1 30 --plot out/lorenz.png
+    simlib run lorenz --plot out/lorenz.png
 """
 
 from __future__ import annotations
 
-import argparse
-import time
-
 import jax
 import jax.numpy as jnp
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import simlib as sl
+from simlib import cli
+from simlib.systems import lorenz
 
-import simlib as sl  # noqa: E402
-from simlib.systems import lorenz  # noqa: E402
+PARAMS = (10.0, 28.0, 8.0 / 3.0)  # sigma, rho, beta
 
 
+def parse(argv):
+    p = cli.ExampleParser(__doc__)
+    p.add_argument("--members", "--n", type=cli.positive_int, default=64,
+                   help="ensemble size")
+    p.add_argument("--t1", type=cli.positive_float, default=30.0, help="end time")
+    p.add_argument("--rtol", type=cli.positive_float, default=1e-8,
+                   help="relative tolerance (atol = rtol / 100)")
+    p.add_argument("--spread", type=cli.nonnegative_float, default=1e-6,
+                   help="initial perturbation size")
+    p.add_argument("--saves", type=cli.positive_int, default=3001, help="saved times")
+    p.add_argument("--max-steps", type=cli.positive_int, default=100_000,
+                   help="step budget per member")
+    p.add_argument("--seed", type=int, default=0, help="PRNG seed for the perturbations")
+    cli.add_output_options(p)
+    args = p.parse_args(argv)
+    if args.rtol >= 1:
+        p.error(f"argument --rtol: must be below 1, got {args.rtol:g}")
+    return args
+
+
+@cli.script
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--members", type=int, default=64, help="ensemble size (default 64)")
-    parser.add_argument("--t1", type=float, default=30.0, help="end time (default 30)")
-    parser.add_argument("--rtol", type=float, default=1e-8, help="relative tolerance")
-    parser.add_argument("--spread", type=float, default=1e-6, help="initial perturbation size")
-    parser.add_argument("--seed", type=int, default=0, help="PRNG seed for the perturbations")
-    parser.add_argument("--out", default="lorenz.png", help="output figure (PNG)")
-    args = parser.parse_args(argv)
-    if args.members < 1:
-        parser.error(f"--members must be at least 1, got {args.members}")
-    if args.t1 <= 0:
-        parser.error(f"--t1 must be positive, got {args.t1}")
-
+    args = parse(argv)
     jax.config.update("jax_enable_x64", True)
-    params = (10.0, 28.0, 8.0 / 3.0)
     key = jax.random.key(args.seed)
     y0s = jnp.array([1.0, 1.0, 1.0]) + args.spread * jax.random.normal(key, (args.members, 3))
-    ts = jnp.linspace(0.0, args.t1, 3001)
+    ts = np.linspace(0.0, args.t1, args.saves)
 
-    @jax.jit
     def ensemble(y0s, params):
         def one(y0):
             sol = sl.solve(lorenz, y0, 0.0, args.t1, solver=sl.Tsit5(), rtol=args.rtol,
                            atol=args.rtol * 1e-2, args=params, saveat=sl.SaveAt(ts=ts),
-                           max_steps=100_000)
+                           max_steps=args.max_steps)
             return sol.ys, sol.stats["num_steps"]
 
         return jax.vmap(one)(y0s)
 
-    start = time.perf_counter()
-    ys, steps = jax.block_until_ready(ensemble(y0s, params))
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    ys, steps = jax.block_until_ready(ensemble(y0s, params))
-    warm = time.perf_counter() - start
-    print(f"{args.members} members to t={args.t1}: {warm * 1e3:.1f} ms warm "
-          f"(first call with compilation {first:.2f} s), "
-          f"{int(steps.min())}-{int(steps.max())} step attempts per member")
+    (ys, steps), compile_s, run_s = cli.timed(ensemble, y0s, PARAMS)
+    ys = np.asarray(ys)
+    spread = np.max(np.linalg.norm(ys - ys[:1], axis=-1), axis=0)
+    if args.out:
+        cli.save_result(args.out, dict(system="lorenz", solver="Tsit5", rtol=args.rtol,
+                                       seed=args.seed, params=PARAMS),
+                        ts=ts, ys=ys, y0=np.asarray(y0s), num_steps=np.asarray(steps))
+    if args.plot:
+        import matplotlib
 
-    spread = jnp.max(jnp.linalg.norm(ys - ys[:1], axis=-1), axis=0)
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 5))
-    for member in ys[: min(8, args.members)]:
-        ax0.plot(member[:, 0], member[:, 2], lw=0.4)
-    ax0.set(xlabel="x", ylabel="z", title="Lorenz attractor (Tsit5, adaptive)")
-    ax1.semilogy(ts, spread + 1e-300)
-    ax1.set(xlabel="t", ylabel="max distance from member 0",
-            title="Separation of nearby trajectories (chaos)")
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 5))
+        for member in ys[: min(8, args.members)]:
+            ax0.plot(member[:, 0], member[:, 2], lw=0.4)
+        ax0.set(xlabel="x", ylabel="z", title="Lorenz attractor (Tsit5, adaptive)")
+        ax1.semilogy(ts, spread + 1e-300)
+        ax1.set(xlabel="t", ylabel="max distance from member 0",
+                title="Separation of nearby trajectories (chaos)")
+        fig.tight_layout()
+        cli.save_figure(fig, args.plot)
+    cli.summary(f"lorenz: {args.members} members, Tsit5 rtol {args.rtol:g}, t1 = {args.t1:g}",
+                compile_s=compile_s, run_s=run_s,
+                result=f"{int(steps.min())}-{int(steps.max())} steps per member; members "
+                f"{spread[-1]:.3g} apart at t1 (from {args.spread:g})")
 
 
 if __name__ == "__main__":

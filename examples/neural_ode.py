@@ -20,12 +20,11 @@ that grows over the first third of the steps (fitting the whole window at once o
 stalls on a plateau). docs/neural-ode.md explains the example and its results.
 
     python examples/neural_ode.py                      # ~25 s on 2 cores
-    python examples/neural_ode.py --plot neural_ode.png --steps 3000
+    python examples/neural_ode.py --plot out/neural_ode.png --steps 3000
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import jax
@@ -34,6 +33,7 @@ import numpy as np
 import optax
 
 import simlib as sl
+from simlib import cli
 from simlib.systems import lotka_volterra
 
 TRUE_ARGS = (1.5, 1.0, 3.0, 1.0)  # alpha, beta, gamma, delta: equilibrium (3, 1.5)
@@ -69,41 +69,40 @@ def count(params) -> int:
     return sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(params))
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--steps", type=int, default=6000, help="adam steps")
-    parser.add_argument("--lr", type=float, default=1e-2,
-                        help="adam learning rate (cosine decay to 1%% of it)")
-    parser.add_argument("--width", type=int, default=32, help="hidden layer width")
-    parser.add_argument("--t-train", type=float, default=4.0,
-                        help="end of the training window")
-    parser.add_argument("--t-end", type=float, default=16.0,
-                        help="end of the extrapolation test")
-    parser.add_argument("--dt", type=float, default=0.05, help="RK4 step")
-    parser.add_argument("--every", type=int, default=2,
-                        help="observe every this many steps")
-    parser.add_argument("--seed", type=int, default=0, help="PRNG seed of the initial weights")
-    parser.add_argument("--plot", default=None,
-                        help="write a figure (truth vs model, loss history) to this path; "
-                             "none if unset")
-    parser.add_argument("--save", default=None,
-                        help="write the truth, both models' trajectories, the weights and "
-                             "the loss history to this .npz; none if unset")
-    parser.add_argument("--quiet", action="store_true", help="print the summary only")
-    args = parser.parse_args(argv)
-    if args.steps < 1 or args.width < 1 or args.every < 1:
-        parser.error("need --steps >= 1, --width >= 1 and --every >= 1")
-    if not (args.dt > 0 and args.lr > 0 and 0 < args.t_train < args.t_end):
-        parser.error("need --dt > 0, --lr > 0 and 0 < --t-train < --t-end")
+def parse(argv):
+    p = cli.ExampleParser(__doc__)
+    p.add_argument("--steps", type=cli.positive_int, default=6000, help="adam steps")
+    p.add_argument("--lr", type=cli.positive_float, default=1e-2,
+                   help="adam learning rate (cosine decay to 1%% of it)")
+    p.add_argument("--width", type=cli.positive_int, default=32, help="hidden layer width")
+    p.add_argument("--t-train", type=cli.positive_float, default=4.0,
+                   help="end of the training window")
+    p.add_argument("--t-end", type=cli.positive_float, default=16.0,
+                   help="end of the extrapolation test")
+    p.add_argument("--dt", type=cli.positive_float, default=0.05, help="RK4 step")
+    p.add_argument("--every", type=cli.positive_int, default=2,
+                   help="observe every this many steps")
+    p.add_argument("--seed", type=int, default=0, help="PRNG seed of the initial weights")
+    cli.add_output_options(p)
+    args = p.parse_args(argv)
+    if not args.t_train < args.t_end:
+        p.error(f"argument --t-end: must be above --t-train ({args.t_train:g}), got "
+                f"{args.t_end:g}")
     n_train = round(args.t_train / args.dt)
     n_end = round(args.t_end / args.dt)
     if (abs(n_train * args.dt - args.t_train) > 1e-9 * args.t_train
             or abs(n_end * args.dt - args.t_end) > 1e-9 * args.t_end
             or n_train % args.every or n_end % args.every):
-        parser.error("--t-train and --t-end must be whole multiples of --dt * --every")
+        p.error("argument --t-train: --t-train and --t-end must be whole multiples of "
+                "--dt * --every")
+    args.n_train, args.n_end = n_train, n_end
+    return args
 
+
+@cli.script
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    n_train, n_end = args.n_train, args.n_end
     jax.config.update("jax_enable_x64", True)
     say = (lambda *a: None) if args.quiet else print
     y0_all = np.concatenate([Y0S, Y0_HELD_OUT])  # training trajectories first
@@ -176,17 +175,19 @@ def main(argv: list[str] | None = None) -> None:
           f"steps/s) + {compile_s:.1f} s compile; loss {history[0]:.3e} -> {history[-1]:.3e}")
     print("scaled RMS error against the true system (Dopri8, rtol 1e-12):")
     print(f"  {'trajectories, times':34s} {'untrained':>10s} {'trained':>10s} {'improvement':>12s}")
+    summary_errors = []
     for name, (times, rows) in regions.items():
         e0, e1 = rms(pred0, times, rows), rms(pred, times, rows)
+        summary_errors.append((name.split(" [")[0].split(" (")[0].rstrip(","), e1))
         print(f"  {name:34s} {e0:10.3e} {e1:10.3e} {e0 / e1:11.0f}x")
 
-    if args.save:
-        np.savez(args.save, ts=ts, t_train=args.t_train, dt=args.dt, y0=y0_all, n_fit=n_fit,
-                 truth=truth, trained=pred, untrained=pred0, history=history,
-                 centre=CENTRE, scale=SCALE,
-                 **{f"w{i}": np.asarray(w) for i, (w, _) in enumerate(params)},
-                 **{f"b{i}": np.asarray(b) for i, (_, b) in enumerate(params)})
-        print(f"wrote {args.save}")
+    if args.out:
+        cli.save_result(args.out, dict(model="mlp", width=args.width, seed=args.seed),
+                        ts=ts, t_train=args.t_train, dt=args.dt, y0=y0_all, n_fit=n_fit,
+                        truth=truth, trained=pred, untrained=pred0, history=history,
+                        centre=CENTRE, scale=SCALE,
+                        **{f"w{i}": np.asarray(w) for i, (w, _) in enumerate(params)},
+                        **{f"b{i}": np.asarray(b) for i, (_, b) in enumerate(params)})
     if args.plot:
         import matplotlib
 
@@ -213,8 +214,11 @@ def main(argv: list[str] | None = None) -> None:
         ax2.semilogy(np.arange(1, len(history) + 1), history)
         ax2.set(xlabel="adam step", ylabel="loss (scaled MSE)", title="loss history")
         fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
-        print(f"wrote {args.plot}")
+        cli.save_figure(fig, args.plot)
+    cli.summary(f"neural_ode: MLP width {args.width}, {args.steps} adam steps through RK4",
+                compile_s=compile_s, run_s=train_s,
+                result=f"loss {history[0]:.2e} -> {history[-1]:.2e}; scaled RMS error "
+                + ", ".join(f"{name} {e:.2e}" for name, e in summary_errors))
 
 
 if __name__ == "__main__":

@@ -11,25 +11,18 @@ simlib.fit.fit, the gradient taken through a fixed-step RK4 solve over the fixed
 found launch is then flown again by scipy's solve_ivp (DOP853, rtol 1e-12) as an
 independent check of the hit.
 
-    python examples/projectile.py --distance 30 --time 2 --drag 0.02 --out projectile.png
+    python examples/projectile.py --distance 30 --time 2 --drag 0.02 --plot out/projectile.png
 """
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
-import matplotlib
 import numpy as np
-import optax
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from scipy.integrate import solve_ivp  # noqa: E402
-
-import simlib as sl  # noqa: E402
-from simlib.fit import Bounded, Positive, fit  # noqa: E402
+import simlib as sl
+from simlib import cli
+from simlib.fit import Bounded, Positive, fit
 
 G = 9.81
 
@@ -42,16 +35,24 @@ def projectile(t, y, k):
     return jnp.concatenate([v, -k * speed * v - jnp.array([0.0, G])])
 
 
+def parse(argv):
+    p = cli.ExampleParser(__doc__)
+    p.add_argument("--distance", type=cli.positive_float, default=30.0,
+                   help="target distance D [m]")
+    p.add_argument("--time", type=cli.positive_float, default=2.0, help="time of flight T [s]")
+    p.add_argument("--drag", type=cli.nonnegative_float, default=0.02,
+                   help="drag coefficient k [1/m]")
+    p.add_argument("--dt", type=cli.positive_float, default=0.01, help="RK4 step [s]")
+    p.add_argument("--steps", type=cli.positive_int, default=300, help="maximum L-BFGS steps")
+    cli.add_output_options(p)
+    return p.parse_args(argv)
+
+
+@cli.script
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--distance", type=float, default=30.0, help="target distance D [m]")
-    parser.add_argument("--time", type=float, default=2.0, help="time of flight T [s]")
-    parser.add_argument("--drag", type=float, default=0.02, help="drag coefficient k [1/m]")
-    parser.add_argument("--dt", type=float, default=0.01, help="RK4 step [s]")
-    parser.add_argument("--out", default="projectile.png", help="output figure (PNG)")
-    args = parser.parse_args(argv)
-    if args.distance <= 0 or args.time <= 0 or args.drag < 0 or args.dt <= 0:
-        parser.error("need --distance > 0, --time > 0, --drag >= 0 and --dt > 0")
+    args = parse(argv)
+    import optax
+    from scipy.integrate import solve_ivp
 
     jax.config.update("jax_enable_x64", True)
     target = jnp.array([args.distance, 0.0])
@@ -70,16 +71,18 @@ def main(argv: list[str] | None = None) -> None:
     # start from the drag-free launch speed, thrown at 45 degrees
     vx, vz = args.distance / args.time, G * args.time / 2
     p0 = {"speed": float(np.hypot(vx, vz)), "angle": np.pi / 4}
-    res = fit(loss, p0, optimizer=optax.lbfgs(), steps=300, chunk=10, tol=1e-14,
-              transforms={"speed": Positive(), "angle": Bounded(0.0, np.pi / 2)})
+    res = fit(loss, p0, optimizer=optax.lbfgs(), steps=args.steps, chunk=10, tol=1e-14,
+              transforms={"speed": Positive(), "angle": Bounded(0.0, np.pi / 2)},
+              progress=not args.quiet)
+    say = cli.printer(args.quiet)
     speed, angle = float(res.params["speed"]), float(res.params["angle"])
     miss = np.asarray(position_at_T(res.params) - target)
-    print(f"fit (L-BFGS through RK4, dt={args.dt}): {res.message}")
-    print(f"  launch speed {speed:.6f} m/s at {np.degrees(angle):.5f} deg "
+    say(f"fit (L-BFGS through RK4, dt={args.dt}): {res.message}")
+    say(f"  launch speed {speed:.6f} m/s at {np.degrees(angle):.5f} deg "
           f"(vx = {speed * np.cos(angle):.5f}, vz = {speed * np.sin(angle):.5f} m/s)")
-    print(f"  drag-free launch for comparison: {np.hypot(vx, vz):.4f} m/s at "
+    say(f"  drag-free launch for comparison: {np.hypot(vx, vz):.4f} m/s at "
           f"{np.degrees(np.arctan2(vz, vx)):.4f} deg")
-    print(f"  simlib miss at T: ({miss[0]:.2e}, {miss[1]:.2e}) m")
+    say(f"  simlib miss at T: ({miss[0]:.2e}, {miss[1]:.2e}) m")
 
     def rhs(t, y):
         v = y[2:]
@@ -89,27 +92,41 @@ def main(argv: list[str] | None = None) -> None:
     ref = solve_ivp(rhs, (0.0, args.time), y0, method="DOP853", rtol=1e-12, atol=1e-12,
                     dense_output=True)
     hit = ref.y[:2, -1]
-    print(f"  scipy solve_ivp (DOP853) of the same launch lands at ({hit[0]:.8f}, "
+    say(f"  scipy solve_ivp (DOP853) of the same launch lands at ({hit[0]:.8f}, "
           f"{hit[1]:.2e}) m: miss {np.hypot(hit[0] - args.distance, hit[1]):.2e} m")
 
-    fine = np.linspace(0.0, args.time, 300)
-    path = ref.sol(fine)
-    free = np.stack([vx * fine, vz * fine - 0.5 * G * fine**2])
-    free_drag = solve_ivp(rhs, (0.0, args.time), [0.0, 0.0, vx, vz], method="DOP853",
-                          rtol=1e-10, atol=1e-10, dense_output=True).sol(fine)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot(path[0], path[1], "-", color="C3", label="found launch, with drag (scipy)")
-    ax.plot(free_drag[0], free_drag[1], "--", color="0.5",
-            label="drag-free aim, flown with drag")
-    ax.plot(free[0], free[1], ":", color="C0", label="drag-free aim, no drag")
-    ax.plot([args.distance], [0.0], "kx", ms=10, label=f"target at T = {args.time} s")
-    ax.axhline(0.0, color="0.8", lw=0.8)
-    ax.set(xlabel="x [m]", ylabel="height [m]",
-           title=f"speed {speed:.3f} m/s, angle {np.degrees(angle):.3f} deg, k = {args.drag}/m")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
+    scipy_miss = float(np.hypot(hit[0] - args.distance, hit[1]))
+    if args.out:
+        cli.save_result(args.out, dict(drag=args.drag, dt=args.dt, g=G),
+                        speed=speed, angle=angle, target=np.asarray(target),
+                        simlib_miss=miss, scipy_hit=hit)
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fine = np.linspace(0.0, args.time, 300)
+        path = ref.sol(fine)
+        free = np.stack([vx * fine, vz * fine - 0.5 * G * fine**2])
+        free_drag = solve_ivp(rhs, (0.0, args.time), [0.0, 0.0, vx, vz], method="DOP853",
+                              rtol=1e-10, atol=1e-10, dense_output=True).sol(fine)
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        ax.plot(path[0], path[1], "-", color="C3", label="found launch, with drag (scipy)")
+        ax.plot(free_drag[0], free_drag[1], "--", color="0.5",
+                label="drag-free aim, flown with drag")
+        ax.plot(free[0], free[1], ":", color="C0", label="drag-free aim, no drag")
+        ax.plot([args.distance], [0.0], "kx", ms=10, label=f"target at T = {args.time} s")
+        ax.axhline(0.0, color="0.8", lw=0.8)
+        ax.set(xlabel="x [m]", ylabel="height [m]",
+               title=f"speed {speed:.3f} m/s, angle {np.degrees(angle):.3f} deg, k = {args.drag}/m")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        cli.save_figure(fig, args.plot)
+    cli.summary(f"projectile: aim at {args.distance:g} m in {args.time:g} s, k = {args.drag:g}/m, "
+                "L-BFGS through RK4", compile_s=res.compile_time, run_s=res.run_time,
+                result=f"{speed:.4f} m/s at {np.degrees(angle):.4f} deg; miss flown by scipy "
+                f"DOP853 {scipy_miss:.1e} m")
 
 
 if __name__ == "__main__":

@@ -11,16 +11,17 @@ set, Mazzia and Magherini, release 2.4, 2008; otherwise scipy Radau at rtol 1e-1
 number of steps; ``--plot PATH`` writes the three species on a logarithmic time axis.
 
     python examples/robertson.py
-    python examples/robertson.py --solver Rosenbrock23 --rtol 1e-6 --t1 1e5 --plot rober.png
+    python examples/robertson.py --solver Rosenbrock23 --rtol 1e-6 --t1 1e5 --plot out/rober.png
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 import sys
-import time
 
 import jax
+
+from simlib import cli
 
 SOLVERS = ("Rodas5P", "Rosenbrock23", "Rodas5", "Kvaerno3", "Kvaerno5", "BDF")
 K = (0.04, 3e7, 1e4)  # k1, k2, k3
@@ -60,41 +61,29 @@ def reference(t1: float):
     return sol.y[:, -1], "scipy Radau, rtol 1e-10, atol 1e-16"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        """One line naming the bad option, exit status 2."""
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def parse(argv):
     import simlib as sl
 
     available = [n for n in SOLVERS if hasattr(sl, n)]
-    parser = _Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--solver", default="Rodas5P",
-                        help=f"stiff solver, one of {', '.join(available)} "
-                        "(default Rodas5P)")
-    parser.add_argument("--rtol", type=float, default=1e-6,
-                        help="relative tolerance in (0, 1), atol = 1e-6 rtol (default 1e-6)")
-    parser.add_argument("--t1", type=float, default=1e11, help="end time > 0 (default 1e11)")
-    parser.add_argument("--max-steps", type=int, default=200_000,
-                        help="bound on step attempts, >= 1 (default 200000)")
-    parser.add_argument("--plot", metavar="PATH", default=None,
-                        help="write a log-time plot of the three species to PATH (PNG); "
-                        "nothing is written without it")
-    args = parser.parse_args(argv)
+    p = cli.ExampleParser(__doc__)
+    p.add_argument("--solver", default="Rodas5P",
+                   help=f"stiff solver, one of {', '.join(available)}")
+    p.add_argument("--rtol", type=cli.positive_float, default=1e-6,
+                   help="relative tolerance in (0, 1), atol = 1e-6 rtol")
+    p.add_argument("--t1", type=cli.positive_float, default=1e11, help="end time > 0")
+    p.add_argument("--max-steps", type=cli.positive_int, default=200_000,
+                   help="bound on step attempts")
+    cli.add_output_options(p)
+    args = p.parse_args(argv)
     if args.solver not in available:
-        parser.error(f"--solver: {args.solver!r} is not a stiff solver of this simlib; "
-                     f"choose from {', '.join(available)}")
-    if not 0.0 < args.rtol < 1.0:
-        parser.error(f"--rtol must be in (0, 1), got {args.rtol:g}")
-    if not 0.0 < args.t1 < float("inf"):
-        parser.error(f"--t1 must be positive and finite, got {args.t1:g}")
-    if args.max_steps < 1:
-        parser.error(f"--max-steps must be at least 1, got {args.max_steps}")
+        p.error(f"argument --solver: {args.solver!r} is not a stiff solver of this simlib; "
+                f"choose from {', '.join(available)}")
+    if not args.rtol < 1.0:
+        p.error(f"argument --rtol: must be below 1, got {args.rtol:g}")
     return args
 
 
+@cli.script
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     jax.config.update("jax_enable_x64", True)  # the example's own choice; simlib never sets it
@@ -106,33 +95,41 @@ def main(argv: list[str] | None = None) -> int:
     sl.fast_cpu_loops()  # before any JAX work: small loops compiled whole (docs/gradients.md)
     solver = getattr(sl, args.solver)()
     atol = 1e-6 * args.rtol
-    saveat = (sl.SaveAt(ts=jnp.logspace(-6, np.log10(args.t1), 200))
-              if args.plot else sl.SaveAt(t1=True))
-    start = time.perf_counter()
-    sol = sl.solve(robertson, jnp.array([1.0, 0.0, 0.0]), 0.0, args.t1, solver=solver,
-                   rtol=args.rtol, atol=atol, args=K, saveat=saveat,
-                   max_steps=args.max_steps, throw=False)
-    ys = np.asarray(jax.block_until_ready(sol.ys))
-    seconds = time.perf_counter() - start
+    dense = bool(args.plot or args.out)
+    saveat = (sl.SaveAt(ts=np.logspace(-6, np.log10(args.t1), 200))
+              if dense else sl.SaveAt(t1=True))
+
+    def run(y0, k):
+        sol = sl.solve(robertson, y0, 0.0, args.t1, solver=solver, rtol=args.rtol, atol=atol,
+                       args=k, saveat=saveat, max_steps=args.max_steps, throw=False)
+        return (sol.ts, sol.ys, sol.result, sol.stats["num_accepted"],
+                sol.stats["num_rejected"])
+
+    (ts, ys, result, accepted, rejected), compile_s, seconds = cli.timed(
+        run, jnp.array([1.0, 0.0, 0.0]), K)
+    ts, ys = np.asarray(ts), np.asarray(ys)
     y1 = ys[-1]
     ref, what = reference(args.t1)
     units = np.abs(y1 - ref) / (atol + args.rtol * np.abs(ref))
-    print(f"{args.solver}, rtol {args.rtol:g}, atol {atol:g}, t1 = {args.t1:g} "
-          f"({seconds:.2f} s including compilation)")
-    print(f"result: {sl.Result(int(sol.result)).name}; accepted steps "
-          f"{int(sol.stats['num_accepted'])}, rejected {int(sol.stats['num_rejected'])}")
+    say = cli.printer(args.quiet)
+    say(f"{args.solver}, rtol {args.rtol:g}, atol {atol:g}, t1 = {args.t1:g} "
+        f"({seconds:.2f} s run, {compile_s:.2f} s compile)")
+    say(f"result: {sl.Result(int(result)).name}; accepted steps "
+        f"{int(accepted)}, rejected {int(rejected)}")
     for i in range(3):
-        print(f"  y{i} = {y1[i]: .15e}   reference {ref[i]: .15e}   "
+        say(f"  y{i} = {y1[i]: .15e}   reference {ref[i]: .15e}   "
               f"error {units[i]:.2f} tolerances")
-    print(f"reference: {what}; max error {units.max():.2f} tolerances "
-          "(|y - ref| / (atol + rtol |ref|))")
+    say(f"reference: {what}; max error {units.max():.2f} tolerances "
+        "(|y - ref| / (atol + rtol |ref|))")
+    if args.out:
+        cli.save_result(args.out, dict(system="robertson", solver=args.solver, rtol=args.rtol,
+                                       atol=atol, result=int(result)), ts=ts, ys=ys)
     if args.plot:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        ts = np.asarray(sol.ts)
         fig, ax = plt.subplots(figsize=(7, 4))
         for i, (scale, label) in enumerate(((1, "y0"), (1e4, "1e4 y1"), (1, "y2"))):
             ax.semilogx(ts, scale * ys[:, i], label=label)
@@ -140,9 +137,16 @@ def main(argv: list[str] | None = None) -> int:
                title=f"Robertson's kinetics ({args.solver}, rtol {args.rtol:g})")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
-        print(f"wrote {args.plot}")
-    return 0 if int(sol.result) == 0 else 1
+        cli.save_figure(fig, args.plot)
+    if int(result) != 0:
+        prog = cli._prog or os.path.basename(sys.argv[0])
+        print(f"{prog}: error: the solve failed: {sl.Result(int(result)).name} "
+              "(raise --max-steps or loosen --rtol)", file=sys.stderr)
+        return 1
+    cli.summary(f"robertson: {args.solver}, rtol {args.rtol:g}, t1 = {args.t1:g}, "
+                f"{int(accepted)} steps", compile_s=compile_s, run_s=seconds,
+                result=f"max error {units.max():.2f} tolerances vs {what.split(',')[0]}")
+    return 0
 
 
 if __name__ == "__main__":

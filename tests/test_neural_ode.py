@@ -37,7 +37,7 @@ def run(*argv: str) -> subprocess.CompletedProcess:
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("neural_ode")
     save, plot = out / "run.npz", out / "run.png"
-    proc = run(*TINY, "--quiet", "--save", str(save), "--plot", str(plot))
+    proc = run(*TINY, "--quiet", "--out", str(save), "--plot", str(plot))
     assert proc.returncode == 0, proc.stderr[-2000:]
     return dict(stdout=proc.stdout, npz=dict(np.load(save)), plot=plot)
 

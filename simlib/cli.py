@@ -1,0 +1,647 @@
+"""The ``simlib`` command, and the conventions every example CLI shares.
+
+The command (``simlib`` after ``pip install``, or ``python -m simlib.cli``)::
+
+    simlib list                     # the examples, with one line each
+    simlib run NAME [options]       # run examples/NAME.py; options go to the example
+    simlib info                     # versions, devices, float64, native kernels
+    simlib validate [--quick]       # the validation suite (needs a clone of the repository)
+    simlib bench [--quick] [NAME]   # the benchmarks against the installed peers (a clone too)
+
+The helpers below give every example the same behaviour (docs/cli.md): ``--help`` shows
+every default; a bad value exits with status 2 and one line naming the option, before any
+work; a failed solve prints the :class:`~simlib.SolverError` message in one line and exits
+with status 1; ``--out PATH`` is the result file (``.npz``, or ``.h5`` with h5py),
+``--plot PATH`` the figure (PNG, PDF or SVG by extension), and nothing is written unless
+asked; a one-line summary ends every run (what ran, compile and run time, the error or the
+fit result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import logging
+import math
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ExampleParser",
+    "add_output_options",
+    "finite_float",
+    "main",
+    "nonnegative_float",
+    "nonnegative_int",
+    "positive_float",
+    "positive_int",
+    "printer",
+    "probability",
+    "save_figure",
+    "save_result",
+    "script",
+    "summary",
+    "timed",
+]
+
+RESULT_SUFFIXES = (".npz", ".h5", ".hdf5")
+_prog: str | None = None  # "simlib run NAME" while `simlib run` runs an example
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+# --------------------------------------------------------------------------------------
+# argument types: argparse turns ArgumentTypeError into "argument --x: <message>"
+
+
+def _number(kind: type, text: str) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be finite, got {text}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """A finite float (no nan, no inf)."""
+    return _number(float, text)
+
+
+def positive_float(text: str) -> float:
+    """A finite float > 0."""
+    value = _number(float, text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """A finite float >= 0."""
+    value = _number(float, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    """A float in [0, 1]."""
+    value = _number(float, text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    value = _number(int, text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0."""
+    value = _number(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _path_with_suffix(suffixes: tuple[str, ...], what: str) -> Callable[[str], Path]:
+    def check(text: str) -> Path:
+        path = Path(text)
+        if path.suffix.lower() not in suffixes:
+            raise argparse.ArgumentTypeError(
+                f"{what} must end in {', '.join(suffixes)}, got {text!r}")
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text!r} is a directory")
+        parent = next((p for p in path.absolute().parents if p.exists()), None)
+        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise argparse.ArgumentTypeError(f"cannot write {text!r} (folder not writable)")
+        if suffixes == RESULT_SUFFIXES and path.suffix.lower() != ".npz":
+            try:
+                import h5py  # noqa: F401
+            except ImportError:
+                raise argparse.ArgumentTypeError(
+                    f"{text!r}: .h5 files need h5py (pip install h5py); or use .npz") from None
+        return path
+
+    check.__name__ = what.replace(" ", "_")
+    return check
+
+
+result_path = _path_with_suffix(RESULT_SUFFIXES, "the result file")
+figure_path = _path_with_suffix(FIGURE_SUFFIXES, "the figure")
+
+
+# --------------------------------------------------------------------------------------
+# the parser
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows every default, and keeps the description's line breaks."""
+
+
+class ExampleParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` with the examples' conventions.
+
+    ``--help`` shows every default; an error prints one line,
+    ``prog: error: argument --rtol: must be positive, got -1``, and exits with status 2.
+    ``description`` is usually the example's ``__doc__``.
+    """
+
+    def __init__(self, description: str | None = None, **kwargs: Any):
+        kwargs.setdefault("formatter_class", _Formatter)
+        if _prog is not None:
+            kwargs.setdefault("prog", _prog)
+        super().__init__(description=description, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def add_output_options(parser: argparse.ArgumentParser, *, out: bool = True,
+                       plot: bool = True, quiet: bool = True,
+                       x64: bool | None = None) -> None:
+    """Add the shared ``--out``, ``--plot``, ``--quiet`` and (when ``x64`` is not None)
+    ``--x64``/``--no-x64`` options, ``x64`` being the default."""
+    if out:
+        parser.add_argument("--out", type=result_path, default=None, metavar="PATH",
+                            help="write the trajectory/result to PATH (.npz, or .h5 with "
+                            "h5py); nothing is written without it")
+    if plot:
+        parser.add_argument("--plot", type=figure_path, default=None, metavar="PATH",
+                            help="write the figure to PATH (.png, .pdf or .svg); nothing "
+                            "is written without it")
+    if quiet:
+        parser.add_argument("--quiet", action="store_true",
+                            help="no progress bars or intermediate lines: the summary only")
+    if x64 is not None:
+        parser.add_argument("--x64", action=argparse.BooleanOptionalAction, default=x64,
+                            help="compute in float64 (--no-x64: float32)")
+
+
+# --------------------------------------------------------------------------------------
+# running, timing, writing
+
+
+def _one_line(err: BaseException) -> str:
+    """The error's message on one line (a SolverError caught under jit arrives wrapped)."""
+    text = str(err).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        if "SolverError" in ln:
+            return ln.split("SolverError:", 1)[-1].strip()
+    return lines[0] if lines else type(err).__name__
+
+
+def script(main_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate an example's ``main(argv)``: a failed solve becomes one line on stderr and
+    exit status 1 (``SystemExit(1)``), Ctrl-C exit status 130, instead of a traceback."""
+
+    @functools.wraps(main_fn)
+    def wrapped(argv: Sequence[str] | None = None):
+        import jax
+
+        from simlib import SolverError
+
+        prog = _prog or (Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "example")
+        # a SolverError raised in a callback under jit is logged by JAX with its traceback
+        # before it is re-raised: the one-line message below is enough
+        callback_log = logging.getLogger("jax._src.callback")
+        level = callback_log.level
+        callback_log.setLevel(logging.CRITICAL)
+        try:
+            return main_fn(argv)
+        except SolverError as err:
+            print(f"{prog}: error: {_one_line(err)}", file=sys.stderr)
+            raise SystemExit(1) from None
+        except jax.errors.JaxRuntimeError as err:
+            if "SolverError" not in str(err):
+                raise
+            print(f"{prog}: error: {_one_line(err)}", file=sys.stderr)
+            raise SystemExit(1) from None
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            raise SystemExit(130) from None
+        finally:
+            callback_log.setLevel(level)
+
+    return wrapped
+
+
+def timed(fn: Callable[..., Any], *args: Any, **static: Any) -> tuple[Any, float, float]:
+    """``(result, compile_s, run_s)`` of ``jax.jit(fn, static_argnames=...)(*args)``.
+
+    Compile time is ``lower(...).compile()``; run time is one call of the compiled
+    function, to ``block_until_ready``.
+    """
+    import jax
+
+    start = time.perf_counter()
+    compiled = jax.jit(fn, static_argnames=tuple(static)).lower(*args, **static).compile()
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    out = jax.block_until_ready(compiled(*args))
+    return out, compile_s, time.perf_counter() - start
+
+
+def printer(quiet: bool) -> Callable[..., None]:
+    """``print``, or a function that prints nothing when ``quiet``."""
+    return (lambda *args, **kwargs: None) if quiet else print
+
+
+def summary(what: str, *, compile_s: float | None = None, run_s: float | None = None,
+            result: str = "") -> str:
+    """Print and return the run's one-line summary: ``what | compile s | run s | result``."""
+    parts = [what]
+    if compile_s is not None:
+        parts.append(f"compile {compile_s:.2f} s")
+    if run_s is not None:
+        parts.append(f"run {run_s:.3g} s")
+    if result:
+        parts.append(result)
+    line = " | ".join(parts)
+    print(line, flush=True)
+    return line
+
+
+def save_result(path: str | os.PathLike, meta: dict | None = None, **arrays: Any) -> Path:
+    """Write named arrays (and scalar metadata) to ``path``: ``.npz`` (numpy.savez) or
+    ``.h5`` (h5py: datasets, metadata as attributes). Parent folders are created.
+
+    This is the examples' single writer; it will delegate to ``simlib.io.save`` once that
+    module exists.
+    """
+    import numpy as np
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = dict(meta or {})
+    data = {k: np.asarray(v) for k, v in arrays.items()}
+    if path.suffix.lower() == ".npz":
+        np.savez(path, **data, **{f"meta_{k}": np.asarray(v) for k, v in meta.items()})
+    else:
+        import h5py
+
+        with h5py.File(path, "w") as f:
+            for k, v in data.items():
+                f.create_dataset(k, data=v)
+            for k, v in meta.items():
+                f.attrs[k] = v
+    print(f"wrote {path}")
+    return path
+
+
+def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> Path:
+    """Save a matplotlib figure (format from the extension), creating parent folders."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    print(f"wrote {path}")
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# the `simlib` command
+
+
+def _package_dir() -> Path:
+    return Path(__file__).resolve().parent
+
+
+def examples_dir() -> Path | None:
+    """The examples: shipped inside the package (``simlib/examples``, a non-editable
+    install), else ``examples/`` of the clone this simlib was imported from."""
+    for candidate in (_package_dir() / "examples", _package_dir().parent / "examples"):
+        if candidate.is_dir() and any(candidate.glob("*.py")):
+            return candidate
+    return None
+
+
+def _clone_root() -> Path | None:
+    """The repository clone (with validation/ and benchmarks/): the folder above this
+    simlib package, else the current directory or one of its parents."""
+    for candidate in (_package_dir().parent, Path.cwd(), *Path.cwd().parents):
+        if (candidate / "validation" / "run.py").is_file() and (candidate / "simlib").is_dir():
+            return candidate
+    return None
+
+
+def list_examples() -> dict[str, str]:
+    """``{name: first line of its docstring}`` for every example, read without importing."""
+    found = examples_dir()
+    if found is None:
+        return {}
+    out = {}
+    for path in sorted(found.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        try:
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        except SyntaxError:
+            doc = ""
+        out[path.stem] = doc.strip().splitlines()[0] if doc.strip() else ""
+    return out
+
+
+def _cmd_list(argv: list[str]) -> int:
+    _command_parser("list", "List the examples that `simlib run NAME` runs.").parse_args(argv)
+    examples = list_examples()
+    if not examples:
+        print("simlib list: no examples found (neither shipped with the package nor in a "
+              "clone)", file=sys.stderr)
+        return 1
+    width = max(map(len, examples))
+    for name, line in examples.items():
+        print(f"{name:{width}s}  {line}")
+    return 0
+
+
+def _cmd_run(argv: list[str]) -> int:
+    examples = list_examples()
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: simlib run NAME [options]   (simlib run NAME --help: its options)\n")
+        print("examples: " + ", ".join(examples))
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    name = name[:-3] if name.endswith(".py") else name
+    if name not in examples:
+        print(f"simlib run: error: unknown example {name!r}; choose from "
+              f"{', '.join(examples)}", file=sys.stderr)
+        return 2
+    global _prog
+    path = examples_dir() / f"{name}.py"
+    saved = sys.argv[:]
+    sys.argv = [str(path), *rest]
+    _prog = f"simlib run {name}"
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code
+        if code is None or isinstance(code, int):
+            return code or 0
+        print(code, file=sys.stderr)
+        return 1
+    finally:
+        sys.argv = saved
+        _prog = None
+    return 0
+
+
+def _command_parser(name: str, description: str) -> ExampleParser:
+    return ExampleParser(prog=f"simlib {name}", description=description)
+
+
+def info() -> dict[str, str]:
+    """What ``simlib info`` prints: versions, devices, float64, native kernels."""
+    import platform
+
+    import jax
+    import jaxlib
+
+    import simlib
+    from simlib.particles import _native
+
+    rows = {
+        "simlib": f"{getattr(simlib, '__version__', _version())} ({_package_dir()})",
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+    }
+    for lib in ("numpy", "scipy", "optax", "matplotlib", "h5py", "diffrax"):
+        try:
+            rows[lib] = __import__(lib).__version__
+        except ImportError:
+            rows[lib] = "not installed"
+    devices = jax.devices()
+    rows["backend"] = jax.default_backend()
+    rows["devices"] = ", ".join(f"{d.platform}:{d.id} {d.device_kind}" for d in devices)
+    rows["cpu cores"] = str(os.cpu_count())
+    x64 = bool(jax.config.jax_enable_x64)
+    rows["float64"] = ("on" if x64 else "off") + (
+        " (JAX_ENABLE_X64 or jax.config; simlib never turns it on itself; the examples "
+        "turn it on where they need it)")
+    rows["examples"] = str(examples_dir() or "not found")
+    root = _clone_root()
+    rows["validation, benchmarks"] = str(root) if root else "not found (need a clone)"
+    if _native._disabled():
+        rows["native kernels"] = "off: disabled by SIMLIB_NATIVE"
+    elif jax.default_backend() != "cpu":
+        rows["native kernels"] = "not used: they are CPU kernels"
+    else:
+        try:
+            lib = _native.library_path()
+        except RuntimeError as err:
+            rows["native kernels"] = f"unavailable: {err}"
+        else:
+            if not lib.exists():
+                rows["native kernels"] = (f"not built yet: compiled on first use into {lib} "
+                                          "(`simlib info --native` builds them now)")
+            else:
+                rows["native kernels"] = _native_loaded(lib)
+    return rows
+
+
+def _native_loaded(lib: Path) -> str:
+    import warnings
+
+    from simlib.particles import _native
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = _native.load()
+    if handle is None:
+        return f"not loaded: {_native.unavailable_reason()}"
+    return f"loaded: {lib}"
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("simlib")
+    except Exception:  # noqa: BLE001 - not installed: running from a clone
+        return "unknown (not installed; running from a clone)"
+
+
+def _cmd_info(argv: list[str]) -> int:
+    parser = _command_parser("info", "Versions, devices, float64, native kernels.")
+    parser.add_argument("--native", action="store_true",
+                        help="build and load the native CPU kernels if they are not yet")
+    opts = parser.parse_args(argv)
+    rows = info()
+    if opts.native and rows["native kernels"].startswith("not built"):
+        from simlib.particles import _native
+
+        rows["native kernels"] = _native_loaded(_native.library_path())
+    width = max(map(len, rows))
+    for key, value in rows.items():
+        print(f"{key:{width}s}  {value}")
+    return 0
+
+
+def _need_clone(command: str, folder: str) -> int:
+    print(f"simlib {command}: error: {folder}/ is not installed with the package; it needs a "
+          "clone of the repository: git clone <simlib repository> && cd simlib && "
+          f"pip install -e '.[test]' && simlib {command}", file=sys.stderr)
+    return 2
+
+
+def _cmd_validate(argv: list[str]) -> int:
+    parser = _command_parser(
+        "validate", "Run the validation suite (validation/ of a clone): a table of every "
+        "part and failed check, the report and figures; exit status 1 if a check failed.")
+    parser.add_argument("--quick", action="store_true",
+                        help="the fast CI subset; report in a temporary folder unless --output")
+    parser.add_argument("--parts", default=None, help="comma-separated parts (default: all, "
+                        "or the quick subset with --quick)")
+    parser.add_argument("--output", default=None, metavar="PATH",
+                        help="report path (figures next to it); default validation/report.md, "
+                        "or a temporary folder with --quick")
+    opts = parser.parse_args(argv)
+    root = _clone_root()
+    if root is None:
+        return _need_clone("validate", "validation")
+    sys.path.insert(0, str(root))
+    from validation import run as vrun
+
+    sections: dict[str, Any] = {}
+
+    class _Recorder:
+        def __init__(self, name, module):
+            self.name, self.module = name, module
+
+        def run(self, **kwargs):
+            section = self.module.run(**kwargs)
+            sections[self.name] = section
+            return section
+
+    original = dict(vrun.PARTS)
+    vrun.PARTS.update({k: _Recorder(k, m) for k, m in original.items()})
+    forwarded = (["--quick"] if opts.quick else []) + (
+        ["--parts", opts.parts] if opts.parts else []) + (
+        ["--output", opts.output] if opts.output else [])
+    try:
+        status = vrun.main(forwarded)
+    finally:
+        vrun.PARTS.clear()
+        vrun.PARTS.update(original)
+    print()
+    print(f"{'part':16s} {'seconds':>8s} {'failed':>7s} {'worst [tol units]':>18s}  status")
+    for name, section in sections.items():
+        bad = len(section.failures)
+        worst = _worst_tolerance_units(section)
+        worst_txt = "-" if worst is None else f"{worst:.3g}"
+        print(f"{name:16s} {section.seconds:8.1f} {bad:7d} {worst_txt:>18s}  "
+              f"{'FAIL' if bad else 'ok'}")
+        for failure in section.failures:
+            print(f"    {failure}")
+    print("worst: the largest simlib error the part records, in units of atol + rtol |ref| "
+          "(loose tolerances and low-order methods included); each part's own checks decide "
+          "pass or fail (the report explains them)")
+    return int(status or 0)
+
+
+def _worst_tolerance_units(section: Any) -> float | None:
+    """The largest simlib error in tolerance units that a part records (|err| / (atol +
+    rtol |ref|)): accuracy's adaptive runs and the stiff part's runs; None for the others,
+    whose checks have their own measures (orders, drifts, sigmas; see the report)."""
+    data = getattr(section, "data", None) or {}
+    values = []
+    for rec in data.get("adaptive", []):  # validation/accuracy.py
+        if isinstance(rec, dict) and not str(rec.get("solver", "")).startswith("scipy"):
+            values += [rec.get("t1"), rec.get("dense")]
+    for rec in data.get("accuracy", []) if isinstance(data.get("accuracy"), list) else []:
+        if isinstance(rec, dict) and rec.get("result", 0) == 0:  # validation/stiff.py
+            values.append(rec.get("err"))
+    values = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    return max(values) if values else None
+
+
+BENCHMARKS = {  # name: what it compares (the scripts print their own ratio tables)
+    "ode": "ensemble ODE solves: simlib vs diffrax and scipy",
+    "stiff": "stiff solvers: simlib vs diffrax and scipy",
+    "gradients": "gradients through solves: simlib vs diffrax",
+    "fit": "parameter fitting: simlib vs diffrax and scipy",
+    "particles": "particle engine: simlib vs jax-md, LAMMPS, REBOUND",
+}
+
+
+def _cmd_bench(argv: list[str]) -> int:
+    parser = _command_parser(
+        "bench", "Run the benchmarks (benchmarks/ of a clone) against whichever peers are "
+        "installed; each prints its ratios. Results JSON go to a temporary folder.")
+    parser.add_argument("--quick", action="store_true", help="the scripts' quick settings")
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"benchmarks to run (default all): {', '.join(BENCHMARKS)}")
+    opts = parser.parse_args(argv)
+    unknown = [n for n in opts.names if n not in BENCHMARKS]
+    if unknown:
+        parser.error(f"argument NAME: unknown benchmark {unknown[0]!r}; choose from "
+                     f"{', '.join(BENCHMARKS)}")
+    root = _clone_root()
+    if root is None:
+        return _need_clone("bench", "benchmarks")
+    names = opts.names or list(BENCHMARKS)
+    results = Path(tempfile.mkdtemp(prefix="simlib-bench-"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    status = 0
+    for name in names:
+        cmd = [sys.executable, str(root / "benchmarks" / f"{name}.py"),
+               *(["--quick"] if opts.quick else []), "--json", str(results / f"{name}.json")]
+        print(f"[bench] {name}: {BENCHMARKS[name]}\n[bench] $ {' '.join(cmd)}", flush=True)
+        rc = subprocess.run(cmd, cwd=root, env=env).returncode
+        print(f"[bench] {name}: exit status {rc}", flush=True)
+        status = status or rc
+    print(f"[bench] results in {results}")
+    return status
+
+
+COMMANDS = {
+    "list": (_cmd_list, "list the examples"),
+    "run": (_cmd_run, "run an example: simlib run NAME [its options]"),
+    "info": (_cmd_info, "versions, devices, float64, native kernels"),
+    "validate": (_cmd_validate, "run the validation suite (needs a clone)"),
+    "bench": (_cmd_bench, "run the benchmarks against installed peers (needs a clone)"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``simlib`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    usage = "usage: simlib {" + ",".join(COMMANDS) + "} ...\n\n" + "\n".join(
+        f"  {name:9s} {text}" for name, (_, text) in COMMANDS.items())
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage)
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        print(f"simlib {_version()}")
+        return 0
+    if argv[0] not in COMMANDS:
+        print(f"simlib: error: unknown command {argv[0]!r}; choose from "
+              f"{', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[argv[0]][0](argv[1:])
+    except SystemExit as stop:  # a sub-parser's --help or error
+        return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+
+
+if __name__ == "__main__":
+    # run the imported module's main, not this __main__ copy's: the examples import
+    # simlib.cli, and `simlib run` sets the program name there
+    from simlib import cli as _cli
+
+    sys.exit(_cli.main())
