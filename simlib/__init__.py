@@ -9,7 +9,7 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 from . import particles, systems
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
 from ._cpu_loops import fast_cpu_loops
-from ._errors import Result, SolverError
+from ._errors import Result, SolverError, raise_solver_errors
 from ._events import Event, EventRecord
 from ._solve import SaveAt, Solution, solve
 from ._solver import (
@@ -100,6 +100,7 @@ __all__ = [
     "mse_loss",
     "multiple_shooting",
     "particles",
+    "raise_solver_errors",
     "solve",
     "systems",
     "trajectory_residuals",

@@ -58,6 +58,7 @@ PUBLIC = [
     "mse_loss",
     "multiple_shooting",
     "particles",
+    "raise_solver_errors",
     "solve",
     "systems",
     "trajectory_residuals",
