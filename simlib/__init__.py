@@ -53,6 +53,17 @@ from .fit import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    """``simlib.plot`` is imported on first use, so that ``import simlib`` does not load
+    matplotlib."""
+    if name == "plot":
+        import importlib
+
+        return importlib.import_module(".plot", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "AbstractAdjoint",
     "AbstractSolver",
@@ -100,6 +111,7 @@ __all__ = [
     "mse_loss",
     "multiple_shooting",
     "particles",
+    "plot",
     "raise_solver_errors",
     "solve",
     "systems",
