@@ -199,7 +199,8 @@ def test_fit_result_prints_a_summary():
     text = repr(res)
     for fragment in ("converged=True", "n_steps=2", "message='gradient below tol'",
                      "loss=0.5 (from 2)", "grad_norm=1e-09", "['a']: 1.5 ± 0.12",
-                     "['w']: float64[5,5]", "compile 1.25 s, run 0.5 s (4 steps/s)"):
+                     "['w']: float64[5,5]",
+                     "compile_time=1.25 s, run_time=0.5 s, steps_per_second=4"):
         assert fragment in text, (fragment, text)
     assert "history=" not in text
 

@@ -109,8 +109,8 @@ class FitResult:
         from .. import _summary
 
         start = _summary.number(self.history[0]) if np.size(self.history) else "?"
-        timing = (f"compile {self.compile_time:.3g} s, run {self.run_time:.3g} s"
-                  + (f" ({self.steps_per_second:.3g} steps/s)" if self.run_time > 0 else ""))
+        timing = (f"compile_time={self.compile_time:.3g} s, run_time={self.run_time:.3g} s, "
+                  f"steps_per_second={self.steps_per_second:.3g}")
         return _summary.block("FitResult", [
             ("converged", self.converged),
             ("n_steps", self.n_steps),
