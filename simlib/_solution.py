@@ -108,7 +108,7 @@ class Solution(NamedTuple):
         fields.append(("stats", _summary.stats(stats, skip=("events",), order=_STATS_ORDER)))
         if stats.get("events"):
             counts = ", ".join(_summary.value(rec.count) for rec in stats["events"])
-            fields.append(("events", f"({counts}) crossings"))
+            fields.append(("events", f"crossings [{counts}]"))
         return _summary.block("Solution", fields)
 
 

@@ -109,7 +109,10 @@ def span(ts) -> str:
     if finite.size == 0:
         return ""
     lo, hi = finite.min(), finite.max()
-    return f" at {number(lo)}" if lo == hi else f" in [{number(lo)}, {number(hi)}]"
+    text = f" at {number(lo)}" if lo == hi else f" in [{number(lo)}, {number(hi)}]"
+    if finite.size < arr.size:  # SaveAt(steps=True): unused rows are inf
+        text += f" ({finite.size} finite)"
+    return text
 
 
 def stats(d: dict, skip: tuple = (), order: tuple = ()) -> str:

@@ -86,6 +86,19 @@ def test_nonfinite_state_is_named():
     assert "result=NONFINITE_STATE" in repr(sol)
 
 
+def test_events_and_unused_rows_are_summarised():
+    """A ball dropped from 1 m hits the floor at t = sqrt(2 / 9.81): one crossing."""
+    ball = sl.solve(lambda t, y, a: jnp.array([y[1], -9.81]), jnp.array([1.0, 0.0]), 0.0, 3.0,
+                    solver=sl.Tsit5(), rtol=1e-10, atol=1e-10,
+                    events=sl.Event(lambda t, y, a: y[0]), saveat=sl.SaveAt(steps=True),
+                    max_steps=64)
+    np.testing.assert_allclose(float(ball.stats["t_final"]), np.sqrt(2 / 9.81), rtol=1e-9)
+    text = repr(ball)
+    n = int(ball.stats["num_accepted"])
+    assert "ts=float64[64] in [" in text and f"({n} finite)" in text
+    assert "events=crossings [1]" in text
+
+
 def test_batched_solution_counts_each_status(ensemble):
     # y0 = 0.1 blows up at t = 10 (beyond t1 = 3); y0 = 1 and 2 at t = 1 and 0.5.
     np.testing.assert_array_equal(ensemble.result == sl.Result.NONFINITE_STATE,
