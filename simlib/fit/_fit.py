@@ -109,7 +109,7 @@ class FitResult:
         from .. import _summary
 
         start = _summary.number(self.history[0]) if np.size(self.history) else "?"
-        timing = (f"compile_time={self.compile_time:.3g} s, run_time={self.run_time:.3g} s, "
+        timing = (f"{self.compile_time:.3g} s, run_time={self.run_time:.3g} s, "
                   f"steps_per_second={self.steps_per_second:.3g}")
         return _summary.block("FitResult", [
             ("converged", self.converged),
@@ -118,7 +118,7 @@ class FitResult:
             ("loss", f"{_summary.number(self.loss)} (from {start})"),
             ("grad_norm", _summary.number(self.grad_norm)),
             ("params", _params_summary(self.params, self.stderr)),
-            ("time", timing),
+            ("compile_time", timing),
         ])
 
 
