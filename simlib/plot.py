@@ -160,11 +160,15 @@ def trajectory(sol, *, components=None, labels: Sequence[str] | None = None, ax=
     labels = [names[i] for i in chosen] if labels is None else list(labels)
     if len(labels) != len(chosen):
         raise ValueError(f"labels: {len(labels)} given for {len(chosen)} components")
+    if components is None and len(chosen) > 20:
+        raise ValueError(f"trajectory: the state has {len(chosen)} components; choose at most "
+                         "a few with components=[...] (indices or names)")
     t2 = ts.reshape(-1, ts.shape[-1])
     v2 = values.reshape(-1, ts.shape[-1], values.shape[-1])
     batched = t2.shape[0] > 1
+    user_color = line_kw.pop("color", None)
     for k, (i, lab) in enumerate(zip(chosen, labels, strict=True)):
-        color = line_kw.pop("color", None) or f"C{k % 10}"
+        color = user_color or f"C{k % 10}"
         for m in range(t2.shape[0]):
             ok = np.isfinite(t2[m])
             kw = dict(color=color, label=lab if m == 0 else "_")
@@ -261,6 +265,9 @@ def energy_error(t, energy=None, *, ax=None, label: str | None = None,
     times, values = times[ok], values[ok]
     err = np.abs(values - values[0])
     if relative:
+        if values[0] == 0:
+            raise ValueError(f"energy_error: {quantity}(0) = 0, so the relative error is "
+                             "undefined; pass relative=False")
         err = err / np.abs(values[0])
     ax.plot(times, _positive(err), label=label, **line_kw)
     ax.set_yscale("log")

@@ -75,6 +75,8 @@ def test_trajectory_draws_each_component_with_units(sol, ensemble):
     assert out == (fig2, ax2) and len(ax2.get_lines()) == 3
     with pytest.raises(ValueError, match="no component named 'x'"):
         plot.trajectory(sol, components="x")
+    with pytest.raises(ValueError, match="25 components; choose"):
+        plot.trajectory((np.arange(3.0), np.zeros((3, 25))))
 
 
 def test_phase_portrait_by_name_index_and_function(sol, ensemble):
@@ -111,6 +113,8 @@ def test_energy_error_of_solution_trajectory_and_arrays(sol):
     np.testing.assert_array_equal(ax.get_lines()[0].get_ydata(), [np.nan, np.nan, 1.0])
     with pytest.raises(TypeError, match="function of one saved state"):
         plot.energy_error(sol)
+    with pytest.raises(ValueError, match="pass relative=False"):
+        plot.energy_error(np.arange(2.0), np.array([0.0, 1.0]))
 
 
 def test_convergence_slope_against_exact_order():
