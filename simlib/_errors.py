@@ -154,8 +154,18 @@ def raise_solver_errors() -> Iterator[None]:
     ``block_until_ready``) inside the block too: JAX dispatches asynchronously.
 
     Example:
-        >>> with sl.raise_solver_errors():
-        ...     y = jax.jit(run)(y0).block_until_ready()
+        >>> import jax, jax.numpy as jnp
+        >>> import simlib as sl
+        >>> @jax.jit
+        ... def run(y0):
+        ...     return sl.solve(lambda t, y, args: -y, y0, 0.0, 1.0, solver=sl.Tsit5(),
+        ...                     rtol=1e-6, atol=1e-6, max_steps=3).ys
+        >>> try:
+        ...     with sl.raise_solver_errors():
+        ...         run(jnp.ones(1)).block_until_ready()
+        ... except sl.SolverError as err:
+        ...     print(err.result)
+        MAX_STEPS_REACHED
     """
     log = logging.getLogger("jax._src.callback")
     dropper = _DropSolverErrorLogs()

@@ -9,9 +9,13 @@ labelled line, and returns ``(fig, ax)``. Call one several times with the same `
 overlay runs.
 
 Example:
+    >>> import jax.numpy as jnp
     >>> import simlib as sl
+    >>> sol = sl.solve(lambda t, y, args: -y, jnp.ones(2), 0.0, 1.0, solver=sl.RK4(),
+    ...                dt=0.1, saveat=sl.SaveAt(steps=True))
     >>> fig, ax = sl.plot.trajectory(sol, t_unit="s")
-    >>> fig.savefig("trajectory.png")
+    >>> ax.get_xlabel(), len(ax.get_lines())
+    ('t [s]', 2)
 """
 
 from __future__ import annotations

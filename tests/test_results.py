@@ -140,9 +140,12 @@ def test_result_works_under_jit_vmap_grad_and_prints_traced():
 
 def test_raise_solver_errors_unwraps_the_jit_error(caplog):
     run = jax.jit(lambda y0: short_budget(y0, throw=True).ys)
-    # Without the helper: JAX's runtime error, whose text ends with the SolverError line.
-    with pytest.raises(jax.errors.JaxRuntimeError, match="SolverError: solve: the step budget"):
+    # Without the helper: JAX's runtime error, whose text ends with the SolverError line,
+    # and a logged traceback.
+    with caplog.at_level(logging.ERROR), pytest.raises(
+            jax.errors.JaxRuntimeError, match="SolverError: solve: the step budget"):
         run(jnp.array([1.0])).block_until_ready()
+    assert [r for r in caplog.records if "pure_callback" in r.getMessage()]
     caplog.clear()
     with caplog.at_level(logging.ERROR), pytest.raises(sl.SolverError) as info:
         with sl.raise_solver_errors():
