@@ -17,13 +17,20 @@ from ._errors import Result
 
 
 def concrete(x) -> np.ndarray | None:
-    """``x`` as a numpy array, or ``None`` when it is traced (or not an array at all)."""
-    if isinstance(x, jax.core.Tracer):
+    """``x`` as a numpy array, or ``None`` when it has no values: traced, abstract
+    (``jax.ShapeDtypeStruct`` from ``eval_shape``) or not an array at all."""
+    if isinstance(x, jax.core.Tracer | jax.ShapeDtypeStruct):
         return None
     try:
-        return np.asarray(x)
+        arr = np.asarray(x)
     except Exception:  # noqa: BLE001 - anything that is not array-like is not shown
         return None
+    return None if arr.dtype == object else arr
+
+
+def no_values(x) -> str:
+    """What to print for an array without values."""
+    return "abstract" if isinstance(x, jax.ShapeDtypeStruct) else "traced"
 
 
 def number(x: float) -> str:
@@ -73,7 +80,7 @@ def status(result) -> str:
     """``SUCCESSFUL``; ``{SUCCESSFUL: 98, MAX_STEPS_REACHED: 2}`` when batched; ``traced``."""
     counts = status_counts(result)
     if counts is None:
-        return "traced"
+        return no_values(result)
     if np.ndim(result) == 0:
         return str(next(iter(counts)))
     return "{" + ", ".join(f"{c}: {n}" for c, n in counts.items()) + "}"
@@ -83,8 +90,8 @@ def value(x) -> str:
     """A number, or ``min..max`` over a batch, or ``traced``; non-arrays as ``repr``."""
     arr = concrete(x)
     if arr is None:
-        return "traced" if isinstance(x, jax.core.Tracer) else repr(x)
-    if arr.dtype == object or arr.size == 0:
+        return no_values(x) if isinstance(x, jax.core.Tracer | jax.ShapeDtypeStruct) else repr(x)
+    if arr.size == 0:
         return repr(x)
     if not np.issubdtype(arr.dtype, np.number) and arr.dtype != bool:
         return repr(x)
@@ -119,8 +126,8 @@ def stats(d: dict, skip: tuple = (), order: tuple = ()) -> str:
     """``{num_steps=7, t_final=1}`` from a dict of scalars (or batches of them); the keys
     in ``order`` first."""
     keys = [k for k in order if k in d] + [k for k in d if k not in order and k not in skip]
-    if keys and all(isinstance(d[k], jax.core.Tracer) for k in keys):
-        return "{" + ", ".join(keys) + "} (traced)"
+    if keys and all(isinstance(d[k], jax.core.Tracer | jax.ShapeDtypeStruct) for k in keys):
+        return "{" + ", ".join(keys) + f"}} ({no_values(d[keys[0]])})"
     parts = [f"{k}={value(d[k])}" for k in keys]
     return "{" + ", ".join(parts) + "}"
 

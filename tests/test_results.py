@@ -136,6 +136,9 @@ def test_result_works_under_jit_vmap_grad_and_prints_traced():
     np.testing.assert_allclose(float(g), np.exp(-1.0), rtol=1e-8)
     with pytest.raises(TypeError, match="traced"):
         jax.jit(lambda y0: euler_blowup(y0).status)(jnp.array([1.0]))
+    # Shapes only (eval_shape): the summary says so.
+    abstract = repr(jax.eval_shape(euler_blowup, jnp.array([1.0])))
+    assert "result=abstract" in abstract and "ys=float64[1,1]" in abstract
 
 
 def test_raise_solver_errors_unwraps_the_jit_error(caplog):

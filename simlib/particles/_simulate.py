@@ -86,8 +86,8 @@ class Trajectory(NamedTuple):
         x = self.positions
         if np.ndim(x) >= 3:
             n_frames, n, d = np.shape(x)[-3:]
-            fields.append(("frames", f"{n_frames} of {n} atoms in {d}D, t"
-                           f"{_summary.span(self.times) or '=traced'}"))
+            when = _summary.span(self.times) or "=" + _summary.no_values(self.times)
+            fields.append(("frames", f"{n_frames} of {n} atoms in {d}D, t{when}"))
         for name in ("positions", "velocities"):
             fields.append((name, _summary.shape(getattr(self, name))))
         fields.append(("energy", _energy_summary(self.potential_energy, self.kinetic_energy)))
@@ -103,7 +103,7 @@ def _energy_summary(potential, kinetic) -> str:
     """``E(0)=-512.3, max |E/E(0) - 1|=1.2e-05`` over the frames (ranges when batched)."""
     pe, ke = _summary.concrete(potential), _summary.concrete(kinetic)
     if pe is None or ke is None or pe.size == 0:
-        return "traced" if pe is None or ke is None else "no frames"
+        return _summary.no_values(potential) if pe is None or ke is None else "no frames"
     e = pe + ke
     e0 = e[..., 0]
     with np.errstate(divide="ignore", invalid="ignore"):
