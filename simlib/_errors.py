@@ -36,7 +36,10 @@ class Result(IntEnum):
         return self.name
 
     def __format__(self, spec: str) -> str:
-        return self.name if not spec else int.__format__(int(self), spec)
+        # A numeric presentation type (f"{code:d}") formats the code, anything else the name.
+        if spec and spec[-1] in "bcdoxXneEfFgG%":
+            return int.__format__(int(self), spec)
+        return format(self.name, spec)
 
 
 _MESSAGES = {

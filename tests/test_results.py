@@ -72,6 +72,7 @@ def test_result_compares_with_members_and_reads_by_name(budget):
     assert sl.Result(budget.result) is sl.Result.MAX_STEPS_REACHED
     assert str(budget.status) == "MAX_STEPS_REACHED" == f"{budget.status}"
     assert f"{budget.status:d}" == "1" and int(budget.status) == 1
+    assert f"{budget.status:>19}" == "  MAX_STEPS_REACHED"
     assert budget.status_counts == {sl.Result.MAX_STEPS_REACHED: 1}
     # The leaf stays an int32 array, so the solution is an ordinary pytree.
     assert budget.result.dtype == jnp.int32
