@@ -9,7 +9,7 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 from . import particles, systems
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
 from ._cpu_loops import fast_cpu_loops
-from ._errors import Result, SolverError
+from ._errors import Result, SolverError, raise_solver_errors
 from ._events import Event, EventRecord
 from ._solve import SaveAt, Solution, solve
 from ._solver import (
@@ -52,6 +52,17 @@ from .fit import (
 )
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``simlib.plot`` is imported on first use, so that ``import simlib`` does not load
+    matplotlib."""
+    if name == "plot":
+        import importlib
+
+        return importlib.import_module(".plot", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AbstractAdjoint",
@@ -100,6 +111,8 @@ __all__ = [
     "mse_loss",
     "multiple_shooting",
     "particles",
+    "plot",
+    "raise_solver_errors",
     "solve",
     "systems",
     "trajectory_residuals",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from enum import IntEnum
 
 import jax
@@ -11,7 +14,13 @@ from jax import lax
 
 
 class Result(IntEnum):
-    """Why an integration stopped. ``SUCCESSFUL`` is zero; every other code is a failure."""
+    """Why an integration stopped. ``SUCCESSFUL`` is zero; every other code is a failure.
+
+    An ``IntEnum``: a member equals its integer code, so ``sol.result == Result.SUCCESSFUL``
+    compares the status array with it (also traced, and elementwise when batched), and
+    ``Result(sol.result)`` names an unbatched status eagerly. ``str()`` and ``format()``
+    give the name (``"MAX_STEPS_REACHED"``); ``int()`` the code.
+    """
 
     SUCCESSFUL = 0
     MAX_STEPS_REACHED = 1
@@ -22,6 +31,15 @@ class Result(IntEnum):
     UNSTABLE_DYNAMICS = 6
     NEWTON_FAILED = 7
     EVENT_CAPACITY_EXCEEDED = 8
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __format__(self, spec: str) -> str:
+        # A numeric presentation type (f"{code:d}") formats the code, anything else the name.
+        if spec and spec[-1] in "bcdoxXneEfFgG%":
+            return int.__format__(int(self), spec)
+        return format(self.name, spec)
 
 
 _MESSAGES = {
@@ -82,6 +100,90 @@ class SolverError(RuntimeError):
         super().__init__(message)
         self.result = result
         self.solution = solution
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> SolverError | None:
+        """The :class:`SolverError` that ``exc`` carries, or ``None``.
+
+        Under ``jax.jit`` (or any compiled call) a failure is raised by a host callback, and
+        JAX re-raises it as a ``jax.errors.JaxRuntimeError`` whose message ends with the
+        original ``SolverError: <message>`` line. This recovers that message and its
+        :class:`Result` code (``solution`` is ``None``: a compiled call returns nothing).
+        A ``SolverError`` is returned as it is.
+        """
+        if isinstance(exc, SolverError):
+            return exc
+        text = str(exc)
+        marker = "SolverError: "
+        at = text.rfind(marker)
+        if at < 0:
+            return None
+        message = text[at + len(marker):].splitlines()[0].strip()
+        code = _code_of(message)
+        if code is None:
+            return None
+        return cls(message, code)
+
+
+def _code_of(message: str) -> Result | None:
+    """The code whose message template ``message`` was formatted from."""
+    for code, template in _MESSAGES.items():
+        if code and template.split("{")[0] in message:
+            return code
+    for code in Result:
+        if code and code.name in message:
+            return code
+    return None
+
+
+class _DropSolverErrorLogs(logging.Filter):
+    """Drops JAX's log record of a callback that raised a :class:`SolverError`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, SolverError)
+
+
+@contextlib.contextmanager
+def raise_solver_errors() -> Iterator[None]:
+    """Inside this block, a failure raised under ``jit`` arrives as a :class:`SolverError`.
+
+    A failing ``solve``/``simulate`` inside the user's own ``jax.jit`` raises from a host
+    callback, which JAX wraps in a ``jax.errors.JaxRuntimeError`` (the original message is
+    the last line of its text) and logs with a traceback. In this block such an error is
+    re-raised as the :class:`SolverError` it carries (with ``result`` set; the JAX error
+    is its ``__cause__``), and the log record is dropped. Other errors pass unchanged.
+    Put the line that waits for the result (a ``float()``, ``np.asarray`` or
+    ``block_until_ready``) inside the block too: JAX dispatches asynchronously.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import simlib as sl
+        >>> @jax.jit
+        ... def run(y0):
+        ...     return sl.solve(lambda t, y, args: -y, y0, 0.0, 1.0, solver=sl.Tsit5(),
+        ...                     rtol=1e-6, atol=1e-6, max_steps=3).ys
+        >>> try:
+        ...     with sl.raise_solver_errors():
+        ...         run(jnp.ones(1)).block_until_ready()
+        ... except sl.SolverError as err:
+        ...     print(err.result)
+        MAX_STEPS_REACHED
+    """
+    log = logging.getLogger("jax._src.callback")
+    dropper = _DropSolverErrorLogs()
+    log.addFilter(dropper)
+    try:
+        yield
+    except SolverError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised unchanged unless it carries one
+        err = SolverError.from_exception(exc)
+        if err is None:
+            raise
+        raise err from exc
+    finally:
+        log.removeFilter(dropper)
 
 
 def result_message(code: int, *, t: float, step: int, t1: float, max_steps: int) -> str:

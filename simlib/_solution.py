@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _summary
 from ._errors import Result, check_solution
 from ._solver._base import PyTree
 
@@ -46,6 +47,9 @@ class SaveAt:
         return chosen[0]
 
 
+_STATS_ORDER = ("num_steps", "num_accepted", "num_rejected", "num_fevals", "t_final")
+
+
 class Solution(NamedTuple):
     """The result of :func:`solve`.
 
@@ -80,6 +84,32 @@ class Solution(NamedTuple):
         if code == 0:
             return "the integration reached t1"
         return Result(code).name
+
+    @property
+    def status(self) -> Result:
+        """``result`` as a :class:`~simlib.Result` member, e.g. ``Result.MAX_STEPS_REACHED``
+        (eager, unbatched solutions; see :attr:`status_counts` for ensembles)."""
+        return _summary.single_status(self.result, "Solution")
+
+    @property
+    def status_counts(self) -> dict:
+        """``{Result: number of members}`` of a batched (``vmap``) solution, or of one."""
+        return _summary.counts_or_raise(self.result, "Solution")
+
+    def __repr__(self) -> str:
+        fields = []
+        batch = np.shape(self.result)
+        if batch:
+            fields.append(("batch", batch))
+        fields.append(("result", _summary.status(self.result)))
+        fields.append(("ts", _summary.shape(self.ts) + _summary.span(self.ts)))
+        fields.append(("ys", _summary.tree_shapes(self.ys)))
+        stats = self.stats if isinstance(self.stats, dict) else {}
+        fields.append(("stats", _summary.stats(stats, skip=("events",), order=_STATS_ORDER)))
+        if stats.get("events"):
+            counts = ", ".join(_summary.value(rec.count) for rec in stats["events"])
+            fields.append(("events", f"crossings [{counts}]"))
+        return _summary.block("Solution", fields)
 
 
 def assemble_solution(mode: str, save_t0: bool, t0, y0: PyTree, t_end, y_end: PyTree, ts_arr,

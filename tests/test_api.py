@@ -58,6 +58,8 @@ PUBLIC = [
     "mse_loss",
     "multiple_shooting",
     "particles",
+    "plot",
+    "raise_solver_errors",
     "solve",
     "systems",
     "trajectory_residuals",

@@ -105,6 +105,47 @@ class FitResult:
         rate = self.n_steps / self.run_time if self.run_time > 0 else math.nan
         object.__setattr__(self, "steps_per_second", rate)
 
+    def __repr__(self) -> str:
+        from .. import _summary
+
+        start = _summary.number(self.history[0]) if np.size(self.history) else "?"
+        timing = (f"{self.compile_time:.3g} s, run_time={self.run_time:.3g} s, "
+                  f"steps_per_second={self.steps_per_second:.3g}")
+        return _summary.block("FitResult", [
+            ("converged", self.converged),
+            ("n_steps", self.n_steps),
+            ("message", repr(self.message)),
+            ("loss", f"{_summary.number(self.loss)} (from {start})"),
+            ("grad_norm", _summary.number(self.grad_norm)),
+            ("params", _params_summary(self.params, self.stderr)),
+            ("compile_time", timing),
+        ])
+
+
+def _params_summary(params: PyTree, stderr: PyTree | None) -> str:
+    """``{['alpha']: 1.02 ± 0.01, ['w']: float64[3,3]}``: scalars (and arrays of at most 4
+    values) as numbers, with standard errors when known; larger arrays as shapes."""
+    from .. import _summary
+
+    paths, treedef = jax.tree_util.tree_flatten_with_path(params)
+    errs = [None] * len(paths)
+    if stderr is not None and jax.tree_util.tree_structure(stderr) == treedef:
+        errs = jax.tree_util.tree_leaves(stderr)
+
+    def one(x, err):
+        arr = _summary.concrete(x)
+        if arr is None or arr.size > 4 or not np.issubdtype(arr.dtype, np.number):
+            return _summary.shape(x)
+        e = None if err is None else np.broadcast_to(np.asarray(err), arr.shape).ravel()
+        vals = [_summary.number(v) + ("" if e is None else f" ± {float(e[i]):.2g}")
+                for i, v in enumerate(arr.ravel())]
+        return vals[0] if arr.ndim == 0 else "[" + ", ".join(vals) + "]"
+
+    items = [(jax.tree_util.keystr(p), one(x, e)) for (p, x), e in zip(paths, errs, strict=True)]
+    if len(items) == 1 and not items[0][0]:
+        return items[0][1]
+    return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+
 
 # --------------------------------------------------------------------------------------
 # argument checks

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _summary
 from .._adjoint import (
     AbstractAdjoint,
     Checkpointed,
@@ -65,6 +66,49 @@ class Trajectory(NamedTuple):
     @property
     def total_energy(self) -> jax.Array:
         return self.potential_energy + self.kinetic_energy
+
+    @property
+    def status(self) -> Result:
+        """``result`` as a :class:`~simlib.Result` member (eager, unbatched trajectories)."""
+        return _summary.single_status(self.result, "Trajectory")
+
+    @property
+    def status_counts(self) -> dict:
+        """``{Result: number of members}`` of a batched (``vmap``) trajectory, or of one."""
+        return _summary.counts_or_raise(self.result, "Trajectory")
+
+    def __repr__(self) -> str:
+        fields = []
+        batch = np.shape(self.result)
+        if batch:
+            fields.append(("batch", batch))
+        fields.append(("result", _summary.status(self.result)))
+        x = self.positions
+        if np.ndim(x) >= 3:
+            n_frames, n, d = np.shape(x)[-3:]
+            when = _summary.span(self.times) or "=" + _summary.no_values(self.times)
+            fields.append(("frames", f"{n_frames} of {n} atoms in {d}D, t{when}"))
+        for name in ("positions", "velocities"):
+            fields.append((name, _summary.shape(getattr(self, name))))
+        fields.append(("energy", _energy_summary(self.potential_energy, self.kinetic_energy)))
+        if self.neighbors is not None:
+            fields.append(("neighbors", repr(self.neighbors)))
+        stats = self.stats if isinstance(self.stats, dict) else {}
+        fields.append(("stats", _summary.stats(stats, order=(
+            "n_steps", "n_builds", "n_reallocations", "failed_step", "failed_atom"))))
+        return _summary.block("Trajectory", fields)
+
+
+def _energy_summary(potential, kinetic) -> str:
+    """``E(0)=-512.3, max |E/E(0) - 1|=1.2e-05`` over the frames (ranges when batched)."""
+    pe, ke = _summary.concrete(potential), _summary.concrete(kinetic)
+    if pe is None or ke is None or pe.size == 0:
+        return _summary.no_values(potential) if pe is None or ke is None else "no frames"
+    e = pe + ke
+    e0 = e[..., 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        drift = np.max(np.abs(e - e0[..., None]), axis=-1) / np.abs(e0)
+    return f"E(0)={_summary.value(e0)}, max |E/E(0) - 1|={_summary.value(drift)}"
 
 
 @jax.tree_util.register_pytree_node_class
