@@ -43,6 +43,7 @@ from ._util import (
     where_rows,
     write,
 )
+from .progress import report
 
 _CHUNK = 16  # attempts per chunk in the differentiable replay of adaptive runs
 
@@ -182,7 +183,7 @@ def _not_done(c: _Attempt, t1, direction, max_steps):
 
 
 def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol, atol, ts,
-                      args, events=None):
+                      args, events=None, progress=0):
     """The while-loop forward pass. Returns ``(final carry, saved, steps_out)``, and the
     final event state after them when ``events`` (an ``EventSet``) is given."""
     carry, t0, t1, direction = _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args)
@@ -192,8 +193,11 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
     ev0 = None if events is None else init_state(events, t0, y0)
 
     def attempt(c, ev):
-        return _attempt_events(f, solver, k_exp, c, ev, events, t1, direction, rtol, atol,
-                               args)
+        new, ev, data = _attempt_events(f, solver, k_exp, c, ev, events, t1, direction, rtol,
+                                        atol, args)
+        if progress:  # an eager run's bar (simlib/progress.py), every `progress` attempts
+            report("solve", jnp.abs(new.t - t0), new.n_steps % progress == 0)
+        return new, ev, data
 
     def until(stop):
         return lambda s: _live(s[0], s[1], t1, direction, max_steps) & stop(s)
@@ -337,9 +341,10 @@ def _adaptive_diff_outputs(c, saved, steps_out, ev=None):
     return (c.t, c.y, saved, steps_out, (ev.ts, ev.ys))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
-def _adaptive_solve(f, solver, mode, n_save, max_steps, adjoint, inputs):
-    c, saved, steps_out, *ev = _adaptive_forward(f, solver, mode, n_save, max_steps, **inputs)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5, 6))
+def _adaptive_solve(f, solver, mode, n_save, max_steps, adjoint, progress, inputs):
+    c, saved, steps_out, *ev = _adaptive_forward(f, solver, mode, n_save, max_steps, **inputs,
+                                                 progress=progress)
     return _adaptive_diff_outputs(c, saved, steps_out, *ev), _stats_of(c, solver, *ev)
 
 
@@ -352,12 +357,12 @@ def _stats_of(c: _Attempt, solver, ev=None):
     return stats + ((ev.g, ev.counts, ev.stopped, ev.n_restarts),)
 
 
-def _adaptive_fwd(f, solver, mode, n_save, max_steps, adjoint, inputs):
-    out = _adaptive_solve(f, solver, mode, n_save, max_steps, adjoint, inputs)
+def _adaptive_fwd(f, solver, mode, n_save, max_steps, adjoint, progress, inputs):
+    out = _adaptive_solve(f, solver, mode, n_save, max_steps, adjoint, progress, inputs)
     return out, inputs
 
 
-def _adaptive_bwd(f, solver, mode, n_save, max_steps, adjoint, inputs, cotangent):
+def _adaptive_bwd(f, solver, mode, n_save, max_steps, adjoint, progress, inputs, cotangent):
     d_out, _ = cotangent
 
     def replay(inputs):
@@ -374,7 +379,7 @@ _adaptive_solve.defvjp(_adaptive_fwd, _adaptive_bwd)
 
 
 def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, adjoint,
-                  y0, t0, t1, dt0, rtol, atol, ts, args, events=None):
+                  y0, t0, t1, dt0, rtol, atol, ts, args, events=None, progress=0):
     """The adaptive solve, differentiated as ``adjoint`` builds it
     (:meth:`~simlib.AbstractAdjoint.wrap`; reverse mode replays the attempts in chunks that
     :meth:`~simlib.AbstractAdjoint.remat` may recompute)."""
@@ -387,7 +392,7 @@ def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, a
         y0, f_args, (t0, t1, dt0, rtol, atol, ts, events) = tree
         return pack_events(_adaptive_run(f_plain, solver, mode, save_t0, n_save, max_steps,
                                          strategy, y0, t0, t1, dt0, rtol, atol, ts, f_args,
-                                         events))
+                                         events, progress))
 
     sol = adjoint.wrap(core, (y0, f_args, (t0, t1, dt0, rtol, atol, ts, events)),
                        jvp_able=False, reverse=Direct(), where="solve")
@@ -396,7 +401,7 @@ def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, a
 
 
 def _adaptive_run(f_plain, solver, mode, save_t0, n_save, max_steps, adjoint, y0, t0, t1, dt0,
-                  rtol, atol, ts, f_args, events):
+                  rtol, atol, ts, f_args, events, progress=0):
     tdtype = time_dtype(y0)
     inputs = dict(
         y0=y0, t0=jnp.asarray(t0, tdtype), t1=jnp.asarray(t1, tdtype),
@@ -409,7 +414,7 @@ def _adaptive_run(f_plain, solver, mode, save_t0, n_save, max_steps, adjoint, y0
     ev = None
     if isinstance(adjoint, _TangentsOnly):  # the while loop itself, which jvp goes through
         c, saved, (sts, sys_), *evs = _adaptive_forward(f_plain, solver, mode, n_save,
-                                                        max_steps, **inputs)
+                                                        max_steps, **inputs, progress=progress)
         t_end, y_end = c.t, c.y
         n_steps, n_acc, result, state_fevals = _stats_of(c, solver)
         if events is not None:
@@ -417,7 +422,7 @@ def _adaptive_run(f_plain, solver, mode, save_t0, n_save, max_steps, adjoint, y0
     else:
         (t_end, y_end, saved, (sts, sys_), *ev_diff), (
             n_steps, n_acc, result, state_fevals, *ev_int) = _adaptive_solve(
-                f_plain, solver, mode, n_save, max_steps, adjoint, inputs)
+                f_plain, solver, mode, n_save, max_steps, adjoint, progress, inputs)
         if events is not None:
             (ev_ts, ev_ys), (g, counts, stopped, n_restarts) = ev_diff[0], ev_int[0]
             ev = EventState(g, ev_ts, ev_ys, counts, stopped, n_restarts)
@@ -442,4 +447,4 @@ def _adaptive_run(f_plain, solver, mode, save_t0, n_save, max_steps, adjoint, y0
 
 
 adaptive_jit = jax.jit(adaptive_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7),
-                       static_argnames=("events",))
+                       static_argnames=("events", "progress"))

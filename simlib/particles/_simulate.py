@@ -28,6 +28,7 @@ from .._adjoint import (
 from .._auto import AUTOMATIC, Automatic
 from .._errors import Result, SolverError, check_in_graph, raise_on_failure
 from .._util import inside_trace
+from ..progress import bar as progress_bar
 from ._dynamics import NVE, Carry, Integrator, State
 from ._energy import as_energy
 from ._neighbors import NeighborList, reallocate
@@ -520,10 +521,7 @@ def _empty_records(carry, masses):
 
 
 def _progress_bar(progress, total):
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-    return tqdm(total=total, unit="step", desc="simulate")
+    return progress_bar(progress, total, "simulate", "step") if progress else None
 
 
 def _reversible(model, integrator, neighbors, dt, key, n_frames, save_every, x0, v0, masses,
