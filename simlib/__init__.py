@@ -53,6 +53,8 @@ from .fit import (
 
 __version__ = "0.1.0"
 
+from . import io  # noqa: E402 - needs __version__
+
 __all__ = [
     "AbstractAdjoint",
     "AbstractSolver",
@@ -96,6 +98,7 @@ __all__ = [
     "Yoshida4",
     "fast_cpu_loops",
     "fit",
+    "io",
     "least_squares",
     "mse_loss",
     "multiple_shooting",

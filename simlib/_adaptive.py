@@ -43,7 +43,7 @@ from ._util import (
     where_rows,
     write,
 )
-from .progress import report
+from .progress import report, tick
 
 _CHUNK = 16  # attempts per chunk in the differentiable replay of adaptive runs
 
@@ -193,14 +193,26 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
     ev0 = None if events is None else init_state(events, t0, y0)
 
     def attempt(c, ev):
-        new, ev, data = _attempt_events(f, solver, k_exp, c, ev, events, t1, direction, rtol,
-                                        atol, args)
-        if progress:  # an eager run's bar (simlib/progress.py), every `progress` attempts
-            report("solve", jnp.abs(new.t - t0), new.n_steps % progress == 0)
-        return new, ev, data
+        return _attempt_events(f, solver, k_exp, c, ev, events, t1, direction, rtol, atol,
+                               args)
 
     def until(stop):
         return lambda s: _live(s[0], s[1], t1, direction, max_steps) & stop(s)
+
+    def loop(cond, body, init):
+        """``lax.while_loop``; an eager run with a bar (simlib/progress.py) runs it as an
+        outer loop over inner loops of ``progress`` attempts, telling the host in between:
+        the same attempts in the same order."""
+        if not progress:
+            return lax.while_loop(cond, body, init)
+
+        def chunk(s):
+            s, _ = lax.while_loop(lambda si: cond(si[0]) & (si[1] < progress),
+                                  lambda si: (body(si[0]), si[1] + 1), (s, jnp.int32(0)))
+            tick("solve", jnp.abs(s[0].t - t0))
+            return s
+
+        return lax.while_loop(cond, chunk, init)
 
     def out(c, ev, saved, steps_out):
         return (c, saved, steps_out) if events is None else (c, saved, steps_out, ev)
@@ -215,8 +227,11 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
             new, ev, (t, y, h, accept, y1, dense) = attempt(c, ev)
             return new, ev, tree_where(accept, (t, y, h, y1, dense), last)
 
-        def save(s, t_save):
+        def save(s, t_save_i):
+            t_save, i = t_save_i
             s = lax.while_loop(until(lambda s: direction * (t_save - s[0].t) > 0), follow, s)
+            if progress:  # every ~1/100 of the save times
+                report("solve", jnp.abs(s[0].t - t0), (i + 1) % max(1, n_save // 100) == 0)
             c, _, (t, y, h, y1, dense) = s
             theta = (t_save - t) / jnp.where(h == 0, 1.0, h)
             value = solver.interpolate(f, args, t, y, h, y1, dense, theta)
@@ -225,8 +240,9 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
                 lambda v: jnp.full_like(v, jnp.nan), value))
 
         last = (t0, y0, jnp.zeros_like(t0), y0, _placeholder_dense(f, solver, carry, args))
-        (carry, ev, _), saved = lax.scan(save, (carry, ev0, last), ts_arr)
-        c, ev = lax.while_loop(until(lambda s: True), lambda s: attempt(*s)[:2], (carry, ev))
+        (carry, ev, _), saved = lax.scan(save, (carry, ev0, last),
+                                         (ts_arr, jnp.arange(n_save, dtype=jnp.int32)))
+        c, ev = loop(until(lambda s: True), lambda s: attempt(*s)[:2], (carry, ev))
         return out(c, ev, saved, (None, None))
 
     def body(state):
@@ -240,7 +256,7 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
 
     sts = jnp.full((max_steps + 1,), jnp.inf, tdtype) if mode == "steps" else None
     sys_ = buffer(y0, max_steps + 1, jnp.inf) if mode == "steps" else None
-    c, ev, sts, sys_ = lax.while_loop(until(lambda s: True), body, (carry, ev0, sts, sys_))
+    c, ev, sts, sys_ = loop(until(lambda s: True), body, (carry, ev0, sts, sys_))
     if mode == "steps":  # drop the row that rejected attempts wrote to
         sts, sys_ = sts[:max_steps], jax.tree_util.tree_map(lambda b: b[:max_steps], sys_)
     return out(c, ev, None, (sts, sys_))

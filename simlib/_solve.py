@@ -311,7 +311,7 @@ def solve(
         for name, tol in (("rtol", rtol), ("atol", atol)):
             if not is_tracer(tol) and not (np.isfinite(float(tol)) and float(tol) > 0):
                 raise ValueError(f"{name} must be positive and finite, got {tol!r}")
-        every = max(16, min(1000, max_steps // 100)) if progress and not traced else 0
+        every = max(64, min(4096, max_steps // 100)) if progress and not traced else 0
         with _bar(every, abs(float(t1) - float(t0)) if every else 0.0, "t") as bar:
             sol = _adaptive_jit(f, solver, mode, saveat.t0, n_save, in_graph_check, max_steps,
                                 AUTOMATIC if adjoint is None else adjoint,
@@ -342,7 +342,7 @@ def solve(
         if events is not None:  # a step cut by an event with apply adds one step
             n_iter += sum(ev.capacity for ev in events
                           if ev.apply is not None and not ev.terminal)
-        every = -(-n_iter // 200) if progress and not traced and n_iter > 0 else 0
+        every = -(-n_iter // 100) if progress and not traced and n_iter > 0 else 0
         with _bar(every, n_iter, "step") as bar:
             sol = _fixed_jit(f, solver, mode, saveat.t0, n_iter, n_save, in_graph_check,
                              max_steps, AUTOMATIC if adjoint is None else adjoint,

@@ -68,7 +68,7 @@ def test_solve_progress_is_bit_identical_and_reports(name, plain):
     assert "\r" not in text
     lines = text.splitlines()
     assert lines[-1].startswith("solve: 100%") and lines[-1].endswith("(done)")
-    if name == "fixed":  # 2000 steps, reported every 10 from inside the loop
+    if name == "fixed":  # 2000 steps, reported every 20 from inside the loop
         assert len(lines) >= 100
 
 
