@@ -548,8 +548,8 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
         finally:
             if bar is not None:
                 bar.close()
-    if ckpt is not None and n_chunks % ckpt.every:
-        save()
+    if ckpt is not None and (n_chunks % ckpt.every or n_chunks == 0):
+        save()  # the end (unless the last chunk's checkpoint is already the end)
     if pieces:
         records = _concatenate(pieces) if len(pieces) > 1 else pieces[0]
     else:
