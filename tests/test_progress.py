@@ -55,7 +55,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "adaptive-ts"
+                                  else n for n in CASES])
 def test_solve_progress_is_bit_identical_and_reports(name, plain):
     kw = CASES[name]
     quiet = sl.solve(decay, Y0, 0.0, 2.0, args=1.5, **kw)
