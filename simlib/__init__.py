@@ -53,6 +53,8 @@ from .fit import (
 
 __version__ = "0.1.0"
 
+from . import io  # noqa: E402 - needs __version__
+
 
 def __getattr__(name: str):
     """``simlib.plot`` is imported on first use, so that ``import simlib`` does not load
@@ -107,6 +109,7 @@ __all__ = [
     "Yoshida4",
     "fast_cpu_loops",
     "fit",
+    "io",
     "least_squares",
     "mse_loss",
     "multiple_shooting",

@@ -43,6 +43,7 @@ from ._util import (
     where_rows,
     write,
 )
+from .progress import report, tick
 
 _CHUNK = 16  # attempts per chunk in the differentiable replay of adaptive runs
 
@@ -182,7 +183,7 @@ def _not_done(c: _Attempt, t1, direction, max_steps):
 
 
 def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol, atol, ts,
-                      args, events=None):
+                      args, events=None, progress=0):
     """The while-loop forward pass. Returns ``(final carry, saved, steps_out)``, and the
     final event state after them when ``events`` (an ``EventSet``) is given."""
     carry, t0, t1, direction = _adaptive_init(f, solver, y0, t0, t1, dt0, rtol, atol, args)
@@ -198,6 +199,21 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
     def until(stop):
         return lambda s: _live(s[0], s[1], t1, direction, max_steps) & stop(s)
 
+    def loop(cond, body, init):
+        """``lax.while_loop``; an eager run with a bar (simlib/progress.py) runs it as an
+        outer loop over inner loops of ``progress`` attempts, telling the host in between:
+        the same attempts in the same order."""
+        if not progress:
+            return lax.while_loop(cond, body, init)
+
+        def chunk(s):
+            s, _ = lax.while_loop(lambda si: cond(si[0]) & (si[1] < progress),
+                                  lambda si: (body(si[0]), si[1] + 1), (s, jnp.int32(0)))
+            tick("solve", jnp.abs(s[0].t - t0))
+            return s
+
+        return lax.while_loop(cond, chunk, init)
+
     def out(c, ev, saved, steps_out):
         return (c, saved, steps_out) if events is None else (c, saved, steps_out, ev)
 
@@ -211,8 +227,11 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
             new, ev, (t, y, h, accept, y1, dense) = attempt(c, ev)
             return new, ev, tree_where(accept, (t, y, h, y1, dense), last)
 
-        def save(s, t_save):
+        def save(s, t_save_i):
+            t_save, i = t_save_i
             s = lax.while_loop(until(lambda s: direction * (t_save - s[0].t) > 0), follow, s)
+            if progress:  # every ~1/100 of the save times
+                report("solve", jnp.abs(s[0].t - t0), (i + 1) % max(1, n_save // 100) == 0)
             c, _, (t, y, h, y1, dense) = s
             theta = (t_save - t) / jnp.where(h == 0, 1.0, h)
             value = solver.interpolate(f, args, t, y, h, y1, dense, theta)
@@ -221,8 +240,9 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
                 lambda v: jnp.full_like(v, jnp.nan), value))
 
         last = (t0, y0, jnp.zeros_like(t0), y0, _placeholder_dense(f, solver, carry, args))
-        (carry, ev, _), saved = lax.scan(save, (carry, ev0, last), ts_arr)
-        c, ev = lax.while_loop(until(lambda s: True), lambda s: attempt(*s)[:2], (carry, ev))
+        (carry, ev, _), saved = lax.scan(save, (carry, ev0, last),
+                                         (ts_arr, jnp.arange(n_save, dtype=jnp.int32)))
+        c, ev = loop(until(lambda s: True), lambda s: attempt(*s)[:2], (carry, ev))
         return out(c, ev, saved, (None, None))
 
     def body(state):
@@ -236,7 +256,7 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
 
     sts = jnp.full((max_steps + 1,), jnp.inf, tdtype) if mode == "steps" else None
     sys_ = buffer(y0, max_steps + 1, jnp.inf) if mode == "steps" else None
-    c, ev, sts, sys_ = lax.while_loop(until(lambda s: True), body, (carry, ev0, sts, sys_))
+    c, ev, sts, sys_ = loop(until(lambda s: True), body, (carry, ev0, sts, sys_))
     if mode == "steps":  # drop the row that rejected attempts wrote to
         sts, sys_ = sts[:max_steps], jax.tree_util.tree_map(lambda b: b[:max_steps], sys_)
     return out(c, ev, None, (sts, sys_))
@@ -337,9 +357,10 @@ def _adaptive_diff_outputs(c, saved, steps_out, ev=None):
     return (c.t, c.y, saved, steps_out, (ev.ts, ev.ys))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
-def _adaptive_solve(f, solver, mode, n_save, max_steps, adjoint, inputs):
-    c, saved, steps_out, *ev = _adaptive_forward(f, solver, mode, n_save, max_steps, **inputs)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5, 6))
+def _adaptive_solve(f, solver, mode, n_save, max_steps, adjoint, progress, inputs):
+    c, saved, steps_out, *ev = _adaptive_forward(f, solver, mode, n_save, max_steps, **inputs,
+                                                 progress=progress)
     return _adaptive_diff_outputs(c, saved, steps_out, *ev), _stats_of(c, solver, *ev)
 
 
@@ -352,12 +373,12 @@ def _stats_of(c: _Attempt, solver, ev=None):
     return stats + ((ev.g, ev.counts, ev.stopped, ev.n_restarts),)
 
 
-def _adaptive_fwd(f, solver, mode, n_save, max_steps, adjoint, inputs):
-    out = _adaptive_solve(f, solver, mode, n_save, max_steps, adjoint, inputs)
+def _adaptive_fwd(f, solver, mode, n_save, max_steps, adjoint, progress, inputs):
+    out = _adaptive_solve(f, solver, mode, n_save, max_steps, adjoint, progress, inputs)
     return out, inputs
 
 
-def _adaptive_bwd(f, solver, mode, n_save, max_steps, adjoint, inputs, cotangent):
+def _adaptive_bwd(f, solver, mode, n_save, max_steps, adjoint, progress, inputs, cotangent):
     d_out, _ = cotangent
 
     def replay(inputs):
@@ -374,7 +395,7 @@ _adaptive_solve.defvjp(_adaptive_fwd, _adaptive_bwd)
 
 
 def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, adjoint,
-                  y0, t0, t1, dt0, rtol, atol, ts, args, events=None):
+                  y0, t0, t1, dt0, rtol, atol, ts, args, events=None, progress=0):
     """The adaptive solve, differentiated as ``adjoint`` builds it
     (:meth:`~simlib.AbstractAdjoint.wrap`; reverse mode replays the attempts in chunks that
     :meth:`~simlib.AbstractAdjoint.remat` may recompute)."""
@@ -387,7 +408,7 @@ def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, a
         y0, f_args, (t0, t1, dt0, rtol, atol, ts, events) = tree
         return pack_events(_adaptive_run(f_plain, solver, mode, save_t0, n_save, max_steps,
                                          strategy, y0, t0, t1, dt0, rtol, atol, ts, f_args,
-                                         events))
+                                         events, progress))
 
     sol = adjoint.wrap(core, (y0, f_args, (t0, t1, dt0, rtol, atol, ts, events)),
                        jvp_able=False, reverse=Direct(), where="solve")
@@ -396,7 +417,7 @@ def adaptive_core(f, solver, mode, save_t0, n_save, in_graph_check, max_steps, a
 
 
 def _adaptive_run(f_plain, solver, mode, save_t0, n_save, max_steps, adjoint, y0, t0, t1, dt0,
-                  rtol, atol, ts, f_args, events):
+                  rtol, atol, ts, f_args, events, progress=0):
     tdtype = time_dtype(y0)
     inputs = dict(
         y0=y0, t0=jnp.asarray(t0, tdtype), t1=jnp.asarray(t1, tdtype),
@@ -409,7 +430,7 @@ def _adaptive_run(f_plain, solver, mode, save_t0, n_save, max_steps, adjoint, y0
     ev = None
     if isinstance(adjoint, _TangentsOnly):  # the while loop itself, which jvp goes through
         c, saved, (sts, sys_), *evs = _adaptive_forward(f_plain, solver, mode, n_save,
-                                                        max_steps, **inputs)
+                                                        max_steps, **inputs, progress=progress)
         t_end, y_end = c.t, c.y
         n_steps, n_acc, result, state_fevals = _stats_of(c, solver)
         if events is not None:
@@ -417,7 +438,7 @@ def _adaptive_run(f_plain, solver, mode, save_t0, n_save, max_steps, adjoint, y0
     else:
         (t_end, y_end, saved, (sts, sys_), *ev_diff), (
             n_steps, n_acc, result, state_fevals, *ev_int) = _adaptive_solve(
-                f_plain, solver, mode, n_save, max_steps, adjoint, inputs)
+                f_plain, solver, mode, n_save, max_steps, adjoint, progress, inputs)
         if events is not None:
             (ev_ts, ev_ys), (g, counts, stopped, n_restarts) = ev_diff[0], ev_int[0]
             ev = EventState(g, ev_ts, ev_ys, counts, stopped, n_restarts)
@@ -442,4 +463,4 @@ def _adaptive_run(f_plain, solver, mode, save_t0, n_save, max_steps, adjoint, y0
 
 
 adaptive_jit = jax.jit(adaptive_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7),
-                       static_argnames=("events",))
+                       static_argnames=("events", "progress"))

@@ -43,6 +43,7 @@ from ._util import (
     tree_where,
     write,
 )
+from .progress import tick
 
 CHECKPOINT_ABOVE = 1024
 """Reverse mode is ``Checkpointed()`` for fixed-step runs of more than this many steps,
@@ -145,7 +146,7 @@ def _step_events(f, solver, t, y, h, target, args, state, count, failure, ev, ev
 
 
 def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_steps, adjoint,
-               y0, t0, t1, dt, n_grid, ts, args, events=None):
+               y0, t0, t1, dt, n_grid, ts, args, events=None, progress=0):
     """The fixed-step solve, differentiated as ``adjoint`` builds it
     (:meth:`~simlib.AbstractAdjoint.wrap`, then :meth:`~simlib.AbstractAdjoint.scan`)."""
     tdtype = time_dtype(y0)
@@ -157,7 +158,7 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
         y0, fargs, (t0, t1, dt, n_grid, ts, events) = tree
         return pack_events(_fixed_run(f_plain, solver, mode, save_t0, n_iter, n_save,
                                       max_steps, strategy, y0, t0, t1, dt, n_grid, ts, fargs,
-                                      events))
+                                      events, progress))
 
     reverse = Checkpointed() if n_iter > CHECKPOINT_ABOVE else Direct()
     sol = adjoint.wrap(core, (y0, fargs, (t0, t1, dt, n_grid, ts, events)), jvp_able=True,
@@ -166,7 +167,7 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
 
 
 def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0, t0, t1, dt,
-               n_grid, ts, args, events):
+               n_grid, ts, args, events, progress=0):
     tdtype = time_dtype(y0)
     if isinstance(adjoint, Reversible):
         t0, t1, dt, ts = reject_time_gradients((t0, t1, dt, ts), "Reversible")
@@ -222,15 +223,18 @@ def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0,
         return (new + (ev,) if ev else new), out
 
     # Checkpointed: the save buffer stays out of the recomputed segments
-    saves_out = mode == "ts" and isinstance(adjoint, Checkpointed)
+    saves_out = mode == "ts" and isinstance(adjoint, Checkpointed) and not progress
     buf0 = buffer(y0, n_save + 1, jnp.nan) if mode == "ts" and not saves_out else None
     zero = jnp.array(0, jnp.int32)
     carry0 = (t0, y0, state0, zero, zero, buf0, zero, t0, zero, zero)
     if events is not None:
         carry0 = carry0 + (init_state(events, t0, y0),)
-    carry, outs = adjoint.scan(body, carry0, n_iter, padding=True,
-                               backwards=lambda c, n: reversible_scan(
-                                   f, solver, mode, n_save, advance, c, n, args))
+    if progress:  # an eager run's bar (simlib/progress.py): the same steps, in chunks
+        carry, outs = _reporting_scan(body, carry0, n_iter, progress)
+    else:
+        carry, outs = adjoint.scan(body, carry0, n_iter, padding=True,
+                                   backwards=lambda c, n: reversible_scan(
+                                       f, solver, mode, n_save, advance, c, n, args))
     if saves_out:  # the buffer came back as the loop's output
         carry, outs = carry[:5] + (outs,) + carry[6:], None
     t, y, _, k, i, buf, result, fail_t, fail_step, count, *ev = carry
@@ -256,5 +260,26 @@ def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0,
                              events=records(events, ev) if ev else None)
 
 
+def _reporting_scan(body, carry0, n_iter: int, every: int):
+    """``lax.scan(body, carry0, None, length=n_iter)`` as an outer scan over chunks of
+    ``every`` iterations that tells the host's bar (``simlib.progress``) after each chunk,
+    then the remaining ``n_iter % every``. Only eager (undifferentiated) runs use it."""
+    n_outer, rest = divmod(n_iter, every)
+    carry, outs = carry0, None
+    if n_outer:
+        def chunk(c, i):
+            c, o = lax.scan(body, c, None, length=every)
+            tick("solve", (i + 1) * every)
+            return c, o
+
+        carry, outs = lax.scan(chunk, carry0, jnp.arange(n_outer, dtype=jnp.int32))
+        outs = jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:]), outs)
+    if rest:
+        carry, tail = lax.scan(body, carry, None, length=rest)
+        outs = tail if outs is None else jax.tree_util.tree_map(
+            lambda a, b: jnp.concatenate([a, b]), outs, tail)
+    return carry, outs
+
+
 fixed_jit = jax.jit(fixed_core, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8),
-                    static_argnames=("events",))
+                    static_argnames=("events", "progress"))

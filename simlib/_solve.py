@@ -24,6 +24,8 @@ from ._fixed import fixed_jit as _fixed_jit
 from ._solution import SaveAt, Solution
 from ._solver._base import AbstractSolver, PyTree, VectorField
 from ._util import inside_trace, is_tracer, time_dtype
+from .progress import active
+from .progress import bar as progress_bar
 
 DEFAULT_MAX_STEPS = 4096
 _SAVE_T1 = SaveAt(t1=True)
@@ -34,7 +36,7 @@ __all__ = ["DEFAULT_MAX_STEPS", "SaveAt", "Solution", "solve"]
 # the entry point
 
 _KEYWORDS = ("solver", "dt", "rtol", "atol", "args", "saveat", "max_steps", "throw", "adjoint",
-             "events")
+             "events", "progress")
 
 
 def _as_array_tree(y0, name: str) -> PyTree:
@@ -77,6 +79,27 @@ class _CastToState:
         return isinstance(other, _CastToState) and other.f == self.f
 
 
+def _bar(on, total, unit: str):
+    """The progress bar of an eager run (``simlib.progress``), receiving the compiled
+    loop's reports while it is open; a do-nothing one when ``on`` is 0."""
+    the_bar = progress_bar(bool(on), total, "solve", unit)
+    return _Open(the_bar) if on else the_bar
+
+
+class _Open:
+    def __init__(self, the_bar):
+        self.bar, self.route = the_bar, active("solve", the_bar)
+
+    def __enter__(self):
+        self.route.__enter__()
+        return self.bar
+
+    def __exit__(self, *exc):
+        self.route.__exit__(*exc)
+        self.bar.close()
+        return False
+
+
 def _describe(tree) -> str:
     return str(jax.tree_util.tree_map(lambda x: f"{x.dtype}{list(x.shape)}", tree))
 
@@ -97,6 +120,7 @@ def solve(
     throw: bool = True,
     adjoint: AbstractAdjoint | None = None,
     events: Event | list[Event] | tuple[Event, ...] | None = None,
+    progress: bool = False,
     **unknown: Any,
 ) -> Solution:
     """Integrate ``dy/dt = f(t, y, args)`` from ``t0`` to ``t1``.
@@ -137,6 +161,10 @@ def solve(
         events: An :class:`Event` or a list of them: zeros of ``cond(t, y, args)`` located
             on the dense output, recorded in ``Solution.events``, ending the run
             (``terminal``) or changing the state (``apply``). See docs/events.md.
+        progress: Show a progress bar (off by default): steps for a fixed-step run, time
+            for an adaptive one; a plain line every few seconds when standard error is not
+            a terminal. Eager calls only: ignored under ``jit``, ``vmap`` and ``grad``.
+            It never changes the result (docs/files.md).
 
     Returns:
         A :class:`Solution`.
@@ -283,9 +311,15 @@ def solve(
         for name, tol in (("rtol", rtol), ("atol", atol)):
             if not is_tracer(tol) and not (np.isfinite(float(tol)) and float(tol) > 0):
                 raise ValueError(f"{name} must be positive and finite, got {tol!r}")
-        sol = _adaptive_jit(f, solver, mode, saveat.t0, n_save, in_graph_check, max_steps,
-                            AUTOMATIC if adjoint is None else adjoint,
-                            y0, t0, t1, dt, rtol, atol, ts, args, events=events)
+        every = max(64, min(4096, max_steps // 100)) if progress and not traced else 0
+        with _bar(every, abs(float(t1) - float(t0)) if every else 0.0, "t") as bar:
+            sol = _adaptive_jit(f, solver, mode, saveat.t0, n_save, in_graph_check, max_steps,
+                                AUTOMATIC if adjoint is None else adjoint,
+                                y0, t0, t1, dt, rtol, atol, ts, args, events=events,
+                                progress=every)
+            if every:
+                jax.block_until_ready(sol)
+                bar.set(abs(float(sol.stats["t_final"]) - float(t0)))
     else:
         if solver.propose_step is not None:
             raise ValueError(
@@ -308,9 +342,14 @@ def solve(
         if events is not None:  # a step cut by an event with apply adds one step
             n_iter += sum(ev.capacity for ev in events
                           if ev.apply is not None and not ev.terminal)
-        sol = _fixed_jit(f, solver, mode, saveat.t0, n_iter, n_save, in_graph_check, max_steps,
-                         AUTOMATIC if adjoint is None else adjoint,
-                         y0, t0, t1, dt, n_grid, ts, args, events=events)
+        every = -(-n_iter // 100) if progress and not traced and n_iter > 0 else 0
+        with _bar(every, n_iter, "step") as bar:
+            sol = _fixed_jit(f, solver, mode, saveat.t0, n_iter, n_save, in_graph_check,
+                             max_steps, AUTOMATIC if adjoint is None else adjoint,
+                             y0, t0, t1, dt, n_grid, ts, args, events=events, progress=every)
+            if every:
+                jax.block_until_ready(sol)
+                bar.set(n_iter)
 
     if throw and not traced:
         code = int(sol.result)

@@ -54,6 +54,7 @@ PUBLIC = [
     "Yoshida4",
     "fast_cpu_loops",
     "fit",
+    "io",
     "least_squares",
     "mse_loss",
     "multiple_shooting",

@@ -22,8 +22,8 @@ import optax
 import optax.tree_utils as otu
 from jax import lax
 from jax.flatten_util import ravel_pytree
-from tqdm.auto import tqdm
 
+from ..progress import bar as progress_bar
 from ._transforms import leaf_names, make_maps
 
 PyTree = Any
@@ -323,7 +323,8 @@ def fit(
         transforms: ``None`` (no constraints) or a pytree matching ``params0`` (or a prefix
             of it) with ``Positive()``, ``Bounded(lo, hi)``, ``Identity()`` or ``None``
             leaves; a transform at an inner node applies to every leaf below it.
-        progress: Show a tqdm progress bar with the current loss.
+        progress: Show a progress bar with the current loss (``simlib.progress``: tqdm on a
+            terminal, a plain line every few seconds otherwise).
         chunk: Optimiser steps per compiled call; default ``min(steps, 50)``.
         residuals: ``residuals(params) -> r`` (physical params), for standard errors.
         stderr: Compute ``stderr``, ``correlation`` and ``covariance`` at the optimum.
@@ -410,7 +411,7 @@ def fit(
     message = f"ran all {steps} steps" + ("" if tol is not None else " (no tol given)")
     loss_prev = None
     loss_now = grad_now = math.nan
-    bar = tqdm(total=steps, disable=not progress, desc="fit", unit="step", leave=False)
+    bar = progress_bar(progress, steps, "fit", "step", leave=False)
     t_start = time.perf_counter()
     try:
         while done < steps:
@@ -445,7 +446,7 @@ def fit(
             carried = (value_new, grad_new, jnp.ones((), bool))
             loss_now, grad_now = value_end, gnorm_end
             bar.update(n_done)
-            bar.set_postfix(loss=f"{loss_now:.6g}", grad=f"{grad_now:.2g}")
+            bar.set_postfix_str(f"loss={loss_now:.6g}, grad={grad_now:.2g}")
             if tol is not None:
                 if stopped or grad_now <= tol:
                     converged = True

@@ -10,6 +10,7 @@ one scan, and an overflow raises (``throw=True``) or is reported in ``result``.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import jax
@@ -29,6 +30,8 @@ from .._adjoint import (
 from .._auto import AUTOMATIC, Automatic
 from .._errors import Result, SolverError, check_in_graph, raise_on_failure
 from .._util import inside_trace
+from ..progress import bar as progress_bar
+from . import _checkpoint
 from ._dynamics import NVE, Carry, Integrator, State
 from ._energy import as_energy
 from ._neighbors import NeighborList, reallocate
@@ -335,7 +338,8 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
              integrator: Integrator | None = None, save_every: int | None = None,
              neighbors: NeighborList | None = None, key=None, throw: bool = True,
              progress: bool = False, adjoint: AbstractAdjoint | None = None,
-             chunk_steps: int = 2000) -> Trajectory:
+             chunk_steps: int = 2000, checkpoint: str | os.PathLike | None = None,
+             checkpoint_every: int = 1, resume: bool = False) -> Trajectory:
     """Integrate particle dynamics for ``n_steps`` steps of size ``dt``.
 
     Args:
@@ -354,7 +358,8 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
             run from ``traj.final`` with a new key (``jax.random.split``), not the same one.
         throw: Raise :class:`~simlib.SolverError` on failure (see Failures below); with
             ``False`` the code is in ``result`` and the step and atom in ``stats``.
-        progress: Show a progress bar (eager calls).
+        progress: Show a progress bar (eager calls; ``simlib.progress``: tqdm on a
+            terminal, a plain line every few seconds otherwise).
         adjoint: ``None`` (default: forward mode for at most 8 differentiated input
             components, such as a potential's parameters, else ``Checkpointed()``;
             docs/gradients.md), ``Checkpointed(steps_per_segment)`` (the state stored every
@@ -390,6 +395,16 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
         At the same step, a non-finite state comes first, then a blow-up, then the list's
         codes: a list that overflows at the step an atom flew off did so because of it.
 
+    Checkpoints (eager calls; docs/files.md): with ``checkpoint=PATH`` everything the run
+    carries (the state, forces, neighbour list, step counter, the frames so far, the
+    failure record) is written to ``PATH`` (``.npz``) every ``checkpoint_every`` chunks of
+    ``chunk_steps`` steps and at the end, atomically (a temporary file in the same
+    directory, then a rename). Ctrl-C (SIGINT) or SIGTERM lets the running chunk finish,
+    writes the checkpoint and raises ``KeyboardInterrupt`` (SIGINT)
+    or ends the process by SIGTERM. ``resume=True`` continues from ``PATH`` with the same
+    arguments (checked: steps, ``dt``, shapes, integrator, key, parameters, start state)
+    to a trajectory bit-identical to an uninterrupted run.
+
     Example:
         >>> import jax
         >>> from simlib import particles as sp
@@ -405,6 +420,15 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
         (11, 0)
     """
     integrator = NVE() if integrator is None else integrator
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) \
+            or checkpoint_every < 1:
+        raise ValueError(f"simulate: checkpoint_every must be a positive integer, got "
+                         f"{checkpoint_every!r}")
+    if resume and checkpoint is None:
+        raise ValueError("simulate: resume=True needs checkpoint=PATH (the file to resume from)")
+    if resume and not os.path.exists(checkpoint):
+        raise FileNotFoundError(f"simulate: resume=True but there is no checkpoint at "
+                                f"{checkpoint}")
     state, n_steps, save_every = _check_args(energy, state, space, dt, n_steps, integrator,
                                              save_every, neighbors, key, adjoint)
     adjoint = AUTOMATIC if adjoint is None else adjoint
@@ -417,10 +441,19 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
         isinstance(leaf, jax.core.Tracer)
         for leaf in jax.tree_util.tree_leaves((state, params, dt, neighbors, integrator)))
     if traced:
+        if checkpoint is not None:
+            raise ValueError("simulate: checkpoint= works in eager calls only (not under jit, "
+                             "vmap or grad)")
         return _simulate_traced(model, integrator, state, masses, params, dt, key, n_frames,
                                 save_every, neighbors, adjoint, throw)
+    ckpt = None
+    if checkpoint is not None:
+        ckpt = _checkpoint.Checkpoint(checkpoint, int(checkpoint_every), resume, _signature(
+            model, integrator, state, masses, params, dt, key, n_frames, save_every,
+            neighbors, chunk_steps))
     return _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frames,
-                             save_every, neighbors, adjoint, throw, progress, chunk_steps)
+                             save_every, neighbors, adjoint, throw, progress, chunk_steps,
+                             ckpt)
 
 
 def _assemble(carry0, records, carry, masses, dt, save_every, code, failure, builds,
@@ -495,8 +528,24 @@ def _initial(space, positions):
     return code, _Failure(jnp.where(code != 0, 0, -1).astype(jnp.int32), atom)
 
 
+def _signature(model, integrator, state, masses, params, dt, key, n_frames, save_every,
+               neighbors, chunk_steps) -> dict:
+    """What a checkpoint must agree on with the call that resumes it."""
+    x = np.asarray(state.positions)
+    key_data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) \
+        else key
+    return dict(
+        n_steps=n_frames * save_every, save_every=save_every, chunk_steps=int(chunk_steps),
+        dt=float(dt), shape=list(x.shape), dtype=str(x.dtype),
+        integrator=type(integrator).__name__, energy=type(model.energy).__name__,
+        neighbor_list=neighbors is not None,
+        integrator_parameters=_checkpoint.digest(integrator), key=_checkpoint.digest(key_data),
+        params=_checkpoint.digest(params), space=_checkpoint.digest(model.space),
+        start_state=_checkpoint.digest((state.positions, state.velocities, masses)))
+
+
 def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frames, save_every,
-                      neighbors, adjoint, throw, progress, chunk_steps):
+                      neighbors, adjoint, throw, progress, chunk_steps, ckpt=None):
     reallocations = 0
     carry0 = _start_jit(model, state, params, neighbors)
     while neighbors is not None and bool(carry0.neighbors.overflow):
@@ -508,28 +557,53 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
     carry, done, pieces = carry0, 0, []
     code, failure = _initial_jit(model, carry0, state.positions, masses, dt)
     code, failed_at, failed_atom = int(code), int(failure.step), int(failure.atom)
+    if ckpt is not None and ckpt.resume:
+        carry, done, pieces, code, failed_at, failed_atom, reallocations = ckpt.load(carry0)
     bar = _progress_bar(progress, n_frames * save_every)
-    while done < n_frames and code == 0:
-        k = min(frames_per_chunk, n_frames - done)
-        (new, new_code, new_failure), records = _frames_jit(
-            model, integrator, carry, masses, params, dt, key, k, save_every, adjoint)
-        new_code = int(new_code)
-        if new_code == Result.NEIGHBOR_LIST_OVERFLOW:
-            # Re-run this chunk from its start with a list sized from what overflowed.
-            bigger = reallocate(new.neighbors, carry.positions)
-            bigger = bigger.replace(n_builds=carry.neighbors.n_builds + 1)
-            carry = carry._replace(neighbors=bigger)
-            reallocations += 1
-            continue
-        pieces.append(records)
-        carry, done = new, done + k
-        if new_code:
-            code = new_code
-            failed_at, failed_atom = int(new_failure.step), int(new_failure.atom)
-        if bar is not None:
-            bar.update(k * save_every)
-    if bar is not None:
-        bar.close()
+    if bar is not None and done:
+        bar.update(done * save_every)
+    n_chunks = 0
+
+    def save():
+        ckpt.write(carry, pieces, done, code, failed_at, failed_atom, reallocations)
+
+    with _checkpoint.stop_on_signals(ckpt is not None) as stop:
+        try:
+            while done < n_frames and code == 0:
+                k = min(frames_per_chunk, n_frames - done)
+                (new, new_code, new_failure), records = _frames_jit(
+                    model, integrator, carry, masses, params, dt, key, k, save_every, adjoint)
+                new_code = int(new_code)
+                if new_code == Result.NEIGHBOR_LIST_OVERFLOW:
+                    # Re-run this chunk from its start with a list sized from what overflowed.
+                    bigger = reallocate(new.neighbors, carry.positions)
+                    bigger = bigger.replace(n_builds=carry.neighbors.n_builds + 1)
+                    carry = carry._replace(neighbors=bigger)
+                    reallocations += 1
+                    continue
+                carry, done, pieces = new, done + k, pieces + [records]
+                if new_code:
+                    code = new_code
+                    failed_at, failed_atom = int(new_failure.step), int(new_failure.atom)
+                if bar is not None:
+                    bar.update(k * save_every)
+                n_chunks += 1
+                if ckpt is not None and (stop.signum or n_chunks % ckpt.every == 0):
+                    save()
+                if stop.signum:
+                    stop.exit(f"simulate: stopped by {stop.name} after step "
+                              f"{done * save_every} of {n_frames * save_every}; the "
+                              f"checkpoint {ckpt.path} holds the run so far (resume=True "
+                              f"continues it)")
+        except KeyboardInterrupt:
+            if ckpt is not None and not stop.signum:  # a second Ctrl-C, mid-chunk
+                save()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+    if ckpt is not None and (n_chunks % ckpt.every or n_chunks == 0):
+        save()  # the end (unless the last chunk's checkpoint is already the end)
     if pieces:
         records = _concatenate(pieces) if len(pieces) > 1 else pieces[0]
     else:
@@ -574,10 +648,7 @@ def _empty_records(carry, masses):
 
 
 def _progress_bar(progress, total):
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-    return tqdm(total=total, unit="step", desc="simulate")
+    return progress_bar(progress, total, "simulate", "step") if progress else None
 
 
 def _reversible(model, integrator, neighbors, dt, key, n_frames, save_every, x0, v0, masses,

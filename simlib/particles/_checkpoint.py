@@ -1,0 +1,182 @@
+"""Checkpoints of :func:`simulate`: the chunked run's whole carry in one ``.npz`` file.
+
+A checkpoint holds what the host loop needs to go on exactly where it stopped: the carry
+(positions, velocities, forces, potential energy, the neighbour list with its counters,
+the step counter), the frames saved so far, the failure record and the reallocation count.
+The PRNG key does not change during a run (step ``k`` draws from ``fold_in(key, k)``), so
+it is part of the signature that the resuming call must match, with ``n_steps``, ``dt``,
+the shapes, the integrator and its parameters, the energy's parameters and the start
+state. Files are written to a temporary file in the same directory, then renamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+FORMAT = "simlib-simulate-checkpoint-1"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read (truncated, corrupt) or does not fit the run."""
+
+
+def atomic_write(path: Path, write) -> None:
+    """``write(tmp)`` to a temporary file beside ``path``, flushed to disk, then renamed onto
+    ``path``: a reader (or a resumed run) sees the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def digest(tree) -> str:
+    """A SHA-256 of a pytree's leaves (their number, dtypes, shapes and bytes). Not of the
+    structure's text, which may hold object addresses that change from run to run."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    h = hashlib.sha256(str(len(leaves)).encode())
+    for leaf in leaves:
+        a = np.asarray(leaf)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:32]
+
+
+def _nbr_static(nbrs) -> dict | None:
+    if nbrs is None:
+        return None
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in nbrs._static().items()}
+
+
+class Checkpoint:
+    """Where and how often a run is checkpointed, and what it must agree on."""
+
+    def __init__(self, path, every: int, resume: bool, signature: dict):
+        self.path = Path(path)
+        self.every, self.resume, self.signature = every, resume, signature
+
+    def write(self, carry, pieces, done, code, failed_at, failed_atom, reallocations):
+        leaves = jax.tree_util.tree_leaves(carry)
+        arrays = {f"carry/{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)}
+        if pieces:
+            for i in range(4):
+                arrays[f"records/{i}"] = np.concatenate([np.asarray(p[i]) for p in pieces])
+        header = dict(format=FORMAT, signature=self.signature, done=int(done),
+                      code=int(code), failed_at=int(failed_at), failed_atom=int(failed_atom),
+                      reallocations=int(reallocations), n_leaves=len(leaves),
+                      neighbors=_nbr_static(carry.neighbors), jax_version=jax.__version__)
+
+        def writer(tmp):
+            with open(tmp, "wb") as fh:
+                np.savez(fh, __checkpoint__=np.asarray(json.dumps(header)), **arrays)
+
+        atomic_write(self.path, writer)
+
+    def load(self, carry0):
+        """``(carry, done, pieces, code, failed_at, failed_atom, reallocations)``, the carry
+        rebuilt on ``carry0``'s structure (with the list's size from the file)."""
+        try:
+            with np.load(self.path, allow_pickle=False) as data:
+                header = json.loads(str(data["__checkpoint__"]))
+                arrays = {k: data[k] for k in data.files if k != "__checkpoint__"}
+        except Exception as err:  # noqa: BLE001 - any reader failure is a bad file
+            raise CheckpointError(f"simulate: the checkpoint {self.path} cannot be read "
+                                  f"(truncated or corrupt?): {type(err).__name__}: {err}"
+                                  ) from None
+        if header.get("format") != FORMAT:
+            raise CheckpointError(f"simulate: {self.path} is not a simulate() checkpoint")
+        old, new = header["signature"], self.signature
+        for name in new:
+            if old.get(name) != new[name]:
+                what = (f"{old.get(name)!r}, this call has {new[name]!r}"
+                        if name not in ("integrator_parameters", "key", "params", "space",
+                                        "start_state") else "different values from this call's")
+                raise ValueError(
+                    f"simulate: the checkpoint {self.path} does not match this call: its "
+                    f"{name} is {what}. Resume with the arguments of the run that wrote it, "
+                    f"or start afresh (resume=False overwrites the file)")
+        template = carry0
+        if header["neighbors"] is not None:
+            static = {k: tuple(v) if isinstance(v, list) else v
+                      for k, v in header["neighbors"].items()}
+            template = carry0._replace(neighbors=carry0.neighbors.replace(**static))
+        t_leaves, treedef = jax.tree_util.tree_flatten(template)
+        if len(t_leaves) != header["n_leaves"]:
+            raise CheckpointError(f"simulate: the checkpoint {self.path} holds "
+                                  f"{header['n_leaves']} carry arrays, this run has "
+                                  f"{len(t_leaves)}")
+        leaves = []
+        for i, t in enumerate(t_leaves):
+            a = arrays[f"carry/{i}"]
+            if a.dtype != jnp.asarray(t).dtype:
+                raise CheckpointError(f"simulate: the checkpoint {self.path}: carry array {i} "
+                                      f"is {a.dtype}, this run's is {jnp.asarray(t).dtype}")
+            leaves.append(jnp.asarray(a))
+        carry = jax.tree_util.tree_unflatten(treedef, leaves)
+        pieces = []
+        if "records/0" in arrays:
+            pieces = [tuple(jnp.asarray(arrays[f"records/{i}"]) for i in range(4))]
+        return (carry, header["done"], pieces, header["code"], header["failed_at"],
+                header["failed_atom"], header["reallocations"])
+
+
+class _Stop:
+    """The signal that asked the run to stop (``signum`` 0 while none did)."""
+
+    def __init__(self):
+        self.signum = 0
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    def handler(self, signum, frame):
+        self.signum = signum
+
+    def exit(self, message: str):
+        """After the checkpoint is written: Ctrl-C raises ``KeyboardInterrupt``; SIGTERM
+        ends the process as SIGTERM would have."""
+        print(message, file=sys.stderr, flush=True)
+        if self.signum == signal.SIGTERM:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGTERM)
+        raise KeyboardInterrupt(message)
+
+
+@contextlib.contextmanager
+def stop_on_signals(enabled: bool):
+    """While the block runs, SIGINT and SIGTERM (where they have their default handlers,
+    and in the main thread) only set ``stop.signum``; the loop checks it between chunks."""
+    stop = _Stop()
+    installed = {}
+    if enabled and threading.current_thread() is threading.main_thread():
+        for sig, default in ((signal.SIGINT, signal.default_int_handler),
+                             (signal.SIGTERM, signal.SIG_DFL)):
+            if signal.getsignal(sig) is default:
+                installed[sig] = signal.signal(sig, stop.handler)
+    try:
+        yield stop
+    finally:
+        for sig, previous in installed.items():
+            if signal.getsignal(sig) == stop.handler:
+                signal.signal(sig, previous)
+
