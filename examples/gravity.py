@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         cli.save_result(args.out, dict(system=args.system, G=1.0, dt=args.dt,
                                        softening=args.softening, seed=args.seed,
                                        integrator="VelocityVerlet", x64=args.x64),
+                        trajectory=traj,
                         times=np.asarray(traj.times), positions=np.asarray(traj.positions),
                         velocities=np.asarray(traj.velocities), masses=np.asarray(m),
                         total_energy=e)

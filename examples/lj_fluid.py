@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 
 import jax
@@ -65,8 +66,20 @@ def parse(argv):
     p.add_argument("--debug", action="store_true",
                    help="check the neighbour list against all pairs at every step (slow)")
     p.add_argument("--seed", type=int, default=0, help="PRNG seed")
+    p.add_argument("--checkpoint", metavar="PATH",
+                   help="write the production run's state to PATH (.npz) every "
+                   "--checkpoint-every chunks, and on Ctrl-C or SIGTERM")
+    p.add_argument("--checkpoint-every", type=cli.positive_int, default=1,
+                   help="chunks (of up to 1,000 steps) between checkpoints")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the production run from --checkpoint when the file exists "
+                   "(the result is bit-identical to an uninterrupted run)")
     cli.add_output_options(p, x64=False)
     args = p.parse_args(argv)
+    if args.resume and not args.checkpoint:
+        p.error("argument --resume: needs --checkpoint PATH")
+    if args.checkpoint and not args.checkpoint.endswith(".npz"):
+        p.error(f"argument --checkpoint: must end in .npz, got {args.checkpoint}")
     if args.n is not None:
         args.n_cells = math.ceil((args.n / 4) ** (1 / 3) - 1e-9)
     if args.equil_steps % args.save_every or args.steps % args.save_every:
@@ -131,7 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     builds0 = int(nbrs.n_builds)
     start = time.perf_counter()
     traj = sp.simulate(energy, state, params, n_steps=args.steps, neighbors=nbrs,
-                       chunk_steps=chunk, progress=not args.quiet, **common)
+                       chunk_steps=chunk, progress=not args.quiet, checkpoint=args.checkpoint,
+                       checkpoint_every=args.checkpoint_every,
+                       resume=args.resume and os.path.exists(args.checkpoint), **common)
     jax.block_until_ready(traj.positions)
     seconds = time.perf_counter() - start
 
@@ -201,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
                                        shift=args.shift, density=args.density, kT=args.kT,
                                        dt=args.dt, seed=args.seed, x64=args.x64,
                                        integrator="VelocityVerlet", box=float(box)),
-                        times=times, positions=np.asarray(traj.positions),
+                        trajectory=traj, box=space, times=times,
+                        positions=np.asarray(traj.positions),
                         velocities=np.asarray(traj.velocities), total_energy=e_total,
                         potential_energy=u_per_atom * n, pressure=p_frames, r=r, g=g)
     if args.plot:

@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         cli.save_result(args.out, dict(system="plummer", n=args.n, G=1.0, dt=args.dt,
                                        softening=args.softening, seed=args.seed,
                                        integrator="VelocityVerlet", x64=args.x64),
+                        trajectory=traj,
                         times=t, positions=xs, velocities=np.asarray(traj.velocities),
                         masses=mm, kinetic_energy=kin, potential_energy=pot)
     if args.plot:

@@ -276,18 +276,27 @@ def summary(what: str, *, compile_s: float | None = None, run_s: float | None = 
     return line
 
 
-def save_result(path: str | os.PathLike, meta: dict | None = None, **arrays: Any) -> Path:
-    """Write named arrays (and scalar metadata) to ``path``: ``.npz`` (numpy.savez) or
-    ``.h5`` (h5py: datasets, metadata as attributes). Parent folders are created.
+def save_result(path: str | os.PathLike, meta: dict | None = None, *, trajectory=None,
+                box=None, **arrays: Any) -> Path:
+    """Write an example's result to ``path``, with ``meta`` (scalar metadata).
 
-    This is the examples' single writer; it will delegate to ``simlib.io.save`` once that
-    module exists.
+    ``.npz``: the named ``arrays`` (numpy.savez), metadata as ``meta_*`` entries.
+    ``.h5``: with ``trajectory`` (a particle trajectory) an H5MD file written by
+    :func:`simlib.io.save` (readable by MDAnalysis and OVITO; ``box``: the periodic space);
+    otherwise the arrays as HDF5 datasets, metadata as attributes. Parent folders are
+    created.
     """
     import numpy as np
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(meta or {})
+    if trajectory is not None and path.suffix.lower() in (".h5", ".h5md"):
+        from . import io
+
+        io.save(path, trajectory, metadata=meta, box=box)
+        print(f"wrote {path}")
+        return path
     data = {k: np.asarray(v) for k, v in arrays.items()}
     if path.suffix.lower() == ".npz":
         np.savez(path, **data, **{f"meta_{k}": np.asarray(v) for k, v in meta.items()})

@@ -31,6 +31,8 @@ import sys
 import time
 from typing import Any
 
+__all__ = ["PLAIN_INTERVAL", "bar"]
+
 PLAIN_INTERVAL = 5.0
 """Seconds between two plain progress lines when standard error is not a terminal."""
 
