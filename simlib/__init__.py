@@ -9,6 +9,7 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 from . import particles, systems
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
 from ._cpu_loops import fast_cpu_loops
+from ._ensemble import ensemble, ensemble_mesh
 from ._errors import Result, SolverError
 from ._events import Event, EventRecord
 from ._solve import SaveAt, Solution, solve
@@ -94,6 +95,8 @@ __all__ = [
     "Tsit5",
     "VelocityVerlet",
     "Yoshida4",
+    "ensemble",
+    "ensemble_mesh",
     "fast_cpu_loops",
     "fit",
     "least_squares",

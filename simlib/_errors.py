@@ -155,8 +155,8 @@ def _pick_first_failure(result, t, step, t1, batched):
 
 
 def _in_graph_check(caller: str, max_steps):
-    """A ``custom_vmap`` function ``check(result, t, step, t1) -> int32 zero`` whose
-    host callback raises :class:`SolverError` for the first failure.
+    """A ``custom_vmap`` function ``check(result, t, step, t1)`` whose host callback
+    raises :class:`SolverError` for the first failure (its int32 zero output is unused).
 
     Under ``vmap`` the batch is first reduced in the graph to its first failing member
     (:func:`_pick_first_failure`), so the callback only ever receives one member's values
@@ -166,12 +166,11 @@ def _in_graph_check(caller: str, max_steps):
 
     def callback(result, t, step, t1):
         raise_on_failure(result, t, step, t1, max_steps, caller)
-        return np.zeros((), np.int32)
 
     @custom_vmap
     def check(result, t, step, t1):
-        return jax.pure_callback(callback, jax.ShapeDtypeStruct((), jnp.int32),
-                                 result, t, step, t1)
+        jax.debug.callback(callback, result, t, step, t1)
+        return jnp.zeros((), jnp.int32)
 
     @check.def_vmap
     def _rule(axis_size, in_batched, result, t, step, t1):
@@ -186,14 +185,15 @@ def _in_graph_check(caller: str, max_steps):
 def check_in_graph(outputs, result, t, step, t1, max_steps, caller="solve"):  # noqa: D417
     """Raise from inside a traced computation when ``result`` reports a failure.
 
-    A ``pure_callback`` whose (zero, scalar) output is added to every output array, so
-    that it runs whenever any output is used. Under ``vmap`` it is called once with the
-    first failing member only (see :func:`_in_graph_check`): a batch sharded over
-    devices is checked on each device's slice, then one candidate per device is gathered.
+    A ``jax.debug.callback`` (an effect: it runs whether or not the outputs are used, and
+    nothing waits for it, so a raise on one device cannot leave the others blocked in a
+    collective). Under ``vmap`` it is called once, with the first failing member only (see
+    :func:`_in_graph_check`): a batch sharded over devices is checked on each device's
+    slice, then one candidate per device is gathered. Returns ``outputs`` unchanged.
     """
     args = [lax.stop_gradient(jnp.asarray(x)) for x in (result, t, step, t1)]
-    zero = _in_graph_check(caller, max_steps)(*args)
-    return jax.tree_util.tree_map(lambda x: x + zero.astype(x.dtype), outputs)
+    _in_graph_check(caller, max_steps)(*args)
+    return outputs
 
 
 def check_solution(sol, in_graph_check: bool, t1, max_steps: int):

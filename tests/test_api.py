@@ -52,6 +52,8 @@ PUBLIC = [
     "Tsit5",
     "VelocityVerlet",
     "Yoshida4",
+    "ensemble",
+    "ensemble_mesh",
     "fast_cpu_loops",
     "fit",
     "least_squares",
