@@ -9,6 +9,7 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 from . import particles, systems
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
 from ._cpu_loops import fast_cpu_loops
+from ._distributed import ProcessInfo, init_distributed
 from ._ensemble import ensemble, ensemble_mesh
 from ._errors import Result, SolverError
 from ._events import Event, EventRecord
@@ -80,6 +81,7 @@ __all__ = [
     "Leapfrog",
     "Midpoint",
     "PEFRL",
+    "ProcessInfo",
     "Positive",
     "RK4",
     "Result",
@@ -99,6 +101,7 @@ __all__ = [
     "ensemble_mesh",
     "fast_cpu_loops",
     "fit",
+    "init_distributed",
     "least_squares",
     "mse_loss",
     "multiple_shooting",
