@@ -49,12 +49,13 @@ def place(x, mesh: Mesh, spec: P):
     return jax.lax.with_sharding_constraint(x, sharding)
 
 
-def shard_map(f, mesh: Mesh, in_specs, out_specs):
-    """``jax.shard_map`` with replication checks off (bodies hold host callbacks), or
-    ``jax.experimental.shard_map.shard_map`` on JAX versions without the former."""
+def shard_map(f, mesh: Mesh, in_specs, out_specs, check: bool = False):
+    """``jax.shard_map``, or ``jax.experimental.shard_map.shard_map`` on JAX versions
+    without it. ``check``: JAX's replication checks (which also make reverse mode through
+    collectives right); off where the body holds host callbacks, which they reject."""
     if hasattr(jax, "shard_map"):
         return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                             check_vma=False)
+                             check_vma=check)
     from jax.experimental.shard_map import shard_map as legacy
 
-    return legacy(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
+    return legacy(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=check)

@@ -22,6 +22,7 @@ N_DEV = 8
 N = 32            # members: 4 per device
 T1 = 0.5
 RTOL = 1e-10
+NP = 256          # bodies: 32 targets per device
 
 SCRIPT = textwrap.dedent(r"""
     import json, re, sys
@@ -110,19 +111,67 @@ SCRIPT = textwrap.dedent(r"""
     print("RESULT " + json.dumps(out))
 """).format(N=N, T1=T1, RTOL=RTOL)
 
+PARTICLES = textwrap.dedent(r"""
+    import json
+    import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    from jax.sharding import PartitionSpec as P
+    out = {{"devices": jax.device_count()}}
 
-@pytest.fixture(scope="module")
-def run():
+    # 5. particles: direct-sum gravity and LJ (neighbour list) with the targets split
+    from simlib import particles as sp
+    x = jax.random.normal(jax.random.key(0), ({NP}, 3))
+    m = jax.random.uniform(jax.random.key(1), ({NP},)) + 0.5
+    params = dict(G=1.0, softening=0.05, masses=m)
+    grav = sp.pair_energy(sp.gravity, sp.free())
+    e1, f1 = jax.jit(grav.energy_and_forces)(x, params)
+    es, fs = jax.jit(sp.sharded(grav).energy_and_forces)(x, params)
+    out["gravity"] = dict(x=np.asarray(x).tolist(), m=np.asarray(m).tolist(),
+                          e1=float(e1), f1=np.asarray(f1).tolist(),
+                          es=float(es), fs=np.asarray(fs).tolist(),
+                          sharded=fs.sharding.spec == P("particles"),
+                          shards=sorted({{tuple(q.data.shape) for q in fs.addressable_shards}}))
+    state = sp.State(x, jnp.zeros_like(x), m)
+    runs = [sp.simulate(e, state, params, space=sp.free(), dt=1e-3, n_steps=20, save_every=10)
+            for e in (grav, sp.sharded(grav))]
+    out["gravity_simulate"] = [np.asarray(t.positions).tolist() for t in runs]
+    pos, box = sp.lattice(4, 0.8442)
+    pos = pos + 0.05 * jax.random.normal(jax.random.key(2), pos.shape)
+    space = sp.periodic(box)
+    lj = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
+    nbrs = sp.neighbor_list(space, pos, r_cut=2.5, skin=0.3)
+    lj_params = dict(sigma=1.0, epsilon=1.0)
+    out["lj"] = [[float(e), np.asarray(f).tolist()] for e, f in (
+        lj.energy_and_forces(pos, lj_params, nbrs),
+        sp.sharded(lj).energy_and_forces(pos, lj_params, nbrs))]
+
+    print("RESULT " + json.dumps(out))
+""").format(NP=NP)
+
+
+def _run_on_8_devices(script):
     env = dict(os.environ, PYTHONPATH=str(ROOT),
                XLA_FLAGS=f"--xla_force_host_platform_device_count={N_DEV}",
                JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=600, cwd=ROOT)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, (
         f"the sharding script failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
         f"{proc.stderr[-6000:]}")
-    return json.loads(lines[-1][len("RESULT "):]), proc.stderr
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert out["devices"] == N_DEV
+    return out, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def run():
+    return _run_on_8_devices(SCRIPT)
+
+
+@pytest.fixture(scope="module")
+def particles():
+    return _run_on_8_devices(PARTICLES)[0]
 
 
 def _scipy(y0, rho):
@@ -183,6 +232,35 @@ def test_a_failing_member_raises_from_sharded_runs(run):
     assert 0.4 <= t < 0.45
     t = _failure_time(out["raise_ensemble"])
     assert 0.4 <= t < 0.45 or 0.25 <= t < 0.3
+
+
+@pytest.mark.slow
+def test_sharded_gravity_equals_one_device_and_a_numpy_pair_sum(particles):
+    out = particles
+    g = out["gravity"]
+    x, m = np.asarray(g["x"]), np.asarray(g["m"])
+    d = x[:, None] - x[None]
+    r2 = (d**2).sum(-1) + 0.05**2
+    np.fill_diagonal(r2, np.inf)
+    forces = -(m[:, None, None] * m[None, :, None] * d / r2[..., None] ** 1.5).sum(axis=1)
+    energy = -0.5 * (m[:, None] * m[None] / np.sqrt(r2)).sum()
+    scale = np.abs(forces).max()
+    np.testing.assert_allclose(np.asarray(g["fs"]), forces, rtol=0, atol=1e-13 * scale)
+    np.testing.assert_allclose(g["es"], energy, rtol=1e-13)
+    np.testing.assert_allclose(np.asarray(g["fs"]), np.asarray(g["f1"]), rtol=0,
+                               atol=1e-14 * scale)
+    assert abs(g["es"] - g["e1"]) <= 1e-14 * abs(g["e1"])
+    assert g["sharded"] and g["shards"] == [[NP // N_DEV, 3]]   # forces stay split
+    one, split = (np.asarray(p) for p in out["gravity_simulate"])
+    np.testing.assert_allclose(split, one, rtol=0, atol=1e-13)
+
+
+@pytest.mark.slow
+def test_sharded_lj_with_a_neighbour_list_equals_one_device(particles):
+    (e1, f1), (es, fs) = particles["lj"]
+    assert abs(es - e1) <= 1e-13 * abs(e1)
+    np.testing.assert_allclose(np.asarray(fs), np.asarray(f1), rtol=0, atol=1e-12)
+    assert np.abs(np.asarray(f1).sum(axis=0)).max() < 1e-10   # Newton's third law
 
 
 # -- in this process (one device): argument checks and the first-failure pick -----------
