@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
 
+import simlib as sl
+
 ROOT = Path(__file__).resolve().parents[1]
 N_DEV = 8
 N = 32            # members: 4 per device
@@ -118,6 +120,16 @@ PARTICLES = textwrap.dedent(r"""
     from jax.sharding import PartitionSpec as P
     out = {{"devices": jax.device_count()}}
 
+    # docs/ensembles.md: its python blocks, in order, in one namespace
+    import re
+    page = open("docs/ensembles.md").read()
+    ns = {{}}
+    for block in re.findall(r"```python\n(.*?)```", page, flags=re.S):
+        exec(compile(block, "docs/ensembles.md", "exec"), ns)
+    out["docs"] = dict(blocks=len(re.findall(r"```python\n", page)),
+                       sharded=ns["sharded"].sharding.spec == P("members"),
+                       codes=np.asarray(ns["codes"]).tolist())
+
     # 5. particles: direct-sum gravity and LJ (neighbour list) with the targets split
     from simlib import particles as sp
     x = jax.random.normal(jax.random.key(0), ({NP}, 3))
@@ -157,7 +169,7 @@ def _run_on_8_devices(script):
                           text=True, timeout=600, cwd=ROOT)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, (
-        f"the sharding script failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+        f"the 8-device script failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
         f"{proc.stderr[-6000:]}")
     out = json.loads(lines[-1][len("RESULT "):])
     assert out["devices"] == N_DEV
@@ -263,12 +275,18 @@ def test_sharded_lj_with_a_neighbour_list_equals_one_device(particles):
     assert np.abs(np.asarray(f1).sum(axis=0)).max() < 1e-10   # Newton's third law
 
 
+@pytest.mark.slow
+def test_the_docs_page_runs_on_8_devices(particles):
+    docs = particles["docs"]
+    assert docs["blocks"] == 4 and docs["sharded"]
+    # 16 steps cannot cover the chaotic Lorenz span at rtol 1e-8: every member says so
+    assert docs["codes"] == [int(sl.Result.MAX_STEPS_REACHED)] * 64
+
+
 # -- in this process (one device): argument checks and the first-failure pick -----------
 
 def test_ensemble_names_bad_arguments():
     import jax.numpy as jnp
-
-    import simlib as sl
 
     def f(a, b):
         return a + b
@@ -294,8 +312,6 @@ def test_nested_vmap_reports_the_first_failing_member_in_row_major_order():
     the error must name (0, 1), the first in order, as the unsharded check always did."""
     import jax
     import jax.numpy as jnp
-
-    import simlib as sl
 
     def one(y0):
         return sl.solve(lambda t, y, a: y * y, y0, 0.0, 0.5, solver=sl.RK4(), dt=0.01).ys
