@@ -94,6 +94,22 @@ def child(args) -> dict:
         ref = np.asarray(plain(y0_sharded))
         out["ensemble_vs_jit_vmap_max_abs"] = float(np.max(np.abs(res - ref)))
 
+    if args.skewed and info is None:
+        # 1 member in 100 integrates to t = 10 instead of 1 (~10x the steps): under vmap
+        # every member's loop runs as long as the slowest one's
+        spans = np.where(np.arange(args.members) % 100 == 7, 10.0, 1.0)
+
+        def member_span(y0, t1):
+            sol = sl.solve(lorenz, y0, 0.0, t1, solver=sl.Tsit5(), rtol=1e-6, atol=1e-9,
+                           args=(10.0, 28.0, 8.0 / 3.0), max_steps=16384)
+            return sol.ys[-1], sol.stats["num_steps"]
+
+        sk = sl.ensemble(member_span)
+        first, best = _best(lambda: sk(y0s, spans), args.repeats)
+        steps = np.asarray(sk(y0s, spans)[1])
+        out["skewed"] = dict(first_s=first, best_s=best, mean_steps=float(steps.mean()),
+                             max_steps=int(steps.max()))
+
     if args.bodies and info is None:
         x = jax.random.normal(jax.random.key(0), (args.bodies, 3), jnp.float32)
         m = jnp.full((args.bodies,), 1.0 / args.bodies, jnp.float32)
@@ -103,6 +119,22 @@ def child(args) -> dict:
         first, best = _best(lambda: fs(x, params), args.repeats)
         out["gravity_sharded"] = dict(first_s=first, best_s=best)
         forces = np.asarray(fs(x, params)[1])
+        # LJ (float32, rho 0.8442, r_cut 2.5) on a neighbour list: one force evaluation
+        pos, box = sp.lattice(args.lj_cells, 0.8442)
+        pos = jnp.asarray(pos, jnp.float32) + 0.02 * jax.random.normal(
+            jax.random.key(3), pos.shape, jnp.float32)
+        space = sp.periodic(jnp.float32(box))
+        lj = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
+        nbrs = sp.neighbor_list(space, pos, r_cut=2.5, skin=0.3)
+        ljp = dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0))
+        one_lj = jax.jit(lj.energy_and_forces)
+        split_lj = jax.jit(sp.sharded(lj).energy_and_forces)
+        first, best = _best(lambda: split_lj(pos, ljp, nbrs), args.repeats)
+        out["lj_sharded"] = dict(first_s=first, best_s=best, atoms=int(pos.shape[0]))
+        first, best = _best(lambda: one_lj(pos, ljp, nbrs), args.repeats)
+        out["lj_unsharded"] = dict(first_s=first, best_s=best)
+        f1, fs = np.asarray(one_lj(pos, ljp, nbrs)[1]), np.asarray(split_lj(pos, ljp, nbrs)[1])
+        out["lj_sharded_vs_unsharded_rel"] = float(np.max(np.abs(fs - f1)) / np.max(np.abs(f1)))
         if jax.device_count() == 1:
             pure = jax.jit(grav._energy_and_forces)           # the pure-JAX all-pairs sum
             first, best = _best(lambda: pure(x, params), args.repeats)
@@ -145,7 +177,11 @@ def main() -> int:
     ap.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tile", type=int, default=256)
+    ap.add_argument("--lj-cells", type=int, help="LJ fcc cells per side (default 20: "
+                    "32,000 atoms; --quick 10)")
     ap.add_argument("--no-two-process", action="store_true")
+    ap.add_argument("--skewed", action="store_true",
+                    help="also time an ensemble whose members need ~10x different steps")
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "scale.json"))
     ap.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--process", type=int, help=argparse.SUPPRESS)
@@ -155,6 +191,8 @@ def main() -> int:
         args.members = 10_000 if args.quick else 100_000
     if args.bodies is None:
         args.bodies = 8_192 if args.quick else 32_768
+    if args.lj_cells is None:
+        args.lj_cells = 10 if args.quick else 20
     if args._child:
         print("RESULT " + json.dumps(child(args)), flush=True)
         return 0
@@ -164,7 +202,10 @@ def main() -> int:
 
     t_start = time.perf_counter()
     base = ["--members", str(args.members), "--bodies", str(args.bodies),
-            "--repeats", str(args.repeats), "--tile", str(args.tile)]
+            "--repeats", str(args.repeats), "--tile", str(args.tile),
+            "--lj-cells", str(args.lj_cells)]
+    if args.skewed:
+        base.append("--skewed")
     runs = {}
     for d in args.devices:
         print(f"-- {d} device(s)", flush=True)
@@ -208,12 +249,31 @@ def main() -> int:
                   f"({pairs / d0['gravity_default_1dev']['best_s'] / 1e9:.2f} G pairs/s); "
                   f"sharded vs pure max relative force difference "
                   f"{d0['gravity_sharded_vs_pure_rel']:.1e}"]
+    if "lj_sharded" in d0:
+        lines += ["", f"LJ, {d0['lj_sharded']['atoms']:,} atoms, one force evaluation on a "
+                  f"neighbour list (float32): sharded (rows split, positions replicated) "
+                  f"against the unsharded energy in the same process:"]
+        for d, r in runs.items():
+            lines.append(f"  {d} dev: sharded {fmt_s(r['lj_sharded']['best_s'])}, unsharded "
+                         f"{fmt_s(r['lj_unsharded']['best_s'])}: "
+                         f"{fmt_r(r['lj_unsharded']['best_s'] / r['lj_sharded']['best_s'])} "
+                         f"(max rel force diff {r['lj_sharded_vs_unsharded_rel']:.1e})")
     if two is not None:
         t2 = max(p["ensemble"]["best_s"] for p in two)
         ref = runs.get(2, d0)["ensemble"]["best_s"]
         lines += ["", f"two processes x 1 device (gloo over localhost): ensemble "
                   f"{fmt_s(t2)}, against one process x {runs.get(2, d0)['devices']} devices "
                   f"{fmt_s(ref)}: {fmt_r(ref / t2)}"]
+    if args.skewed:
+        lines += ["", "skewed ensemble (1 member in 100 runs to t = 10, the rest to t = 1): "
+                  "time against the uniform ensemble, and mean/max steps per member:"]
+        for d, r in runs.items():
+            k = r["skewed"]
+            lines.append(f"  {d} dev: {fmt_s(k['best_s'])} = "
+                         f"{fmt_r(k['best_s'] / r['ensemble']['best_s'])} the uniform run; "
+                         f"steps mean {k['mean_steps']:.0f}, max {k['max_steps']} (work if "
+                         f"each member stopped at its own end: "
+                         f"{k['mean_steps'] / k['max_steps']:.2f} of a lock-step run)")
     compile_s = {d: r["ensemble"]["first_s"] - r["ensemble"]["best_s"] for d, r in runs.items()}
     lines += ["", "compile + first-call overhead of sl.ensemble: "
               + ", ".join(f"{d} dev {fmt_s(c)}" for d, c in compile_s.items())]
