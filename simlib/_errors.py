@@ -156,7 +156,7 @@ def _pick_first_failure(result, t, step, t1, batched):
 
 def _in_graph_check(caller: str, max_steps):
     """A ``custom_vmap`` function ``check(result, t, step, t1)`` whose host callback
-    raises :class:`SolverError` for the first failure (its int32 zero output is unused).
+    raises :class:`SolverError` for the first failure; it returns an int32 zero.
 
     Under ``vmap`` the batch is first reduced in the graph to its first failing member
     (:func:`_pick_first_failure`), so the callback only ever receives one member's values
@@ -189,11 +189,13 @@ def check_in_graph(outputs, result, t, step, t1, max_steps, caller="solve"):  # 
     nothing waits for it, so a raise on one device cannot leave the others blocked in a
     collective). Under ``vmap`` it is called once, with the first failing member only (see
     :func:`_in_graph_check`): a batch sharded over devices is checked on each device's
-    slice, then one candidate per device is gathered. Returns ``outputs`` unchanged.
+    slice, then one candidate per device is gathered. Returns ``outputs`` plus a zero.
     """
     args = [lax.stop_gradient(jnp.asarray(x)) for x in (result, t, step, t1)]
-    _in_graph_check(caller, max_steps)(*args)
-    return outputs
+    zero = _in_graph_check(caller, max_steps)(*args)
+    # the (constant) zero keeps the check alive where JAX prunes effects it cannot see
+    # through custom_vmap (older versions); no device waits for it
+    return jax.tree_util.tree_map(lambda x: x + zero.astype(x.dtype), outputs)
 
 
 def check_solution(sol, in_graph_check: bool, t1, max_steps: int):
