@@ -179,7 +179,19 @@ def _in_graph_check(caller: str, max_steps):
             return check(result, t, step, t1), False
         return check(*_pick_first_failure(result, t, step, t1, tuple(in_batched))), False
 
-    return check
+    # Nothing to differentiate (the inputs are stop_gradient-ed, the output is an integer
+    # zero); a custom JVP keeps autodiff away from custom_vmap, which some JAX versions
+    # cannot linearise.
+    @jax.custom_jvp
+    def guarded(result, t, step, t1):
+        return check(result, t, step, t1)
+
+    @guarded.defjvp
+    def _jvp(primals, tangents):
+        del tangents
+        return guarded(*primals), np.zeros((), jax.dtypes.float0)
+
+    return guarded
 
 
 def check_in_graph(outputs, result, t, step, t1, max_steps, caller="solve"):  # noqa: D417
