@@ -9,6 +9,8 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 from . import particles, systems
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
 from ._cpu_loops import fast_cpu_loops
+from ._distributed import ProcessInfo, init_distributed
+from ._ensemble import ensemble, ensemble_mesh
 from ._errors import Result, SolverError, raise_solver_errors
 from ._events import Event, EventRecord
 from ._solve import SaveAt, Solution, solve
@@ -92,6 +94,7 @@ __all__ = [
     "Leapfrog",
     "Midpoint",
     "PEFRL",
+    "ProcessInfo",
     "Positive",
     "RK4",
     "Result",
@@ -107,9 +110,12 @@ __all__ = [
     "Tsit5",
     "VelocityVerlet",
     "Yoshida4",
+    "ensemble",
+    "ensemble_mesh",
     "fast_cpu_loops",
     "fit",
     "io",
+    "init_distributed",
     "least_squares",
     "mse_loss",
     "multiple_shooting",

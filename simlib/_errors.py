@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Iterator
 from enum import IntEnum
 
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_batching import custom_vmap
 
 
 class Result(IntEnum):
@@ -218,21 +220,95 @@ def raise_on_failure(result, t, step, t1, max_steps, caller="solve"):
         )
 
 
-def check_in_graph(outputs, result, t, step, t1, max_steps, caller="solve"):  # noqa: D417
-    """Raise from inside a traced computation when ``result`` reports a failure.
+def _pick_first_failure(result, t, step, t1, batched):
+    """In-graph reduction of a batch (axis 0 of the ``batched`` arguments) to its first
+    failing member: ``(result, t, step, t1)`` of that member (of an arbitrary member, all
+    with result zero, when none failed).
 
-    A ``pure_callback`` that sees the whole (possibly batched) result at once — under
-    ``vmap`` it is called once, not once per member — and whose (zero) output is added
-    to every output array, so that it runs whenever any output is used.
+    A variadic ``lax.reduce`` keyed on the member index, so that with the batch axis
+    sharded XLA reduces each device's slice and then gathers one candidate per
+    device: no device ever receives the whole batch.
+    """
+    n = next(x.shape[0] for x, b in zip((result, t, step, t1), batched, strict=True) if b)
+    bad = result != 0
+    if batched[0]:
+        bad = jnp.any(bad.reshape(n, math.prod(result.shape[1:])), axis=1)
+    else:
+        bad = jnp.broadcast_to(jnp.any(bad), (n,))
+    key = jnp.where(bad, jnp.arange(n, dtype=jnp.int32), jnp.int32(n))
+
+    def earlier(a, b):
+        take_a = a[0] <= b[0]
+        return tuple(jnp.where(take_a, u, v) for u, v in zip(a, b, strict=True))
+
+    args = (result, t, step, t1)
+    out = list(args)
+    # members' scalars share one reduction (the usual case), other shapes get one each
+    groups = [[i for i, x in enumerate(args) if batched[i] and x.ndim == 1]]
+    groups += [[i] for i, x in enumerate(args) if batched[i] and x.ndim > 1]
+    for group in filter(None, groups):
+        shape = args[group[0]].shape
+        k = jnp.broadcast_to(key.reshape((n,) + (1,) * (len(shape) - 1)), shape)
+        init = (jnp.int32(n),) + tuple(jnp.zeros((), args[i].dtype) for i in group)
+        picked = lax.reduce((k,) + tuple(args[i] for i in group), init, earlier, (0,))
+        for i, v in zip(group, picked[1:], strict=True):
+            out[i] = v
+    return tuple(out)
+
+
+def _in_graph_check(caller: str, max_steps):
+    """A ``custom_vmap`` function ``check(result, t, step, t1)`` whose host callback
+    raises :class:`SolverError` for the first failure; it returns an int32 zero.
+
+    Under ``vmap`` the batch is first reduced in the graph to its first failing member
+    (:func:`_pick_first_failure`), so the callback only ever receives one member's values
+    (one callback per call, however many ``vmap`` levels), never the batch: with the batch
+    sharded over devices, each device sends one candidate member.
     """
 
     def callback(result, t, step, t1):
         raise_on_failure(result, t, step, t1, max_steps, caller)
-        return np.zeros(np.shape(result), np.int32)
 
-    args = [lax.stop_gradient(x) for x in (result, t, step, t1)]
-    zero = jax.pure_callback(callback, jax.ShapeDtypeStruct(jnp.shape(result), jnp.int32),
-                             *args, vmap_method="broadcast_all")
+    @custom_vmap
+    def check(result, t, step, t1):
+        jax.debug.callback(callback, result, t, step, t1)
+        return jnp.zeros((), jnp.int32)
+
+    @check.def_vmap
+    def _rule(axis_size, in_batched, result, t, step, t1):
+        del axis_size
+        if not any(in_batched):
+            return check(result, t, step, t1), False
+        return check(*_pick_first_failure(result, t, step, t1, tuple(in_batched))), False
+
+    # Nothing to differentiate (the inputs are stop_gradient-ed, the output is an integer
+    # zero); a custom JVP keeps autodiff away from custom_vmap, which some JAX versions
+    # cannot linearise.
+    @jax.custom_jvp
+    def guarded(result, t, step, t1):
+        return check(result, t, step, t1)
+
+    @guarded.defjvp
+    def _jvp(primals, tangents):
+        del tangents
+        return guarded(*primals), np.zeros((), jax.dtypes.float0)
+
+    return guarded
+
+
+def check_in_graph(outputs, result, t, step, t1, max_steps, caller="solve"):  # noqa: D417
+    """Raise from inside a traced computation when ``result`` reports a failure.
+
+    A ``jax.debug.callback`` (an effect: it runs whether or not the outputs are used, and
+    nothing waits for it, so a raise on one device cannot leave the others blocked in a
+    collective). Under ``vmap`` it is called once, with the first failing member only (see
+    :func:`_in_graph_check`): a batch sharded over devices is checked on each device's
+    slice, then one candidate per device is gathered. Returns ``outputs`` plus a zero.
+    """
+    args = [lax.stop_gradient(jnp.asarray(x)) for x in (result, t, step, t1)]
+    zero = _in_graph_check(caller, max_steps)(*args)
+    # the (constant) zero keeps the check alive where JAX prunes effects it cannot see
+    # through custom_vmap (older versions); no device waits for it
     return jax.tree_util.tree_map(lambda x: x + zero.astype(x.dtype), outputs)
 
 

@@ -37,6 +37,7 @@ PUBLIC = [
     "Leapfrog",
     "Midpoint",
     "PEFRL",
+    "ProcessInfo",
     "Positive",
     "RK4",
     "Result",
@@ -52,9 +53,12 @@ PUBLIC = [
     "Tsit5",
     "VelocityVerlet",
     "Yoshida4",
+    "ensemble",
+    "ensemble_mesh",
     "fast_cpu_loops",
     "fit",
     "io",
+    "init_distributed",
     "least_squares",
     "mse_loss",
     "multiple_shooting",
@@ -178,6 +182,7 @@ PARTICLES_PUBLIC = [
     "lattice", "lennard_jones", "maxwell_boltzmann", "mean_square_displacement", "minimize",
     "missing_pairs", "morse", "neighbor_list", "pair_energy", "periodic", "plummer", "pressure",
     "radial_distribution", "reallocate", "simulate", "temperature", "total_momentum", "wca",
+    "ShardedEnergy", "sharded",
 ]
 
 

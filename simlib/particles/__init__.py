@@ -30,6 +30,7 @@ from ._observables import (
     total_momentum,
 )
 from ._potentials import coulomb, gravity, harmonic, lennard_jones, morse, wca
+from ._sharded import ShardedEnergy, sharded
 from ._simulate import Trajectory, simulate
 from ._space import Space, free, periodic
 
@@ -44,6 +45,7 @@ __all__ = [
     "NeighborList",
     "PairEnergy",
     "Space",
+    "ShardedEnergy",
     "State",
     "Trajectory",
     "angular_momentum",
@@ -68,6 +70,7 @@ __all__ = [
     "pressure",
     "radial_distribution",
     "reallocate",
+    "sharded",
     "simulate",
     "temperature",
     "total_momentum",
