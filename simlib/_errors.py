@@ -138,6 +138,9 @@ def _code_of(message: str) -> Result | None:
     return None
 
 
+_CALLBACK_LOGGERS = ("jax._src.debugging", "jax._src.callback")
+
+
 class _DropSolverErrorLogs(logging.Filter):
     """Drops JAX's log record of a callback that raised a :class:`SolverError`."""
 
@@ -172,9 +175,12 @@ def raise_solver_errors() -> Iterator[None]:
         ...     print(err.result)
         MAX_STEPS_REACHED
     """
-    log = logging.getLogger("jax._src.callback")
+    # the in-graph check is a jax.debug.callback (logged by jax._src.debugging); a
+    # pure_callback would be logged by jax._src.callback
+    logs = [logging.getLogger(name) for name in _CALLBACK_LOGGERS]
     dropper = _DropSolverErrorLogs()
-    log.addFilter(dropper)
+    for log in logs:
+        log.addFilter(dropper)
     try:
         yield
     except SolverError:
@@ -185,7 +191,8 @@ def raise_solver_errors() -> Iterator[None]:
             raise
         raise err from exc
     finally:
-        log.removeFilter(dropper)
+        for log in logs:
+            log.removeFilter(dropper)
 
 
 def result_message(code: int, *, t: float, step: int, t1: float, max_steps: int) -> str:

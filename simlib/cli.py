@@ -169,6 +169,20 @@ class ExampleParser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def parse_args(self, args=None, namespace=None):  # noqa: D102 - argparse's
+        ns = super().parse_args(args, namespace)
+        if getattr(ns, "distributed", False):
+            # before any JAX work: jax.distributed must start before the backend does
+            from ._distributed import init_distributed
+
+            try:
+                info = init_distributed()
+            except Exception as err:  # noqa: BLE001 - reported in one line
+                self.exit(1, f"{self.prog}: error: --distributed: {_one_line(err)}\n")
+            print(f"{self.prog}: process {info.process_id} of {info.num_processes}",
+                  file=sys.stderr)
+        return ns
+
 
 def add_output_options(parser: argparse.ArgumentParser, *, out: bool = True,
                        plot: bool = True, quiet: bool = True,
@@ -189,6 +203,10 @@ def add_output_options(parser: argparse.ArgumentParser, *, out: bool = True,
     if x64 is not None:
         parser.add_argument("--x64", action=argparse.BooleanOptionalAction, default=x64,
                             help="compute in float64 (--no-x64: float32)")
+    parser.add_argument("--distributed", action="store_true",
+                        help="start JAX's multi-process runtime first (sl.init_distributed: "
+                        "SLURM, Open MPI or SIMLIB_COORDINATOR/SIMLIB_NUM_PROCESSES/"
+                        "SIMLIB_PROCESS_ID; docs/ensembles.md)")
 
 
 # --------------------------------------------------------------------------------------
@@ -218,9 +236,11 @@ def script(main_fn: Callable[..., Any]) -> Callable[..., Any]:
         prog = _prog or (Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "example")
         # a SolverError raised in a callback under jit is logged by JAX with its traceback
         # before it is re-raised: the one-line message below is enough
-        callback_log = logging.getLogger("jax._src.callback")
-        level = callback_log.level
-        callback_log.setLevel(logging.CRITICAL)
+        callback_logs = [logging.getLogger(n) for n in ("jax._src.debugging",
+                                                          "jax._src.callback")]
+        levels = [log.level for log in callback_logs]
+        for log in callback_logs:
+            log.setLevel(logging.CRITICAL)
         try:
             return main_fn(argv)
         except SolverError as err:
@@ -235,7 +255,8 @@ def script(main_fn: Callable[..., Any]) -> Callable[..., Any]:
             print(f"{prog}: interrupted", file=sys.stderr)
             raise SystemExit(130) from None
         finally:
-            callback_log.setLevel(level)
+            for log, level in zip(callback_logs, levels, strict=True):
+                log.setLevel(level)
 
     return wrapped
 

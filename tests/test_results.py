@@ -149,7 +149,7 @@ def test_raise_solver_errors_unwraps_the_jit_error(caplog):
     with caplog.at_level(logging.ERROR), pytest.raises(
             jax.errors.JaxRuntimeError, match="SolverError: solve: the step budget"):
         run(jnp.array([1.0])).block_until_ready()
-    assert [r for r in caplog.records if "pure_callback" in r.getMessage()]
+    assert [r for r in caplog.records if "callback failed" in r.getMessage()]
     caplog.clear()
     with caplog.at_level(logging.ERROR), pytest.raises(sl.SolverError) as info:
         with sl.raise_solver_errors():
@@ -158,7 +158,7 @@ def test_raise_solver_errors_unwraps_the_jit_error(caplog):
     assert err.result is sl.Result.MAX_STEPS_REACHED
     assert str(err).startswith("solve: the step budget max_steps=3 was exhausted at t=")
     assert isinstance(err.__cause__, jax.errors.JaxRuntimeError)
-    assert not [r for r in caplog.records if "pure_callback" in r.getMessage()]
+    assert not [r for r in caplog.records if "callback failed" in r.getMessage()]
     # Other errors pass through unchanged; an error without a SolverError is not one.
     with pytest.raises(KeyError), sl.raise_solver_errors():
         raise KeyError("x")
