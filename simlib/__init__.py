@@ -8,6 +8,7 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 
 from . import particles, systems
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
+from ._brownian import BrownianPath, split_keys
 from ._cpu_loops import fast_cpu_loops
 from ._distributed import ProcessInfo, init_distributed
 from ._ensemble import ensemble, ensemble_mesh
@@ -18,6 +19,8 @@ from ._solver import (
     BDF,
     PEFRL,
     RK4,
+    SRA1,
+    AbstractSDESolver,
     AbstractSolver,
     BackwardEuler,
     Bosh3,
@@ -25,6 +28,7 @@ from ._solver import (
     Dopri5,
     Dopri8,
     Euler,
+    EulerMaruyama,
     ExplicitRungeKutta,
     Heun,
     ImplicitMidpoint,
@@ -32,10 +36,12 @@ from ._solver import (
     Kvaerno5,
     Leapfrog,
     Midpoint,
+    Milstein,
     Rodas5,
     Rodas5P,
     Rosenbrock23,
     SemiImplicitEuler,
+    StochasticHeun,
     SymplecticSplitting,
     Tsit5,
     VelocityVerlet,
@@ -70,17 +76,20 @@ def __getattr__(name: str):
 
 __all__ = [
     "AbstractAdjoint",
+    "AbstractSDESolver",
     "AbstractSolver",
     "BDF",
     "BackwardEuler",
     "Bosh3",
     "Bounded",
+    "BrownianPath",
     "ButcherTableau",
     "Checkpointed",
     "Direct",
     "Dopri5",
     "Dopri8",
     "Euler",
+    "EulerMaruyama",
     "Event",
     "EventRecord",
     "ExplicitRungeKutta",
@@ -93,6 +102,7 @@ __all__ = [
     "Kvaerno5",
     "Leapfrog",
     "Midpoint",
+    "Milstein",
     "PEFRL",
     "ProcessInfo",
     "Positive",
@@ -102,10 +112,12 @@ __all__ = [
     "Rodas5",
     "Rodas5P",
     "Rosenbrock23",
+    "SRA1",
     "SaveAt",
     "SemiImplicitEuler",
     "Solution",
     "SolverError",
+    "StochasticHeun",
     "SymplecticSplitting",
     "Tsit5",
     "VelocityVerlet",
@@ -123,6 +135,7 @@ __all__ = [
     "plot",
     "raise_solver_errors",
     "solve",
+    "split_keys",
     "systems",
     "trajectory_residuals",
 ]

@@ -21,8 +21,10 @@ from ._errors import Result, SolverError, result_message
 from ._events import Event, as_events, check_events
 from ._fixed import fixed_iterations, grid_count, has_interpolant
 from ._fixed import fixed_jit as _fixed_jit
+from ._sde import solve_sde
 from ._solution import SaveAt, Solution
 from ._solver._base import AbstractSolver, PyTree, VectorField
+from ._solver._sde import AbstractSDESolver
 from ._util import inside_trace, is_tracer, time_dtype
 from .progress import active
 from .progress import bar as progress_bar
@@ -36,7 +38,7 @@ __all__ = ["DEFAULT_MAX_STEPS", "SaveAt", "Solution", "solve"]
 # the entry point
 
 _KEYWORDS = ("solver", "dt", "rtol", "atol", "args", "saveat", "max_steps", "throw", "adjoint",
-             "events", "progress")
+             "events", "progress", "diffusion", "key", "noise")
 
 
 def _as_array_tree(y0, name: str) -> PyTree:
@@ -121,6 +123,9 @@ def solve(
     adjoint: AbstractAdjoint | None = None,
     events: Event | list[Event] | tuple[Event, ...] | None = None,
     progress: bool = False,
+    diffusion: VectorField | None = None,
+    key: Any = None,
+    noise: str | None = None,
     **unknown: Any,
 ) -> Solution:
     """Integrate ``dy/dt = f(t, y, args)`` from ``t0`` to ``t1``.
@@ -165,6 +170,14 @@ def solve(
             for an adaptive one; a plain line every few seconds when standard error is not
             a terminal. Eager calls only: ignored under ``jit``, ``vmap`` and ``grad``.
             It never changes the result (docs/files.md).
+        diffusion: For an SDE ``dy = f dt + g dW``: ``g(t, y, args)``, shaped as ``noise``
+            implies; needs an SDE method (:class:`EulerMaruyama`, :class:`Milstein`,
+            :class:`StochasticHeun`, :class:`SRA1`), ``dt`` and ``key``. See docs/sde.md.
+        key: The JAX PRNG key of the SDE's Brownian path (one key, one path, whatever
+            ``dt``).
+        noise: ``"diagonal"`` (default: ``g`` like ``y``, one Brownian motion per
+            component), ``"scalar"`` (``g`` like ``y``, one Brownian motion) or
+            ``"general"`` (each leaf of ``g`` shaped like ``y``'s plus ``(m,)``).
 
     Returns:
         A :class:`Solution`.
@@ -192,6 +205,14 @@ def solve(
         )
     if not callable(f):
         raise TypeError(f"f must be callable as f(t, y, args), got {f!r}")
+    if (diffusion is not None or key is not None or noise is not None
+            or isinstance(solver, AbstractSDESolver)):
+        if progress:
+            raise ValueError("progress=True is not available for SDEs yet (diffusion= given); "
+                             "pass progress=False")
+        return solve_sde(f, y0, t0, t1, solver=solver, diffusion=diffusion, key=key,
+                         noise=noise, dt=dt, rtol=rtol, atol=atol, args=args, saveat=saveat,
+                         max_steps=max_steps, throw=throw, adjoint=adjoint, events=events)
     if adjoint is not None and not isinstance(adjoint, AbstractAdjoint):
         raise TypeError(
             "adjoint must be simlib.Direct(), simlib.Checkpointed(), simlib.Reversible() or "
