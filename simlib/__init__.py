@@ -8,6 +8,7 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 
 from . import particles, systems
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
+from ._brownian import BrownianPath, split_keys
 from ._cpu_loops import fast_cpu_loops
 from ._errors import Result, SolverError
 from ._events import Event, EventRecord
@@ -16,6 +17,8 @@ from ._solver import (
     BDF,
     PEFRL,
     RK4,
+    SRA1,
+    AbstractSDESolver,
     AbstractSolver,
     BackwardEuler,
     Bosh3,
@@ -23,6 +26,7 @@ from ._solver import (
     Dopri5,
     Dopri8,
     Euler,
+    EulerMaruyama,
     ExplicitRungeKutta,
     Heun,
     ImplicitMidpoint,
@@ -30,10 +34,12 @@ from ._solver import (
     Kvaerno5,
     Leapfrog,
     Midpoint,
+    Milstein,
     Rodas5,
     Rodas5P,
     Rosenbrock23,
     SemiImplicitEuler,
+    StochasticHeun,
     SymplecticSplitting,
     Tsit5,
     VelocityVerlet,
@@ -55,17 +61,20 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AbstractAdjoint",
+    "AbstractSDESolver",
     "AbstractSolver",
     "BDF",
     "BackwardEuler",
     "Bosh3",
     "Bounded",
+    "BrownianPath",
     "ButcherTableau",
     "Checkpointed",
     "Direct",
     "Dopri5",
     "Dopri8",
     "Euler",
+    "EulerMaruyama",
     "Event",
     "EventRecord",
     "ExplicitRungeKutta",
@@ -78,6 +87,7 @@ __all__ = [
     "Kvaerno5",
     "Leapfrog",
     "Midpoint",
+    "Milstein",
     "PEFRL",
     "Positive",
     "RK4",
@@ -86,10 +96,12 @@ __all__ = [
     "Rodas5",
     "Rodas5P",
     "Rosenbrock23",
+    "SRA1",
     "SaveAt",
     "SemiImplicitEuler",
     "Solution",
     "SolverError",
+    "StochasticHeun",
     "SymplecticSplitting",
     "Tsit5",
     "VelocityVerlet",
@@ -101,6 +113,7 @@ __all__ = [
     "multiple_shooting",
     "particles",
     "solve",
+    "split_keys",
     "systems",
     "trajectory_residuals",
 ]

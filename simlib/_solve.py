@@ -21,8 +21,10 @@ from ._errors import Result, SolverError, result_message
 from ._events import Event, as_events, check_events
 from ._fixed import fixed_iterations, grid_count, has_interpolant
 from ._fixed import fixed_jit as _fixed_jit
+from ._sde import solve_sde
 from ._solution import SaveAt, Solution
 from ._solver._base import AbstractSolver, PyTree, VectorField
+from ._solver._sde import AbstractSDESolver
 from ._util import inside_trace, is_tracer, time_dtype
 
 DEFAULT_MAX_STEPS = 4096
@@ -34,7 +36,7 @@ __all__ = ["DEFAULT_MAX_STEPS", "SaveAt", "Solution", "solve"]
 # the entry point
 
 _KEYWORDS = ("solver", "dt", "rtol", "atol", "args", "saveat", "max_steps", "throw", "adjoint",
-             "events")
+             "events", "diffusion", "key", "noise")
 
 
 def _as_array_tree(y0, name: str) -> PyTree:
@@ -97,6 +99,9 @@ def solve(
     throw: bool = True,
     adjoint: AbstractAdjoint | None = None,
     events: Event | list[Event] | tuple[Event, ...] | None = None,
+    diffusion: VectorField | None = None,
+    key: Any = None,
+    noise: str | None = None,
     **unknown: Any,
 ) -> Solution:
     """Integrate ``dy/dt = f(t, y, args)`` from ``t0`` to ``t1``.
@@ -137,6 +142,14 @@ def solve(
         events: An :class:`Event` or a list of them: zeros of ``cond(t, y, args)`` located
             on the dense output, recorded in ``Solution.events``, ending the run
             (``terminal``) or changing the state (``apply``). See docs/events.md.
+        diffusion: For an SDE ``dy = f dt + g dW``: ``g(t, y, args)``, shaped as ``noise``
+            implies; needs an SDE method (:class:`EulerMaruyama`, :class:`Milstein`,
+            :class:`StochasticHeun`, :class:`SRA1`), ``dt`` and ``key``. See docs/sde.md.
+        key: The JAX PRNG key of the SDE's Brownian path (one key, one path, whatever
+            ``dt``).
+        noise: ``"diagonal"`` (default: ``g`` like ``y``, one Brownian motion per
+            component), ``"scalar"`` (``g`` like ``y``, one Brownian motion) or
+            ``"general"`` (each leaf of ``g`` shaped like ``y``'s plus ``(m,)``).
 
     Returns:
         A :class:`Solution`.
@@ -164,6 +177,11 @@ def solve(
         )
     if not callable(f):
         raise TypeError(f"f must be callable as f(t, y, args), got {f!r}")
+    if (diffusion is not None or key is not None or noise is not None
+            or isinstance(solver, AbstractSDESolver)):
+        return solve_sde(f, y0, t0, t1, solver=solver, diffusion=diffusion, key=key,
+                         noise=noise, dt=dt, rtol=rtol, atol=atol, args=args, saveat=saveat,
+                         max_steps=max_steps, throw=throw, adjoint=adjoint, events=events)
     if adjoint is not None and not isinstance(adjoint, AbstractAdjoint):
         raise TypeError(
             "adjoint must be simlib.Direct(), simlib.Checkpointed(), simlib.Reversible() or "

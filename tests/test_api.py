@@ -13,17 +13,20 @@ import simlib as sl
 
 PUBLIC = [
     "AbstractAdjoint",
+    "AbstractSDESolver",
     "AbstractSolver",
     "BDF",
     "BackwardEuler",
     "Bosh3",
     "Bounded",
+    "BrownianPath",
     "ButcherTableau",
     "Checkpointed",
     "Direct",
     "Dopri5",
     "Dopri8",
     "Euler",
+    "EulerMaruyama",
     "Event",
     "EventRecord",
     "ExplicitRungeKutta",
@@ -36,6 +39,7 @@ PUBLIC = [
     "Kvaerno5",
     "Leapfrog",
     "Midpoint",
+    "Milstein",
     "PEFRL",
     "Positive",
     "RK4",
@@ -44,10 +48,12 @@ PUBLIC = [
     "Rodas5",
     "Rodas5P",
     "Rosenbrock23",
+    "SRA1",
     "SaveAt",
     "SemiImplicitEuler",
     "Solution",
     "SolverError",
+    "StochasticHeun",
     "SymplecticSplitting",
     "Tsit5",
     "VelocityVerlet",
@@ -59,6 +65,7 @@ PUBLIC = [
     "multiple_shooting",
     "particles",
     "solve",
+    "split_keys",
     "systems",
     "trajectory_residuals",
 ]
@@ -86,6 +93,11 @@ SOLVER_ORDERS = {
     "Kvaerno5": 5,
     "BackwardEuler": 1,
     "ImplicitMidpoint": 2,
+    # SDE methods: ``order`` is the strong order
+    "EulerMaruyama": 0.5,
+    "Milstein": 1.0,
+    "StochasticHeun": 0.5,
+    "SRA1": 1.5,
 }
 ADAPTIVE = {"Heun", "Bosh3", "Tsit5", "Dopri5", "Dopri8", "Rosenbrock23",
             "Rodas5", "Rodas5P", "BDF", "Kvaerno3", "Kvaerno5"}
@@ -110,7 +122,8 @@ def test_solver_classes_are_exactly_the_known_ones():
         name for name in sl.__all__
         if inspect.isclass(getattr(sl, name))
         and issubclass(getattr(sl, name), sl.AbstractSolver)
-        and name not in ("AbstractSolver", "ExplicitRungeKutta", "SymplecticSplitting")
+        and name not in ("AbstractSolver", "AbstractSDESolver", "ExplicitRungeKutta",
+                         "SymplecticSplitting")
     }
     assert concrete == set(SOLVER_ORDERS)
 

@@ -14,6 +14,7 @@ from ._explicit_rk import (
     Tsit5,
 )
 from ._rosenbrock import Rodas5, Rodas5P, Rosenbrock23
+from ._sde import SRA1, AbstractSDESolver, EulerMaruyama, Milstein, StochasticHeun
 from ._sdirk import BackwardEuler, ImplicitMidpoint, Kvaerno3, Kvaerno5
 from ._symplectic import (
     PEFRL,
@@ -26,6 +27,7 @@ from ._symplectic import (
 from ._tableau import ButcherTableau
 
 __all__ = [
+    "AbstractSDESolver",
     "AbstractSolver",
     "BDF",
     "BackwardEuler",
@@ -34,6 +36,7 @@ __all__ = [
     "Dopri5",
     "Dopri8",
     "Euler",
+    "EulerMaruyama",
     "ExplicitRungeKutta",
     "Heun",
     "ImplicitMidpoint",
@@ -41,12 +44,15 @@ __all__ = [
     "Kvaerno5",
     "Leapfrog",
     "Midpoint",
+    "Milstein",
     "PEFRL",
     "RK4",
     "Rodas5",
     "Rodas5P",
     "Rosenbrock23",
+    "SRA1",
     "SemiImplicitEuler",
+    "StochasticHeun",
     "SymplecticSplitting",
     "Tsit5",
     "VelocityVerlet",

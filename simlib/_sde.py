@@ -1,0 +1,197 @@
+"""``solve(..., diffusion=g, key=key, noise=...)``: SDEs on the fixed-step driver.
+
+The SDE ``dy = f(t, y, args) dt + g(t, y, args) dW`` runs through the same jitted
+fixed-step core as an ODE (``_fixed.py``: ``SaveAt``, ``throw``, ``vmap``, the adjoints):
+the driver's vector field is :class:`_SDEField`, returning the pair ``(f, g)``, and its
+``args`` are :class:`_SDEArgs`, carrying the user's ``args``, the :class:`BrownianPath`
+built from ``key`` and the noise type. The stochastic method (``_solver/_sde.py``) takes
+the increments from the path. See docs/sde.md and docs/design.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._adjoint import AbstractAdjoint, Reversible
+from ._auto import AUTOMATIC
+from ._brownian import BrownianPath, levels_for
+from ._errors import Result, SolverError, result_message
+from ._fixed import fixed_iterations, grid_count
+from ._fixed import fixed_jit as _fixed_jit
+from ._solution import SaveAt, Solution
+from ._solver._base import AbstractSolver
+from ._solver._sde import NOISE_TYPES, AbstractSDESolver
+from ._util import inside_trace, is_tracer, time_dtype
+
+__all__ = ["solve_sde"]
+
+
+class _SDEField:
+    """The driver's vector field for an SDE: ``(t, y, a) -> (f(t, y, a.args), g(t, y,
+    a.args))``, each cast to the state's dtypes. Hashes by ``(f, g)`` so jit caches hit."""
+
+    def __init__(self, f, g):
+        self.f, self.g = f, g
+
+    def __call__(self, t, y, a):
+        drift = jax.tree_util.tree_map(lambda o, x: o.astype(x.dtype), self.f(t, y, a.args), y)
+        diff = jax.tree_util.tree_map(lambda o, x: o.astype(x.dtype), self.g(t, y, a.args), y)
+        return drift, diff
+
+    def __hash__(self) -> int:
+        return hash((_SDEField, self.f, self.g))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _SDEField) and (other.f, other.g) == (self.f, self.g)
+
+
+class _SDEArgs:
+    """The driver's ``args`` for an SDE: the user's ``args``, the path, the noise type."""
+
+    def __init__(self, args, path, noise):
+        self.args, self.path, self.noise = args, path, noise
+
+
+jax.tree_util.register_pytree_node(
+    _SDEArgs, lambda a: ((a.args, a.path), a.noise),
+    lambda noise, leaves: _SDEArgs(leaves[0], leaves[1], noise))
+
+
+def _noise_shape(noise, f, g, y0, args, tdtype) -> tuple[int, ...]:
+    """Check ``f`` and ``g`` against ``y0`` and return the Brownian path's flat shape."""
+    from ._solve import _describe
+
+    t = jax.ShapeDtypeStruct((), tdtype)
+    for name, fn in (("f", f), ("diffusion", g)):
+        try:
+            out = jax.eval_shape(fn, t, y0, args)
+        except Exception as err:  # noqa: BLE001 - re-raised with context
+            raise TypeError(f"calling {name}(t0, y0, args) failed: {err}") from err
+        if jax.tree_util.tree_structure(out) != jax.tree_util.tree_structure(y0):
+            raise ValueError(f"{name} must return the same pytree structure as y0: y0 is "
+                             f"{jax.tree_util.tree_structure(y0)}, {name} returned "
+                             f"{jax.tree_util.tree_structure(out)}")
+        ys, outs = jax.tree_util.tree_leaves(y0), jax.tree_util.tree_leaves(out)
+        if name == "f" or noise in ("diagonal", "scalar"):
+            if any(a.shape != b.shape for a, b in zip(ys, outs, strict=True)):
+                what = "like y0" if name == "f" else f"like y0 for noise={noise!r}"
+                raise ValueError(f"{name} must return arrays shaped {what}: y0 is "
+                                 f"{_describe(y0)}, {name} returned {_describe(out)}")
+        else:
+            ms = {b.shape[-1] if b.ndim == a.ndim + 1 and b.shape[:-1] == a.shape else None
+                  for a, b in zip(ys, outs, strict=True)}
+            if None in ms or len(ms) != 1:
+                raise ValueError(
+                    "diffusion must return, for noise='general', each leaf shaped like y0's "
+                    f"leaf followed by (m,) with the same m: y0 is {_describe(y0)}, diffusion "
+                    f"returned {_describe(out)}")
+            return (ms.pop(),)
+    if noise == "scalar":
+        return ()
+    return (sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(y0)),)
+
+
+def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, dt, rtol, atol,
+              args: Any, saveat: SaveAt, max_steps: int, throw: bool,
+              adjoint: AbstractAdjoint | None, events) -> Solution:
+    """The SDE branch of :func:`simlib.solve` (arguments as there); checks its arguments
+    eagerly, naming the bad one."""
+    from ._solve import _as_array_tree, _check_finite_scalar
+
+    if key is None:
+        raise ValueError("key is required for an SDE (diffusion=...): give a JAX key, e.g. "
+                         "key=jax.random.key(0); one key gives one Brownian path")
+    if diffusion is None:
+        raise ValueError(f"{type(solver).__name__} is an SDE method: give diffusion=g, "
+                         "g(t, y, args) the noise coefficient")
+    if not callable(diffusion):
+        raise TypeError(f"diffusion must be callable as g(t, y, args), got {diffusion!r}")
+    if not isinstance(solver, AbstractSDESolver):
+        raise ValueError(
+            f"diffusion was given, but solver {type(solver).__name__}() is an ODE method; use "
+            "an SDE method: EulerMaruyama(), Milstein(), StochasticHeun() or SRA1()")
+    noise = "diagonal" if noise is None else noise
+    if noise not in NOISE_TYPES:
+        raise ValueError(f"noise must be one of {', '.join(map(repr, NOISE_TYPES))}, "
+                         f"got {noise!r}")
+    if noise not in solver.noise_types:
+        raise ValueError(f"noise={noise!r} is not supported by {type(solver).__name__}() "
+                         f"(it takes {', '.join(map(repr, solver.noise_types))}); "
+                         "EulerMaruyama() and StochasticHeun() take every noise type")
+    if rtol is not None or atol is not None:
+        raise ValueError("rtol/atol were given, but adaptive stepping is not supported for "
+                         "SDEs: give dt (a fixed step)")
+    if dt is None:
+        raise ValueError(f"{type(solver).__name__} needs a step size: give dt")
+    if events is not None:
+        raise ValueError("events are not supported for SDEs")
+    if adjoint is not None and not isinstance(adjoint, AbstractAdjoint):
+        raise TypeError(f"adjoint must be a simlib adjoint, got {adjoint!r}")
+    if isinstance(adjoint, Reversible):
+        raise ValueError("adjoint=Reversible() is not supported for SDEs; use Direct(), "
+                         "Checkpointed() or ForwardMode()")
+    if not isinstance(saveat, SaveAt):
+        raise TypeError(f"saveat must be a simlib.SaveAt, got {saveat!r}")
+    if not isinstance(max_steps, int | np.integer) or max_steps <= 0:
+        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+    max_steps = int(max_steps)
+    mode = saveat.mode()
+
+    y0 = _as_array_tree(y0, "y0")
+    for leaf in jax.tree_util.tree_leaves(y0):
+        if not is_tracer(leaf) and not np.all(np.isfinite(np.asarray(leaf))):
+            raise ValueError(f"y0 must be finite, but it contains nan or inf: {y0!r}")
+    for name, x in (("t0", t0), ("t1", t1), ("dt", dt)):
+        _check_finite_scalar(x, name)
+    concrete = not is_tracer((t0, t1, dt, saveat.ts))
+    if not is_tracer((t0, t1)) and not float(t1) > float(t0):
+        raise ValueError(f"t1 must be greater than t0 for an SDE (forward time only), got "
+                         f"t0={float(t0)!r}, t1={float(t1)!r}")
+    if not is_tracer(dt) and not float(dt) > 0:
+        raise ValueError(f"dt must be positive, got {float(dt)!r}")
+    tdtype = time_dtype(y0)
+    shape = _noise_shape(noise, f, diffusion, y0, args, tdtype)
+
+    if mode == "ts":
+        ts = jnp.asarray(saveat.ts, tdtype)
+        if ts.ndim != 1 or ts.shape[0] == 0:
+            raise ValueError(f"saveat.ts must be a non-empty 1-D array, got shape {ts.shape}")
+        if concrete:
+            ts_np = np.asarray(saveat.ts, np.float64)
+            if np.any(ts_np < float(t0)) or np.any(ts_np > float(t1)):
+                raise ValueError(f"saveat.ts must lie within [t0, t1] = [{float(t0)}, "
+                                 f"{float(t1)}]")
+            if np.any(np.diff(ts_np) < 0):
+                raise ValueError("saveat.ts must be increasing")
+        n_save = int(ts.shape[0])
+    else:
+        ts, n_save = None, 0
+
+    if concrete:
+        levels = levels_for(float(t0), float(t1), float(dt))
+        n_grid = jnp.asarray(grid_count(float(t0), float(t1), float(dt)), jnp.int32)
+        n_iter = fixed_iterations(float(t0), float(t1), float(dt),
+                                  None if ts is None else np.asarray(saveat.ts, np.float64))
+    else:  # at most max_steps steps: a leaf of T / 2^levels is at most one step long
+        levels = int(math.ceil(math.log2(max_steps)))
+        n_grid, n_iter = None, max_steps + n_save
+    path = BrownianPath(key, t0, t1, shape, levels=levels, dtype=tdtype)
+
+    traced = is_tracer((y0, t0, t1, dt, args, saveat.ts, key)) or inside_trace()
+    in_graph_check = bool(throw) and traced
+    sol = _fixed_jit(_SDEField(f, diffusion), solver, mode, saveat.t0, n_iter, n_save,
+                     in_graph_check, max_steps, AUTOMATIC if adjoint is None else adjoint,
+                     y0, t0, t1, dt, n_grid, ts, _SDEArgs(args, path, noise))
+    if throw and not traced:
+        code = int(sol.result)
+        if code != 0:
+            message = result_message(code, t=float(sol.stats["t_final"]),
+                                     step=int(sol.stats["num_steps"]), t1=float(t1),
+                                     max_steps=max_steps)
+            raise SolverError("solve: " + message, Result(code), sol)
+    return sol
