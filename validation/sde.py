@@ -12,14 +12,16 @@ can be evaluated on the path a method integrated:
    ``X0 exp(mu T + sigma W_T)``). The strong error ``E|X_N - X(T)|`` over an ensemble at
    ``dt = 2^-k`` gives the order as the least-squares slope of log error against log dt:
    Euler-Maruyama 0.5, Milstein 1.0, StochasticHeun (Stratonovich; scalar noise is
-   commutative) 1.0. SRA1 (order 1.5 for additive noise) runs on the additive-noise
-   Ornstein-Uhlenbeck problem ``dX = -theta (X - m) dt + sigma dW`` (theta = 2, m = 0.5,
-   sigma = 1, X0 = 1.5), whose exact solution on a path is
-   ``m + (X0 - m) e^{-theta T} + sigma (W_T - theta int_0^T e^{-theta (T-s)} W_s ds)``
-   (integration by parts); the integral is summed over the 2^-12 dyadic intervals of the
-   same path from its exact interval integrals ``int W ds`` (quadrature error < 1e-7).
-   Euler-Maruyama on the same problem (additive noise: order 1.0) is shown too. Standard
-   errors of the slopes come from a bootstrap over the paths. Pass: within 0.1 of theory.
+   commutative) 1.0. SRA1 (order 1.5 for additive noise) runs on the additive-noise problem
+   ``dX = (sin X - X) dt + dW`` (X0 = 1, T = 1), against a reference computed in numpy on
+   the same path by a different method at a 32 times finer step than the finest tested,
+   the order-1.5 Ito-Taylor scheme (Kloeden and Platen 1992, 10.4.1), from the path's
+   exact increments and interval integrals ``int W ds``; Euler-Maruyama on it (additive
+   noise: order 1.0) is checked too.
+   A nonlinear drift is needed: with a linear one (Ornstein-Uhlenbeck) the order-2 error
+   term vanishes and SRA1 converges faster (shown, in the full run, against the exact OU
+   solution on the path). Standard errors of the slopes come from a bootstrap over the
+   paths. Pass: within 0.1 of theory.
 2. **Weak order.** On the same GBM, the weak error ``E[X_N] - E[X(T)]`` is estimated as the
    mean of ``X_N - X(T)`` on the same paths (an unbiased estimator whose variance is the
    strong error's, not the solution's); ``E[X(T)] = X0 e^{mu T}``. For Euler-Maruyama and
@@ -40,10 +42,11 @@ can be evaluated on the path a method integrated:
    minimum; the escape time is the first saved time (every 0.04) with ``X >= 0.8``, a point
    past the barrier from which a path returns to the left well with negligible probability
    (a closer exit, such as 0.5, is missed between saves by the few paths that touch it and
-   fall back). SRA1 at dt = 0.01 (additive noise). The rate is the maximum-likelihood estimate with censoring at
-   ``t_max`` (events / total time at risk; standard error rate / sqrt(events)). References:
-   Kramers' formula in the Smoluchowski limit (Kramers, Physica 7, 284 (1940); Hänggi,
-   Talkner and Borkovec, Rev. Mod. Phys. 62, 251 (1990), eq. 4.56b with gamma = m = 1)
+   fall back). SRA1 at dt = 0.01 (additive noise). The rate is the maximum-likelihood
+   estimate with censoring at ``t_max`` (events / total time at risk; standard error
+   rate / sqrt(events)). References: Kramers' formula in the Smoluchowski (overdamped) limit
+   (Kramers, Physica 7, 284 (1940); Hänggi, Talkner and Borkovec, Rev. Mod. Phys. 62, 251
+   (1990), with gamma = m = 1)
    ``k_K = sqrt(U''(-1) |U''(0)|) / (2 pi) e^{-dU/kT} = (4 sqrt(2) dU / 2 pi) e^{-dU/kT}``,
    and the exact mean first-passage time of the same diffusion to ``x = 0.8``
    (``tau = (1/kT) int_{-1}^{0.8} dy e^{U(y)/kT} int_{-inf}^y dz e^{-U(z)/kT}``, Gardiner,
@@ -63,7 +66,9 @@ import time
 
 import jax
 import jax.numpy as jnp
+import matplotlib
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 from scipy import integrate, stats
 
@@ -78,7 +83,8 @@ KRAMERS_Z = 3.5  # simulated rate against the exact mean first-passage time
 BOOTSTRAP = 200
 
 GBM = dict(mu=2.0, sigma=1.0, x0=1.0, T=1.0)
-OU_ADD = dict(theta=2.0, m=0.5, sigma=1.0, x0=1.5, T=1.0, ref_levels=12)
+NONLINEAR = dict(sigma=1.0, x0=1.0, T=1.0)
+OU_ADD = dict(theta=2.0, m=0.5, sigma=1.0, x0=1.5, T=1.0)
 OU_STAT = dict(theta=1.0, m=0.0, sigma=0.5, x0=2.0, T=5.0, dt=2.0**-8, save=0.25)
 KRAMERS = dict(dU=1.0, kT=0.2, x0=-1.0, exit=0.8, dt=0.01, save_every=4,
                segment_steps=4096)
@@ -86,12 +92,12 @@ KRAMERS = dict(dU=1.0, kT=0.2, x0=-1.0, exit=0.8, dt=0.01, save_every=4,
 
 def _config(quick: bool) -> dict:
     if quick:
-        return dict(strong_paths=1000, strong_ks=range(4, 10), sra_ks=range(2, 8),
-                    weak_ks=range(5, 10), ou_paths=8000, kramers_paths=400,
-                    kramers_tmax_tau=3.0)
-    return dict(strong_paths=4000, strong_ks=range(4, 12), sra_ks=range(2, 9),
-                weak_ks=range(5, 11), ou_paths=20000, kramers_paths=2000,
-                kramers_tmax_tau=4.0)
+        return dict(strong_paths=1000, strong_ks=range(4, 10), sra_ks=range(3, 8),
+                    weak_paths=20000, weak_ks=range(4, 9), ou_orders=False, ou_paths=5000,
+                    ou_chunk=5000, kramers_paths=400, kramers_tmax_tau=3.0)
+    return dict(strong_paths=4000, strong_ks=range(4, 12), sra_ks=range(3, 10),
+                weak_paths=100000, weak_ks=range(4, 10), ou_orders=True, ou_paths=20000,
+                ou_chunk=5000, kramers_paths=2000, kramers_tmax_tau=4.0)
 
 
 # --------------------------------------------------------------------------------------
@@ -115,6 +121,20 @@ def ou_drift(t, x, args):
 
 def ou_diffusion(t, x, args):
     _, _, sigma = args
+    return sigma * jnp.ones_like(x)
+
+
+def nonlinear_a(x):
+    """``a = sin x - x`` and its first two derivatives (numpy)."""
+    return np.sin(x) - x, np.cos(x) - 1.0, -np.sin(x)
+
+
+def nonlinear_drift(t, x, args):
+    return jnp.sin(x) - x
+
+
+def additive_diffusion(t, x, args):
+    (sigma,) = args
     return sigma * jnp.ones_like(x)
 
 
@@ -165,15 +185,42 @@ def mean_first_passage(dU: float, kT: float, x0: float, b: float) -> float:
 # 1-2. strong and weak orders
 
 
-def _final_values(solver, drift, diffusion, x0, T, dt, keys, args):
-    """``X_N`` at ``T`` of every path (one key each), as numpy."""
+def _static_runner(solver, drift, diffusion, x0, T, dt):
     def one(key, args):
         sol = sl.solve(drift, jnp.asarray(x0, jnp.float64), 0.0, T, solver=solver, dt=dt,
                        diffusion=diffusion, key=key, args=args, saveat=sl.SaveAt(t1=True))
         return sol.ys[-1]
 
-    fn = jax.jit(jax.vmap(one, in_axes=(0, None)))
-    return np.asarray(fn(keys, args))
+    return jax.jit(jax.vmap(one, in_axes=(0, None)))
+
+
+def _final_values(solver, drift, diffusion, x0, T, dts, keys, args):
+    """``X_N`` at ``T`` of every path (one key each) for every ``dt``: ``(paths, len(dts))``.
+
+    One compilation per method: ``dt`` is traced, with ``max_steps = T / min(dts)`` (the
+    path is then built to that depth; its values at the dyadic step points are the same at
+    any depth). If the traced run reports a failure or a non-finite value (SRA1 with a traced
+    ``dt`` does on this checkout of the core: its padding steps of length 0 divide ``dZ`` by
+    ``h = 0``), every ``dt`` is run with its own static compilation instead.
+    """
+    max_steps = int(round(T / min(dts)))
+
+    def one(key, args, dt):
+        sol = sl.solve(drift, jnp.asarray(x0, jnp.float64), 0.0, T, solver=solver, dt=dt,
+                       diffusion=diffusion, key=key, args=args, saveat=sl.SaveAt(t1=True),
+                       max_steps=max_steps, throw=False)
+        return sol.ys[-1], sol.result
+
+    traced = jax.jit(jax.vmap(one, in_axes=(0, None, None)))
+    cols = []
+    for dt in dts:
+        x, result = traced(keys, args, jnp.float64(dt))
+        x = np.asarray(x)
+        if np.any(np.asarray(result) != 0) or not np.all(np.isfinite(x)):
+            return np.stack([np.asarray(_static_runner(solver, drift, diffusion, x0, T, dt)(
+                keys, args)) for dt in dts], axis=1), "static dt"
+        cols.append(x)
+    return np.stack(cols, axis=1), "traced dt"
 
 
 def _w_at(keys, T):
@@ -182,22 +229,57 @@ def _w_at(keys, T):
         lambda k: sl.BrownianPath(k, 0.0, T, shape=(), levels=0).evaluate(T))(keys))
 
 
-def _ou_exact(keys, p):
-    """Exact OU solution at T on each key's path (module docstring)."""
-    T, theta, levels = p["T"], p["theta"], p["ref_levels"]
-    ts = np.linspace(0.0, T, 2**levels + 1)
+def _fine_path(keys, T, levels, chunk=500):
+    """``W`` and ``int_0^t W ds`` of each key's path at the ``2^levels + 1`` dyadic times,
+    yielded for chunks of ``chunk`` keys: ``(ts, w, integral)``."""
+    ts = jnp.linspace(0.0, T, 2**levels + 1)
 
     def one(k):
         path = sl.BrownianPath(k, 0.0, T, shape=(), levels=levels)
-        integrals = jax.vmap(path.time_integral)(jnp.asarray(ts))
-        return path.evaluate(T), integrals
+        return jax.vmap(path.evaluate)(ts), jax.vmap(path.time_integral)(ts)
 
-    w_t, integ = jax.jit(jax.vmap(one))(keys)
-    w_t, integ = np.asarray(w_t), np.asarray(integ)
-    mid = 0.5 * (ts[1:] + ts[:-1])
-    conv = np.diff(integ, axis=1) @ np.exp(-theta * (T - mid))
-    e = math.exp(-theta * T)
-    return p["m"] + (p["x0"] - p["m"]) * e + p["sigma"] * (w_t - theta * conv)
+    fn = jax.jit(jax.vmap(one))
+    for start in range(0, keys.shape[0], chunk):
+        w, integ = fn(keys[start:start + chunk])
+        yield np.asarray(ts), np.asarray(w), np.asarray(integ)
+
+
+def _ou_exact(keys, p, levels):
+    """Exact OU solution at T on each key's path (module docstring)."""
+    T, theta = p["T"], p["theta"]
+    out = []
+    for ts, w, integ in _fine_path(keys, T, levels):
+        mid = 0.5 * (ts[1:] + ts[:-1])
+        conv = np.diff(integ, axis=1) @ np.exp(-theta * (T - mid))
+        e = math.exp(-theta * T)
+        out.append(p["m"] + (p["x0"] - p["m"]) * e + p["sigma"] * (w[:, -1] - theta * conv))
+    return np.concatenate(out)
+
+
+def _taylor15_reference(keys, p, levels):
+    """``X(T)`` of ``dX = a(X) dt + sigma dW`` on each key's path, by the strong order-1.5
+    Ito-Taylor scheme for additive noise (Kloeden and Platen 1992, 10.4.1 with b constant):
+    ``Y + a h + b dW + a' b dZ + (a a' + b^2 a''/2) h^2 / 2``, ``dZ = int (W_s - W_t) ds``,
+    in numpy on the 2^levels dyadic intervals of the same path; also returns the same at half
+    the resolution, as an estimate of the reference's own error."""
+    b = p["sigma"]
+
+    def integrate(ts, w, integ, stride):
+        h = ts[stride] - ts[0]
+        dw = w[:, stride::stride] - w[:, :-stride:stride]
+        dz = integ[:, stride::stride] - integ[:, :-stride:stride] - h * w[:, :-stride:stride]
+        y = np.full(w.shape[0], p["x0"])
+        for j in range(dw.shape[1]):
+            a, a1, a2 = nonlinear_a(y)
+            y = (y + a * h + b * dw[:, j] + a1 * b * dz[:, j]
+                 + 0.5 * (a * a1 + 0.5 * b * b * a2) * h * h)
+        return y
+
+    full, half = [], []
+    for ts, w, integ in _fine_path(keys, p["T"], levels):
+        full.append(integrate(ts, w, integ, 1))
+        half.append(integrate(ts, w, integ, 2))
+    return np.concatenate(full), np.concatenate(half)
 
 
 def _slope_and_se(dts, err_matrix, rng):
@@ -218,46 +300,50 @@ def _orders(cfg):
     w_t = _w_at(keys, g["T"])
     ito = g["x0"] * np.exp((g["mu"] - 0.5 * g["sigma"] ** 2) * g["T"] + g["sigma"] * w_t)
     strat = g["x0"] * np.exp(g["mu"] * g["T"] + g["sigma"] * w_t)
-    o = OU_ADD
-    oargs = (jnp.float64(o["theta"]), jnp.float64(o["m"]), jnp.float64(o["sigma"]))
-    ou_ref = _ou_exact(keys, o)
-    studies = [  # name, method, problem, theory, reference, ks
-        ("EulerMaruyama", sl.EulerMaruyama(), "gbm", 0.5, ito, cfg["strong_ks"]),
-        ("Milstein", sl.Milstein(), "gbm", 1.0, ito, cfg["strong_ks"]),
-        ("StochasticHeun", sl.StochasticHeun(), "gbm", 1.0, strat, cfg["strong_ks"]),
-        ("SRA1", sl.SRA1(), "ou", 1.5, ou_ref, cfg["sra_ks"]),
-        ("EulerMaruyama", sl.EulerMaruyama(), "ou", 1.0, ou_ref, cfg["sra_ks"]),
+    n = NONLINEAR
+    nargs = (jnp.float64(n["sigma"]),)
+    levels = max(cfg["sra_ks"]) + 5
+    n_ref, n_ref_half = _taylor15_reference(keys, n, levels)
+    studies = [  # name, method, problem, theory, reference, ks, gated
+        ("EulerMaruyama", sl.EulerMaruyama(), "gbm", 0.5, ito, cfg["strong_ks"], True),
+        ("Milstein", sl.Milstein(), "gbm", 1.0, ito, cfg["strong_ks"], True),
+        ("StochasticHeun", sl.StochasticHeun(), "gbm", 1.0, strat, cfg["strong_ks"], True),
+        ("SRA1", sl.SRA1(), "nonlinear", 1.5, n_ref, cfg["sra_ks"], True),
+        ("EulerMaruyama", sl.EulerMaruyama(), "nonlinear", 1.0, n_ref, cfg["sra_ks"], True),
     ]
+    if cfg["ou_orders"]:
+        o = OU_ADD
+        ou_ref = _ou_exact(keys, o, max(cfg["sra_ks"]) + 5)
+        studies.append(("SRA1", sl.SRA1(), "ou", 1.5, ou_ref, cfg["sra_ks"], False))
+    problems = {"gbm": (gbm_drift, gbm_diffusion, g["x0"], g["T"], gargs),
+                "nonlinear": (nonlinear_drift, additive_diffusion, n["x0"], n["T"], nargs)}
+    if cfg["ou_orders"]:
+        problems["ou"] = (ou_drift, ou_diffusion, OU_ADD["x0"], OU_ADD["T"],
+                          tuple(jnp.float64(OU_ADD[k]) for k in ("theta", "m", "sigma")))
     out = []
-    finals = {}
-    for name, solver, prob, theory, ref, ks in studies:
+    for name, solver, prob, theory, ref, ks, gated in studies:
         dts = np.array([2.0**-k for k in ks])
-        if prob == "gbm":
-            xs = [_final_values(solver, gbm_drift, gbm_diffusion, g["x0"], g["T"], dt, keys,
-                                gargs) for dt in dts]
-        else:
-            xs = [_final_values(solver, ou_drift, ou_diffusion, o["x0"], o["T"], dt, keys,
-                                oargs) for dt in dts]
-        xs = np.stack(xs, axis=1)  # (paths, dts)
-        finals[(name, prob)] = (dts, xs)
+        drift, diffusion, x0, T, args = problems[prob]
+        xs, how = _final_values(solver, drift, diffusion, x0, T, dts, keys, args)
         errs = np.abs(xs - ref[:, None])
         slope, se = _slope_and_se(dts, errs, rng)
         out.append(dict(method=name, problem=prob, theory=theory, dts=dts,
                         errs=errs.mean(axis=0), err_se=errs.std(axis=0) / math.sqrt(len(ref)),
-                        slope=slope, slope_se=se,
+                        slope=slope, slope_se=se, how=how, gated=gated,
                         declared=getattr(solver, "strong_order", None),
-                        ok=bool(abs(slope - theory) <= ORDER_TOL)))
+                        ok=bool(abs(slope - theory) <= ORDER_TOL) or not gated))
+    ref_err = float(np.mean(np.abs(n_ref - n_ref_half)))
+
     # weak order on GBM for EM and Milstein (closed-form mean of both: x0 (1 + mu dt)^N)
     weak = []
+    keys_w = sl.split_keys(jax.random.key(15), cfg["weak_paths"])
+    w_tw = _w_at(keys_w, g["T"])
+    ito_w = g["x0"] * np.exp((g["mu"] - 0.5 * g["sigma"] ** 2) * g["T"] + g["sigma"] * w_tw)
     for name, solver in (("EulerMaruyama", sl.EulerMaruyama()), ("Milstein", sl.Milstein())):
         dts = np.array([2.0**-k for k in cfg["weak_ks"]])
-        have_dts, have_xs = finals[(name, "gbm")]
-        cols = []
-        for dt in dts:
-            hit = np.flatnonzero(np.isclose(have_dts, dt))
-            cols.append(have_xs[:, hit[0]] if hit.size else _final_values(
-                solver, gbm_drift, gbm_diffusion, g["x0"], g["T"], dt, keys, gargs))
-        diff = np.stack(cols, axis=1) - ito[:, None]
+        xs, _ = _final_values(solver, gbm_drift, gbm_diffusion, g["x0"], g["T"], dts, keys_w,
+                              gargs)
+        diff = xs - ito_w[:, None]
         est = diff.mean(axis=0)
         se = diff.std(axis=0, ddof=1) / math.sqrt(diff.shape[0])
         exact_bias = (g["x0"] * (1 + g["mu"] * dts) ** np.round(g["T"] / dts)
@@ -275,14 +361,14 @@ def _orders(cfg):
                          declared=getattr(solver, "weak_order", None),
                          ok=bool(abs(slope - 1.0) <= ORDER_TOL
                                  and np.all(np.abs(z) < Z_MAX))))
-    return out, weak
+    return out, weak, ref_err
 
 
 def _fig_orders(strong, weak) -> str:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     styles = {("EulerMaruyama", "gbm"): ("C0", "o"), ("Milstein", "gbm"): ("C1", "s"),
-              ("StochasticHeun", "gbm"): ("C2", "^"), ("SRA1", "ou"): ("C3", "D"),
-              ("EulerMaruyama", "ou"): ("C4", "v")}
+              ("StochasticHeun", "gbm"): ("C2", "^"), ("SRA1", "nonlinear"): ("C3", "D"),
+              ("EulerMaruyama", "nonlinear"): ("C4", "v"), ("SRA1", "ou"): ("C5", "P")}
     for r in strong:
         color, marker = styles[(r["method"], r["problem"])]
         a.errorbar(r["dts"], r["errs"], yerr=2 * r["err_se"], color=color, marker=marker,
@@ -308,6 +394,8 @@ def _fig_orders(strong, weak) -> str:
                  if color == "C0" else None)
     b.set_xscale("log")
     b.set_yscale("log")
+    b.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    b.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     b.set_xlabel("dt")
     b.set_ylabel("weak error |E[X_N] - E[X(T)]|")
     b.set_title("Weak error on GBM (mu = 2, sigma = 1), estimated on the same paths",
@@ -353,7 +441,7 @@ def _ou_checks(ts, ys, p):
     mu4 = (c**4).mean(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         z_mean = np.where(v > 0, (mean - m) / np.sqrt(v / n), 0.0)
-        se_var = np.sqrt(np.maximum(mu4 - v * v * (n - 3) / (n - 1), 0.0) / n)
+        se_var = np.sqrt(np.maximum(mu4 - var * var * (n - 3) / (n - 1), 0.0) / n)
         z_var = np.where(v > 0, (var - v) / se_var, 0.0)
     m_inf = p["m"]
     s_inf = p["sigma"] / math.sqrt(2 * p["theta"])
@@ -366,9 +454,10 @@ def _ou_checks(ts, ys, p):
 def _ou(cfg):
     p = OU_STAT
     key = jax.random.key(8)
-    ts, ys = _ou_ensemble(p, cfg["ou_paths"], p["sigma"], key)
+    ts, ys = _ou_ensemble(p, cfg["ou_paths"], p["sigma"], key, cfg["ou_chunk"])
     good = _ou_checks(ts, ys, p)
-    _, ys_bad = _ou_ensemble(p, cfg["ou_paths"], p["sigma"] / math.sqrt(2), jax.random.key(9))
+    _, ys_bad = _ou_ensemble(p, cfg["ou_paths"], p["sigma"] / math.sqrt(2), jax.random.key(9),
+                             cfg["ou_chunk"])
     bad = _ou_checks(ts, ys_bad, p)
     good["ok"] = bool(np.all(np.abs(good["z_mean"]) < Z_MAX)
                       and np.all(np.abs(good["z_var"]) < Z_MAX) and good["ks_p"] > KS_ALPHA)
@@ -395,7 +484,8 @@ def _fig_ou(ts, good, bad) -> str:
     a2.set_ylabel("variance")
     h1, l1 = a.get_legend_handles_labels()
     h2, l2 = a2.get_legend_handles_labels()
-    a.legend(h1 + h2, l1 + l2, fontsize=7, loc="center right")
+    a.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+             ncol=2)
     a.set_title(f"OU moments over time ({n} paths, Euler-Maruyama dt = 2^-8)", fontsize=9)
     b = axes[1]
     b.plot(ts[1:], good["z_mean"], "o", ms=3, label="z (mean)")
@@ -442,9 +532,12 @@ def escape_times(n_paths: int, t_max: float, key, p: dict = KRAMERS, solver=None
 
     @jax.jit
     def segment(key, x0, args):
+        # throw=False and a finiteness check here: SRA1 with SaveAt(ts=...) reports a
+        # non-finite state although every saved value is finite (a zero-length step at the
+        # save times divides dZ by h = 0), on this checkout of the core
         sol = sl.solve(well_drift, x0, 0.0, span, solver=solver, dt=dt,
                        diffusion=well_diffusion, key=key, args=args,
-                       saveat=sl.SaveAt(ts=jnp.asarray(save_ts)))
+                       saveat=sl.SaveAt(ts=jnp.asarray(save_ts)), throw=False)
         return sol.ys
 
     x = jnp.full((n_paths,), p["x0"], jnp.float64)
@@ -452,6 +545,8 @@ def escape_times(n_paths: int, t_max: float, key, p: dict = KRAMERS, solver=None
     n_seg = math.ceil(t_max / span)
     for i in range(n_seg):
         ys = np.asarray(segment(jax.random.fold_in(key, i), x, args))
+        if not np.all(np.isfinite(ys)):
+            raise FloatingPointError(f"Kramers run: non-finite state in segment {i}")
         x = jnp.asarray(ys[-1])
         over = ys >= p["exit"]
         hit = over.any(axis=0) & ~np.isfinite(first)
@@ -509,7 +604,7 @@ def _fig_kramers(r) -> str:
     b.plot(tt, np.exp(-r["k_kramers"] * tt), "C3--", lw=1,
            label=f"Kramers k_K = {r['k_kramers']:.3e} (z = {r['z_kramers']:+.2f})")
     b.set_yscale("log")
-    b.set_ylim(max(1.0 / r["n"], 1e-3), 1.05)
+    b.set_ylim(max(0.5 * (1.0 - t.size / r["n"]), 0.5 / r["n"]), 1.05)
     b.set_xlabel("t")
     b.set_ylabel("fraction not yet escaped")
     b.set_title("Escape-time survival (SRA1, dt = 0.01)", fontsize=9)
@@ -529,24 +624,38 @@ def run(quick: bool = False) -> Section:
     data = {}
 
     t = time.perf_counter()
-    strong, weak = _orders(cfg)
+    strong, weak, ref_err = _orders(cfg)
     t_orders = time.perf_counter() - t
     fig = _fig_orders(strong, weak)
     rows = []
     for r in strong:
+        verdict = "ok" if abs(r["slope"] - r["theory"]) <= ORDER_TOL else (
+            "**FAIL**" if r["gated"] else "higher (not gated: see below)"
+            if r["slope"] > r["theory"] else "low (not gated)")
         rows.append([r["method"], r["problem"].upper(), r["theory"], fmt(r["declared"]),
                      f"{r['slope']:.3f} +- {r['slope_se']:.3f}",
                      f"2^-{int(round(-np.log2(r['dts'].max())))}..2^-"
-                     f"{int(round(-np.log2(r['dts'].min())))}",
-                     "ok" if r["ok"] else "**FAIL**"])
+                     f"{int(round(-np.log2(r['dts'].min())))}", r["how"], verdict])
         if not r["ok"]:
             failures.append(f"sde: strong order of {r['method']} on {r['problem']} "
                             f"{r['slope']:.3f}, theory {r['theory']}")
+    finest = min(r["errs"][-1] for r in strong if r["problem"] == "nonlinear")
     body += ["### 8.1 Strong orders", "",
              f"{cfg['strong_paths']} paths (keys `sl.split_keys(key(14), n)`), errors at "
-             f"T = 1; computed in {t_orders:.0f} s together with 8.2.", "",
+             f"T = 1; {t_orders:.0f} s together with 8.2. NONLINEAR is "
+             "``dX = (sin X - X) dt + dW``, X0 = 1, against the order-1.5 Ito-Taylor "
+             f"reference on 2^-{max(cfg['sra_ks']) + 5} steps of the same path, whose own "
+             f"error (against half its resolution) is {ref_err:.1e}, below the smallest "
+             f"measured error ({finest:.1e}) by {finest / ref_err:.0f}x. "
+             "Column `dt` says whether one compilation served every dt (traced) or each dt "
+             "was compiled (static; the fallback when the traced run fails).", "",
              md_table(["method", "problem", "theory", "solver.strong_order",
-                       "measured (bootstrap SE)", "dt range", "verdict"], rows), ""]
+                       "measured (bootstrap SE)", "dt range", "dt", "verdict"], rows), ""]
+    if any(r["problem"] == "ou" for r in strong):
+        body += ["SRA1 on OU (exact solution) is reported, not gated: with a linear drift the "
+                 "order-2 term of the error expansion, b^2 a'' I_(1,1,0), vanishes and the "
+                 "method converges faster than 1.5; the nonlinear problem is the test of 1.5.",
+                 ""]
     rows = []
     for r in weak:
         rows.append([r["method"], f"{r['slope']:.3f} +- {r['slope_se']:.3f}",
@@ -555,7 +664,10 @@ def run(quick: bool = False) -> Section:
         if not r["ok"]:
             failures.append(f"sde: weak order of {r['method']} {r['slope']:.3f} or "
                             f"max |z| {np.max(np.abs(r['z'])):.1f} against the closed form")
+    wk = weak[0]["dts"]
     body += ["### 8.2 Weak order (GBM, E[X_T])", "",
+             f"{cfg['weak_paths']} paths (keys from key(15)), dt = 2^-"
+             f"{int(round(-np.log2(wk.max())))}..2^-{int(round(-np.log2(wk.min())))}.", "",
              md_table(["method", "measured order", "closed-form bias slope (same dts)",
                        "solver.weak_order", "z vs closed-form bias per dt", "verdict"], rows),
              "", f"![orders]({fig})", ""]
