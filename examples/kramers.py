@@ -30,7 +30,7 @@ X0 = -1.0
 EXIT = 0.8
 SAVE_EVERY = 4
 SEGMENT_STEPS = 4096
-SHOWN = 6  # paths drawn in the figure
+SHOWN = 3  # paths drawn in the figure
 
 
 class _Parser(argparse.ArgumentParser):
@@ -204,7 +204,7 @@ def plot(res, opts, path):
     horizon = min(res["t_max"], 2.0 / res["k_kramers"])
     keep = res["paths_t"] <= horizon
     for j in range(res["paths_x"].shape[1]):
-        a.plot(res["paths_t"][keep], res["paths_x"][keep, j], lw=0.6)
+        a.plot(res["paths_t"][keep], res["paths_x"][keep, j], lw=0.4, alpha=0.85)
     for y, style in ((-1.0, ":"), (1.0, ":"), (EXIT, "--")):
         a.axhline(y, color="k" if style == ":" else "C3", ls=style, lw=0.8)
     a.set_xlabel("t")
