@@ -38,6 +38,10 @@ from jax import lax
 __all__ = ["BrownianPath", "levels_for", "split_keys"]
 
 _U32 = jnp.uint32
+_ROOT, _BRIDGE = 0, 1000
+"""Stream numbers: the root pair is stream 0, the split normals of level ``j`` streams
+``1 + 2j`` (``z1``) and ``2 + 2j`` (``z2``), the bridge normals of a tree ``k`` deep streams
+``1000 + 4k`` (increment only) and ``1001 + 4k``, ``1002 + 4k`` (increment and area)."""
 
 
 def _mix(x):
@@ -50,23 +54,90 @@ def _mix(x):
     return x ^ (x >> 16)
 
 
-def _hash_pair(seed, node, channel):
-    """Two 32-bit words from (seed, node, channel): a keyed two-round hash."""
-    x = _mix(node * _U32(0x9E3779B1) ^ seed[0])
+def _hash_pair(seed, stream: int, pair, channel):
+    """Two 32-bit words from (seed, stream, pair, channel): three keyed ``lowbias32`` rounds
+    (the counters are combined injectively for a fixed seed before the first)."""
+    s0 = seed[0] ^ _U32((stream * 0x9E3779B1) & 0xFFFFFFFF)
+    x = _mix((pair * _U32(0x9E3779B1)) ^ s0)
     x = _mix(x ^ (channel * _U32(0x85EBCA77) + seed[1]))
-    return _mix(x + _U32(0x68E31DA4)), _mix(x + _U32(0x1B56C4E9) ^ seed[0])
+    return x, _mix(x ^ (seed[1] + _U32(0x68E31DA4)))
+
+
+# Taylor coefficients of sin and cos in x^2 (on [0, pi/2] the f64 set is accurate to 3e-16,
+# the f32 set to 6e-8)
+def _taylor(n):
+    sin_c = [(-1) ** k / math.factorial(2 * k + 1) for k in range(n)]
+    cos_c = [(-1) ** k / math.factorial(2 * k) for k in range(n + 1)]
+    return sin_c, cos_c
+
+
+_SINCOS = {8: _taylor(10), 4: _taylor(6)}
+
+
+def _unit(bits, nbits: int, dtype):
+    """The top ``nbits`` of the 32-bit words ``bits`` as a float in ``[1, 2)``, placed in the
+    mantissa (no integer-to-float conversion, which does not vectorise on x86)."""
+    if jnp.dtype(dtype).itemsize >= 8:
+        m = (bits >> (32 - nbits)).astype(jnp.uint64) << (52 - nbits)
+        return lax.bitcast_convert_type(m | jnp.uint64(0x3FF0000000000000), jnp.float64)
+    m = bits >> (32 - min(nbits, 23)) << (23 - min(nbits, 23))
+    return lax.bitcast_convert_type(m | _U32(0x3F800000), jnp.float32)
+
+
+def _sincos_quarter(b, dtype):
+    """``(cos theta, sin theta)`` for an angle ``theta`` uniform on ``[0, 2 pi)`` taken from
+    the word ``b``: its top two bits choose the quadrant, the next 30 the angle in it (a
+    Taylor polynomial on ``[0, pi/2)``, no range reduction)."""
+    sin_c, cos_c = _SINCOS[8 if jnp.dtype(dtype).itemsize >= 8 else 4]
+    x = (_unit(b << 2, 30, dtype) - 1.0) * (0.5 * math.pi)
+    x2 = x * x
+    s = sin_c[-1]
+    for c in sin_c[-2::-1]:
+        s = s * x2 + c
+    s = s * x
+    c_ = cos_c[-1]
+    for c in cos_c[-2::-1]:
+        c_ = c_ * x2 + c
+    q = b >> 30
+    swap = (q & _U32(1)) == 1
+    cos_t = jnp.where(swap, s, c_)
+    sin_t = jnp.where(swap, c_, s)
+    cos_t = jnp.where((q == 1) | (q == 2), -cos_t, cos_t)
+    sin_t = jnp.where(q >= 2, -sin_t, sin_t)
+    return cos_t, sin_t
+
+
+def _box_muller(a, b, dtype):
+    """Two independent standard normals from two 32-bit words (Box and Muller 1958). The
+    radius uses ``u = 2 - (1 + a / 2^32)`` in ``(0, 1]`` (32 bits in float64, 23 in float32),
+    so the tails are cut at 6.66 sigma (float64) or 5.65 sigma (float32)."""
+    u1 = 2.0 - _unit(a, 32, dtype)
+    r = jnp.sqrt(-2.0 * jnp.log(u1))
+    cos_t, sin_t = _sincos_quarter(b, dtype)
+    return r * cos_t, r * sin_t
+
+
+def _normals(seed, stream: int, n: int, d: int, dtype):
+    """Normals ``0 .. n-1`` of a stream, ``(n, d)``; normals ``2p`` and ``2p + 1`` are the
+    Box-Muller pair of hash ``(stream, p, channel)``."""
+    pairs = (n + 1) // 2
+    a, b = _hash_pair(seed, stream, jnp.arange(pairs, dtype=_U32)[:, None],
+                      jnp.arange(d, dtype=_U32)[None])
+    z0, z1 = _box_muller(a, b, dtype)
+    return jnp.stack([z0, z1], axis=1).reshape(2 * pairs, d)[:n]
+
+
+def _normal_at(seed, stream: int, index, d: int, dtype):
+    """Normal ``index`` of a stream for every channel, ``(d,)`` (``index`` may be traced)."""
+    index = jnp.asarray(index).astype(_U32)
+    a, b = _hash_pair(seed, stream, index >> 1, jnp.arange(d, dtype=_U32))
+    z0, z1 = _box_muller(a, b, dtype)
+    return jnp.where((index & _U32(1)) == 0, z0, z1)
 
 
 def normal_pair(seed, node, channel, dtype):
-    """Two independent standard normals per ``(node, channel)`` (Box-Muller on two 32-bit
-    uniforms in ``(0, 1)``; the tails are cut at ``sqrt(2 * 32 ln 2) = 6.66`` sigma)."""
-    a, b = _hash_pair(seed, node, channel)
-    scale = 2.0 ** -32
-    u1 = (a.astype(dtype) + 0.5) * scale
-    u2 = (b.astype(dtype) + 0.5) * scale
-    r = jnp.sqrt(-2.0 * jnp.log(u1))
-    theta = (2.0 * math.pi) * u2
-    return r * jnp.cos(theta), r * jnp.sin(theta)
+    """The Box-Muller pair of ``(node, channel)`` in stream 0 (for statistical checks)."""
+    return _box_muller(*_hash_pair(seed, 0, node, channel), dtype)
 
 
 def _split(dw, h, length, z1, z2):
@@ -75,12 +146,14 @@ def _split(dw, h, length, z1, z2):
 
     Conditional law of the left half (unit length): mean ``(dW/2 + 3H/2, H/4)``, covariance
     ``[[1/16, -1/32], [-1/32, 7/192]]``, whose Cholesky factor is
-    ``[[1/4, 0], [-1/8, 1/sqrt(48)]]``.
+    ``[[1/4, 0], [-1/8, 1/sqrt(48)]]``. ``z2 = None``: the increments only.
     """
     s = jnp.sqrt(length)
     dw1 = 0.5 * dw + 1.5 * h + s * (0.25 * z1)
-    h1 = 0.25 * h + s * (-0.125 * z1 + z2 / math.sqrt(48.0))
     dw2 = dw - dw1
+    if z2 is None:
+        return dw1, None, dw2, None
+    h1 = 0.25 * h + s * (-0.125 * z1 + z2 / math.sqrt(48.0))
     h2 = 2.0 * h - h1 - 0.5 * (dw1 - dw2)
     return dw1, h1, dw2, h2
 
@@ -136,36 +209,47 @@ def _seed(key):
     return jax.random.bits(arr, (2,), jnp.uint32)
 
 
-def _build(seed, t0, t1, levels: int, d: int, dtype):
-    """Node values ``W`` (``2^levels + 1``), leaf areas ``H`` (``2^levels``) and node time
-    integrals ``I(t) = int_{t0}^t W`` (``2^levels + 1``), each with ``d`` channels."""
+def _bridge_streams(levels: int, area: bool) -> tuple[int, ...]:
+    base = _BRIDGE + 4 * levels
+    return (base + 1, base + 2) if area else (base,)
+
+
+def _build(seed, t0, t1, levels: int, d: int, dtype, area: bool, bridge: bool):
+    """Node values ``W`` (``2^levels + 1``, ``d`` channels); with ``area``, leaf areas ``H``
+    and node time integrals ``I(t) = int_{t0}^t W``; with ``bridge``, the bridge normals of
+    every leaf (else they are hashed when a query needs them)."""
     span = (t1 - t0).astype(dtype)
-    channel = jnp.arange(d, dtype=_U32)
-    z1, z2 = normal_pair(seed, _U32(0), channel, dtype)
-    dw = (jnp.sqrt(span) * z1)[None]
-    h = (jnp.sqrt(span / 12.0) * z2)[None]
+    z = _normals(seed, _ROOT, 2, d, dtype)
+    dw, h = jnp.sqrt(span) * z[:1], jnp.sqrt(span / 12.0) * z[1:]
     for j in range(levels):
         n = 2 ** j
-        node = (jnp.arange(n, dtype=_U32) + _U32(n))[:, None]
-        z1, z2 = normal_pair(seed, node, channel[None], dtype)
+        z1 = _normals(seed, 1 + 2 * j, n, d, dtype)
+        z2 = _normals(seed, 2 + 2 * j, n, d, dtype) if area or j < levels - 1 else None
         dw1, h1, dw2, h2 = _split(dw, h, span / n, z1, z2)
         dw = jnp.stack([dw1, dw2], axis=1).reshape(2 * n, d)
-        h = jnp.stack([h1, h2], axis=1).reshape(2 * n, d)
-    leaf = span / 2 ** levels
+        h = None if h1 is None else jnp.stack([h1, h2], axis=1).reshape(2 * n, d)
     zero = jnp.zeros((1, d), dtype)
     w = jnp.concatenate([zero, jnp.cumsum(dw, axis=0)])
-    area = leaf * (w[:-1] + h + 0.5 * dw)
-    integral = jnp.concatenate([zero, jnp.cumsum(area, axis=0)])
-    return w, h, integral
+    integral = None
+    if area:
+        leaf = span / 2 ** levels
+        integral = jnp.concatenate([zero, jnp.cumsum(leaf * (w[:-1] + h + 0.5 * dw), axis=0)])
+    else:
+        h = None
+    zb = None
+    if bridge:
+        zb = tuple(_normals(seed, s, 2 ** levels, d, dtype)
+                   for s in _bridge_streams(levels, area))
+    return w, h, integral, zb
 
 
-_build_jit = jax.jit(_build, static_argnums=(3, 4, 5))
+_build_jit = jax.jit(_build, static_argnums=(3, 4, 5, 6, 7))
 
 
 class BrownianPath:
     """A Brownian motion ``W`` on ``[t0, t1]`` with ``W(t0) = 0``, a function of ``key``
     and the interval: the same key gives the same values at the dyadic times
-    ``t0 + j (t1 - t0) / 2^k`` whatever ``dt`` or ``levels``.
+    ``t0 + j (t1 - t0) / 2^k`` whatever ``dt``, ``levels`` or ``area``.
 
     Args:
         key: A JAX PRNG key.
@@ -173,15 +257,22 @@ class BrownianPath:
         shape: Shape of ``W(t)`` (independent components).
         dt: The step the path is queried at: the tree is built ``levels_for(t0, t1, dt)``
             deep, so a solve with this ``dt`` sees exactly this path.
-        levels: The tree depth instead of ``dt``.
+        levels: The tree depth instead of ``dt`` (at most 24).
+        area: Also carry the space-time Lévy areas, for :meth:`time_integral` (the path
+            :class:`SRA1` sees; off the dyadic times its values differ from
+            ``area=False``, which samples the bridge given the increments only).
         dtype: Floating dtype (default: JAX's default float).
+        precompute: Draw the bridge normals of every leaf when building (for many queries
+            off the dyadic times, e.g. a solve whose ``dt`` does not divide ``t1 - t0`` in
+            a power of two); else each such query hashes its own. Same values either way.
 
     Methods: :meth:`evaluate` (``W(t)``), :meth:`increment`, :meth:`time_integral`
     (``int_{t0}^t W(s) ds``). A pytree: ``jax.vmap`` a function that builds one over keys.
     """
 
     def __init__(self, key, t0, t1, shape: tuple[int, ...] = (), *, dt=None,
-                 levels: int | None = None, dtype: Any = None):
+                 levels: int | None = None, area: bool = False, dtype: Any = None,
+                 precompute: bool = False):
         if levels is None:
             if dt is None:
                 raise ValueError("BrownianPath needs dt (the step it is queried at) or levels")
@@ -191,52 +282,51 @@ class BrownianPath:
         shape = tuple(int(n) for n in shape) if isinstance(shape, tuple | list) else (
             (int(shape),))
         dtype = jnp.dtype(dtype) if dtype is not None else jnp.result_type(float)
-        self.shape, self.levels, self.dtype = shape, int(levels), dtype
+        self.shape, self.levels, self.dtype, self.area = shape, int(levels), dtype, bool(area)
         self.t0 = jnp.asarray(t0, dtype)
         self.t1 = jnp.asarray(t1, dtype)
         self.seed = _seed(key)
         d = int(np.prod(shape)) if shape else 1
-        self.w, self.h, self.i = _build_jit(self.seed, self.t0, self.t1, self.levels, d, dtype)
+        self.w, self.h, self.i, self.zb = _build_jit(self.seed, self.t0, self.t1, self.levels,
+                                                     d, dtype, self.area, bool(precompute))
 
     # -- evaluation (pure JAX; t may be traced)
     def _flat_at(self, t, need_integral: bool):
         """``(W(t), I(t))`` flat, ``(d,)`` each (``I`` is ``None`` unless asked for)."""
+        if need_integral and not self.area:
+            raise ValueError("this BrownianPath was built without area=True: it has no "
+                             "time integral")
         n_leaf = 2 ** self.levels
+        d = self.w.shape[-1]
         t = jnp.asarray(t, self.dtype)
         leaf_len = (self.t1 - self.t0) / n_leaf
         u = jnp.clip((t - self.t0) / leaf_len, 0.0, float(n_leaf))
         nearest = jnp.round(u)
         tol = 8 * jnp.finfo(self.dtype).eps * (1.0 + u)
         on_node = jnp.abs(u - nearest) <= tol
+        k = jnp.clip(jnp.floor(u), 0, n_leaf - 1).astype(jnp.int32)
+        r = jnp.where(on_node, 0.5, u - k.astype(u.dtype))
 
-        def node():
-            k = nearest.astype(jnp.int32)
-            wk = lax.dynamic_index_in_dim(self.w, k, keepdims=False)
-            ik = lax.dynamic_index_in_dim(self.i, k, keepdims=False) if need_integral else None
-            return wk, ik
+        def at(x, i):
+            return lax.dynamic_index_in_dim(x, i, axis=-2, keepdims=False)
 
-        def inside():
-            k = jnp.clip(jnp.floor(u), 0, n_leaf - 1).astype(jnp.int32)
-            r = u - k.astype(u.dtype)
-            wa = lax.dynamic_index_in_dim(self.w, k, keepdims=False)
-            wb = lax.dynamic_index_in_dim(self.w, k + 1, keepdims=False)
-            ha = lax.dynamic_index_in_dim(self.h, k, keepdims=False)
-            rbits = lax.bitcast_convert_type(r.astype(jnp.float32), _U32)
-            node_id = _mix(k.astype(_U32) ^ _U32(0xA5A5A5A5)) ^ rbits
-            d = wa.shape[-1]
-            z1, z2 = normal_pair(self.seed, node_id, jnp.arange(d, dtype=_U32)
-                                 + _U32(1 << 31), self.dtype)
-            dw1, h1 = _split_at(wb - wa, ha, leaf_len, r, z1, z2)
-            w = wa + dw1
-            if not need_integral:
-                return w, None
-            ia = lax.dynamic_index_in_dim(self.i, k, keepdims=False)
-            return w, ia + r * leaf_len * (wa + h1 + 0.5 * dw1)
-
-        return lax.cond(on_node, node, inside)
+        streams = _bridge_streams(self.levels, self.area)
+        zs = [at(zb, k) for zb in self.zb] if self.zb is not None else [
+            _normal_at(self.seed, s, k, d, self.dtype) for s in streams]
+        wa, wb = at(self.w, k), at(self.w, k + 1)
+        w_node = at(self.w, nearest.astype(jnp.int32))
+        if not self.area:  # the Brownian bridge given the leaf's increment
+            w = wa + r * (wb - wa) + jnp.sqrt(r * (1.0 - r) * leaf_len) * zs[0]
+            return jnp.where(on_node, w_node, w), None
+        dw1, h1 = _split_at(wb - wa, at(self.h, k), leaf_len, r, zs[0], zs[1])
+        w = jnp.where(on_node, w_node, wa + dw1)
+        if not need_integral:
+            return w, None
+        i = at(self.i, k) + r * leaf_len * (wa + h1 + 0.5 * dw1)
+        return w, jnp.where(on_node, at(self.i, nearest.astype(jnp.int32)), i)
 
     def _shape_out(self, x):
-        return x.reshape(self.shape)
+        return x.reshape(x.shape[:-1] + self.shape)
 
     def evaluate(self, t) -> jax.Array:
         """``W(t) - W(t0)``, shaped ``shape``."""
@@ -247,21 +337,22 @@ class BrownianPath:
         return self.evaluate(t) - self.evaluate(s)
 
     def time_integral(self, t) -> jax.Array:
-        """``int_{t0}^t (W(s) - W(t0)) ds``."""
+        """``int_{t0}^t (W(s) - W(t0)) ds`` (a path built with ``area=True``)."""
         return self._shape_out(self._flat_at(t, True)[1])
 
     def __repr__(self) -> str:
-        return f"BrownianPath(shape={self.shape}, levels={self.levels}, dtype={self.dtype})"
+        return (f"BrownianPath(shape={self.shape}, levels={self.levels}, area={self.area}, "
+                f"dtype={self.dtype})")
 
 
 def _flatten(p):
-    return (p.t0, p.t1, p.seed, p.w, p.h, p.i), (p.shape, p.levels, p.dtype)
+    return (p.t0, p.t1, p.seed, p.w, p.h, p.i, p.zb), (p.shape, p.levels, p.dtype, p.area)
 
 
 def _unflatten(aux, leaves):
     p = object.__new__(BrownianPath)
-    p.shape, p.levels, p.dtype = aux
-    p.t0, p.t1, p.seed, p.w, p.h, p.i = leaves
+    p.shape, p.levels, p.dtype, p.area = aux
+    p.t0, p.t1, p.seed, p.w, p.h, p.i, p.zb = leaves
     return p
 
 

@@ -174,13 +174,18 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, d
 
     if concrete:
         levels = levels_for(float(t0), float(t1), float(dt))
-        n_grid = jnp.asarray(grid_count(float(t0), float(t1), float(dt)), jnp.int32)
+        n_grid_host = grid_count(float(t0), float(t1), float(dt))
+        n_grid = jnp.asarray(n_grid_host, jnp.int32)
         n_iter = fixed_iterations(float(t0), float(t1), float(dt),
                                   None if ts is None else np.asarray(saveat.ts, np.float64))
     else:  # at most max_steps steps: a leaf of T / 2^levels is at most one step long
         levels = int(math.ceil(math.log2(max_steps)))
-        n_grid, n_iter = None, max_steps + n_save
-    path = BrownianPath(key, t0, t1, shape, levels=levels, dtype=tdtype)
+        n_grid, n_iter, n_grid_host = None, max_steps + n_save, -1
+    # every step ends on a node when the grid is the tree's leaves; else precompute the
+    # bridge normals of every leaf rather than hashing them step by step
+    on_nodes = concrete and mode != "ts" and n_grid_host == 2 ** levels
+    path = BrownianPath(key, t0, t1, shape, levels=levels, area=solver.needs_area,
+                        dtype=tdtype, precompute=not on_nodes)
 
     traced = is_tracer((y0, t0, t1, dt, args, saveat.ts, key)) or inside_trace()
     in_graph_check = bool(throw) and traced
