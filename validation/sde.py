@@ -238,7 +238,7 @@ def _fine_path(keys, T, levels, chunk=500):
     ts = jnp.linspace(0.0, T, 2**levels + 1)
 
     def one(k):
-        path = sl.BrownianPath(k, 0.0, T, shape=(), levels=levels)
+        path = sl.BrownianPath(k, 0.0, T, shape=(), levels=levels, area=True)
         return jax.vmap(path.evaluate)(ts), jax.vmap(path.time_integral)(ts)
 
     fn = jax.jit(jax.vmap(one))
