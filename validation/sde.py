@@ -496,7 +496,8 @@ def _fig_ou(ts, good, bad) -> str:
     b.axhspan(-Z_MAX, Z_MAX, color="0.9", zorder=0, label=f"pass band |z| < {Z_MAX:g}")
     b.set_xlabel("t")
     b.set_ylabel("z-score against the closed form")
-    b.set_ylim(-6, 6)
+    zmax = max(6.0, 1.1 * float(np.max(np.abs(np.concatenate([good["z_mean"], good["z_var"]])))))
+    b.set_ylim(-zmax, zmax)
     b.legend(fontsize=7)
     b.set_title("z-scores of the moments", fontsize=9)
     c = axes[2]
