@@ -229,11 +229,14 @@ def _build(seed, t0, t1, levels: int, d: int, dtype, area: bool, bridge: bool):
         dw = jnp.stack([dw1, dw2], axis=1).reshape(2 * n, d)
         h = None if h1 is None else jnp.stack([h1, h2], axis=1).reshape(2 * n, d)
     zero = jnp.zeros((1, d), dtype)
-    w = jnp.concatenate([zero, jnp.cumsum(dw, axis=0)])
+    # associative_scan: the same additions in the same order with or without vmap (XLA's
+    # cumsum may block a batched array differently), so the path is bit-identical
+    w = jnp.concatenate([zero, lax.associative_scan(jnp.add, dw, axis=0)])
     integral = None
     if area:
         leaf = span / 2 ** levels
-        integral = jnp.concatenate([zero, jnp.cumsum(leaf * (w[:-1] + h + 0.5 * dw), axis=0)])
+        integral = jnp.concatenate([zero, lax.associative_scan(
+            jnp.add, leaf * (w[:-1] + h + 0.5 * dw), axis=0)])
     else:
         h = None
     zb = None

@@ -170,7 +170,8 @@ class SRA1(AbstractSDESolver):
 
     def step(self, f, t, y, h, args, state):
         a, dw, dz, state1 = self._increments(f, t, h, args, state)
-        zh = dz / h.astype(dz.dtype)
+        hz = h.astype(dz.dtype)
+        zh = jnp.where(hz != 0, dz / jnp.where(hz != 0, hz, 1.0), 0.0)  # h = 0: padding
         drift0, g0 = f(t, y, args)
         _, g1 = f(t + h, y, args)
         stage = _add(y, _scale(0.75 * h, drift0), _scale(1.5, noise_term(a.noise, g1, zh, y)))
