@@ -1,5 +1,5 @@
 """Validation suite for simlib: accuracy, convergence, energy, work-precision, gradients,
-particles, stiff problems.
+particles, stiff problems, stochastic differential equations.
 
 Heavier than the unit tests. Run it from the repository root with
 

@@ -34,6 +34,7 @@ from validation import (  # noqa: E402
     energy,
     gradients,
     particles,
+    sde,
     stiff,
     work_precision,
 )
@@ -46,6 +47,7 @@ PARTS = {
     "gradients": gradients,
     "particles": particles,
     "stiff": stiff,
+    "sde": sde,
 }
 
 
@@ -54,8 +56,10 @@ PARTS = {
 # energy bounds, gradients against the sensitivity equations and central differences), in
 # their reduced configurations. Work-precision (timings) and particles (statistics of long
 # runs) need the full run.
-# The stiff part runs Robertson and Van der Pol at one tolerance (rtol 1e-6).
-QUICK_PARTS = ("convergence", "accuracy", "energy", "gradients", "stiff")
+# The stiff part runs Robertson and Van der Pol at one tolerance (rtol 1e-6). The SDE part
+# runs every check on smaller ensembles (strong and weak orders, OU with its negative control,
+# a 400-path Kramers run).
+QUICK_PARTS = ("convergence", "accuracy", "energy", "gradients", "stiff", "sde")
 
 
 def _header(quick: bool, parts: list[str], seconds: float) -> str:
