@@ -55,9 +55,14 @@ def _mix(x):
 
 
 def _hash_pair(seed, stream: int, pair, channel):
-    """Two 32-bit words from (seed, stream, pair, channel): three keyed ``lowbias32`` rounds
-    (the counters are combined injectively for a fixed seed before the first)."""
-    s0 = seed[0] ^ _U32((stream * 0x9E3779B1) & 0xFFFFFFFF)
+    """Two 32-bit words from (seed, stream, pair, channel): keyed ``lowbias32`` rounds.
+
+    The stream is hashed with the seed first, and only then combined with the pair: XOR-ing
+    ``stream * G`` and ``pair * G`` directly made ``(stream a, pair b)`` and ``(stream b,
+    pair a)`` give the same words for every key, so that two nodes of every path drew the
+    same normals (tests/test_sde.py checks that no two counters of a tree collide).
+    """
+    s0 = _mix(seed[0] ^ _U32((stream * 0x9E3779B1) & 0xFFFFFFFF))
     x = _mix((pair * _U32(0x9E3779B1)) ^ s0)
     x = _mix(x ^ (channel * _U32(0x85EBCA77) + seed[1]))
     return x, _mix(x ^ (seed[1] + _U32(0x68E31DA4)))
