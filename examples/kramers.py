@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from simlib import cli
 
 METHODS = ("SRA1", "EulerMaruyama", "Milstein", "StochasticHeun")
 DU = 1.0
@@ -33,63 +34,31 @@ SEGMENT_STEPS = 4096
 SHOWN = 3  # paths drawn in the figure
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad value in one line (no usage block) and exits 2."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _number(kind, low=None, high=None, low_open=True):
+def _at_most(kind, high: float):
     def check(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be finite, got {text}")
-        if low is not None and (value <= low if low_open else value < low):
-            raise argparse.ArgumentTypeError(
-                f"must be {'>' if low_open else '>='} {low:g}, got {text}")
-        if high is not None and value > high:
+        value = kind(text)
+        if value > high:
             raise argparse.ArgumentTypeError(f"must be <= {high:g}, got {text}")
         return value
 
     return check
 
 
-def _suffix(*allowed):
-    def check(text):
-        if Path(text).suffix.lower() not in allowed:
-            raise argparse.ArgumentTypeError(
-                f"must end in {' or '.join(allowed)}, got {text!r}")
-        return text
-
-    return check
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kramers.py", description=__doc__.split("\n\n")[0],
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--n", type=_number(int, 0), default=1000,
+    parser = cli.ExampleParser(description=__doc__)
+    parser.add_argument("--n", type=cli.positive_int, default=1000,
                         help="number of independent paths")
-    parser.add_argument("--barrier", type=_number(float, 0.0, 12.0), default=5.0,
+    parser.add_argument("--barrier", type=_at_most(cli.positive_float, 12.0), default=5.0,
                         help="barrier height over temperature dU/kT (dU = 1)")
-    parser.add_argument("--dt", type=_number(float, 0.0, 0.05), default=0.01,
+    parser.add_argument("--dt", type=_at_most(cli.positive_float, 0.05), default=0.01,
                         help="time step")
-    parser.add_argument("--steps", type=_number(int, 0, low_open=False), default=0,
+    parser.add_argument("--steps", type=cli.nonnegative_int, default=0,
                         help="steps per path; 0: three Kramers times 3/k_K, rounded up to "
                         f"whole segments of {SEGMENT_STEPS} steps")
     parser.add_argument("--method", choices=METHODS, default="SRA1",
                         help="SDE method (the noise is additive, so all four converge)")
-    parser.add_argument("--seed", type=_number(int, 0, low_open=False), default=0,
-                        help="PRNG seed")
-    parser.add_argument("--x64", action="store_true", help="run in float64 (default float32)")
-    parser.add_argument("--out", type=_suffix(".npz"), default=None,
-                        help="write the escape times, rates and shown paths to this .npz")
-    parser.add_argument("--plot", type=_suffix(".png", ".pdf", ".svg"), default=None,
-                        help="write the figure (paths and escape-time histogram) here")
-    parser.add_argument("--quiet", action="store_true", help="print only the summary line")
+    parser.add_argument("--seed", type=cli.nonnegative_int, default=0, help="PRNG seed")
+    cli.add_output_options(parser, x64=False)
     return parser
 
 
@@ -236,32 +205,28 @@ def plot(res, opts, path):
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+@cli.script
+def main(argv: list[str] | None = None) -> None:
     opts = build_parser().parse_args(argv)
-    import simlib as sl
-
-    try:
-        res = run(opts)
-    except sl.SolverError as err:
-        print(f"kramers.py: solve failed: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 1
+    res = run(opts)
     if opts.out:
-        Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
-        np.savez(opts.out, escape_times=res["times"], rate=res["rate"], rate_se=res["se"],
-                 k_kramers=res["k_kramers"], k_exact=res["k_exact"], t_max=res["t_max"],
-                 paths_t=res["paths_t"], paths_x=res["paths_x"], barrier=opts.barrier,
-                 kT=res["kT"], dt=opts.dt, steps=res["steps"], n=opts.n, seed=opts.seed,
-                 method=opts.method, x64=opts.x64)
+        cli.save_result(opts.out, dict(barrier=opts.barrier, kT=res["kT"], dt=opts.dt,
+                                       steps=res["steps"], n=opts.n, seed=opts.seed,
+                                       method=opts.method, x64=opts.x64),
+                        escape_times=res["times"], rate=res["rate"], rate_se=res["se"],
+                        k_kramers=res["k_kramers"], k_exact=res["k_exact"],
+                        t_max=res["t_max"], paths_t=res["paths_t"], paths_x=res["paths_x"])
     if opts.plot:
         plot(res, opts, opts.plot)
     z = (res["rate"] - res["k_exact"]) / res["se"]
-    print(f"kramers: {opts.n} paths, dU/kT = {opts.barrier:g}, {opts.method} dt = {opts.dt:g},"
-          f" {res['steps']} steps, {res['events']} escapes: rate {res['rate']:.4g} +- "
-          f"{res['se']:.2g} (Kramers {res['k_kramers']:.4g}, ratio "
-          f"{res['rate'] / res['k_kramers']:.3f}; exact MFPT {res['k_exact']:.4g}, z = "
-          f"{z:+.2f}); compile {res['compile_s']:.2f} s, run {res['run_s']:.2f} s")
-    return 0
+    cli.summary(f"kramers: {opts.n} paths, dU/kT = {opts.barrier:g}, {opts.method} "
+                f"dt = {opts.dt:g}, {res['steps']} steps, "
+                f"{'float64' if opts.x64 else 'float32'}",
+                compile_s=res["compile_s"], run_s=res["run_s"],
+                result=f"{res['events']} escapes: rate {res['rate']:.4g} +- {res['se']:.2g} "
+                f"(Kramers {res['k_kramers']:.4g}, ratio {res['rate'] / res['k_kramers']:.3f}; "
+                f"exact MFPT {res['k_exact']:.4g}, z = {z:+.2f})")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -15,10 +15,22 @@ settings.register_profile(
 settings.load_profile("simlib")
 
 # Checks moved to the slow job (`python -m pytest tests -m slow`, CI's second step) to keep
-# the default suite under 10 minutes on CI's 2 cores. Each has a cheaper sibling left in
-# the default suite (another parameter, mode or strategy of the same check); seconds are
+# the default suite under 10 minutes on CI's 2 cores. Most have a cheaper sibling left in
+# the default suite (another parameter, mode or strategy of the same check); the others
+# (SDE path reproducibility and dt-independence, the Langevin cross-check, the 8-device
+# sharding comparison) are whole checks that run in the slow job only; seconds are
 # as measured on the 2-core machine (`--durations=0`, 2026-12-03).
 SLOW_IN_DEFAULT = {
+    "test_sde.py::test_same_key_gives_bit_identical_paths_across_calls_jit_and_vmap",
+    "test_sde.py::test_dyadic_values_do_not_depend_on_depth_or_area",
+    "test_sharding.py::test_sharded_runs_equal_one_device_and_scipy",
+    "test_sde_validation.py::test_both_engines_reach_the_equipartition_temperature",
+    "test_sde_validation.py::test_kramers_tiny_run_writes_result_and_figure",
+    "test_docs.py::test_custom_integrator_is_differentiable",
+    "test_default_adjoint.py::test_simulate_checkpointed_segments_match_direct[30]",
+    "test_adjoint.py::test_runge_kutta_strategies_agree[adaptive_tsit5]",
+    "test_adjoint.py::test_reversible_agrees_with_direct_and_checkpointed[ts-VelocityVerlet]",
+    "test_events.py::test_docs_events_page_runs",
     "test_adjoint.py::test_runge_kutta_gradients_match_finite_differences[adaptive_tsit5-checkpointed]",
     "test_default_adjoint.py::test_simulate_checkpointed_segments_match_direct[7]",
     "test_bdf.py::test_ensemble_dense_output_and_a_bad_member",

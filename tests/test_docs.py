@@ -167,8 +167,11 @@ FENCE = re.compile(r'(<!-- not run[^\n]*-->\n)?```(python|text title="Output")\n
 # pages run in the default suite (a few seconds each); every other page runs in the slow set
 FAST_PAGES = {"common-errors.md", "systems.md", "neural-ode.md"}
 # pages with their own tests: extending.md above, long-time.md below, stiff.md in
-# tests/test_stiff.py (test_stiff_guide_runs_as_written)
-OWN_TESTS = {"extending.md", "long-time.md", "stiff.md"}
+# tests/test_stiff.py (test_stiff_guide_runs_as_written), events.md in test_events.py,
+# files.md in test_io.py, results.md in test_results.py, plotting.md in test_plot.py,
+# ensembles.md in test_sharding.py (on 8 devices), sde.md in test_sde.py
+OWN_TESTS = {"extending.md", "long-time.md", "stiff.md", "events.md", "files.md",
+             "results.md", "plotting.md", "ensembles.md", "sde.md"}
 
 
 def run_page(path: Path, ns: dict | None = None) -> list[tuple[str, str]]:

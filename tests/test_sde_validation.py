@@ -175,11 +175,11 @@ def test_kramers_help_shows_the_defaults(kramers, capsys):
 
 def test_kramers_tiny_run_writes_result_and_figure(kramers, tmp_path, capsys):
     out, fig = tmp_path / "k.npz", tmp_path / "k.png"
-    code = kramers.main(["--n", "64", "--barrier", "2", "--steps", "2048", "--quiet",
-                         "--out", str(out), "--plot", str(fig)])
-    assert code == 0
-    line = capsys.readouterr().out.strip()
-    assert len(line.splitlines()) == 1 and line.startswith("kramers: 64 paths")
+    kramers.main(["--n", "64", "--barrier", "2", "--steps", "2048", "--quiet",
+                  "--out", str(out), "--plot", str(fig)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("kramers: 64 paths"), lines
+    assert all(line.startswith("wrote ") for line in lines[:-1]), lines
     data = np.load(out)
     assert data["escape_times"].shape == (64,)
     assert fig.stat().st_size > 10_000
@@ -193,6 +193,8 @@ def test_kramers_solver_error_is_one_line_exit_1(kramers, monkeypatch, capsys):
                              sl.Result.NONFINITE_STATE)
 
     monkeypatch.setattr(kramers, "run", failing)
-    assert kramers.main(["--n", "4"]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err.splitlines() == ["kramers.py: solve failed: non-finite state in segment 0"]
+    with pytest.raises(SystemExit) as exc:
+        kramers.main(["--n", "4"])
+    assert exc.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("error: non-finite state in segment 0"), err
