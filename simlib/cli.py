@@ -567,36 +567,22 @@ def _cmd_validate(argv: list[str]) -> int:
     finally:
         vrun.PARTS.clear()
         vrun.PARTS.update(original)
+    from validation import common as vcommon
+
+    checks = [c for section in sections.values() for c in section.checks]
     print()
-    print(f"{'part':16s} {'seconds':>8s} {'failed':>7s} {'worst [tol units]':>18s}  status")
+    print(f"checks ({len(checks)}, {sum(not c.passed for c in checks)} failed): measured "
+          "value and its bound ('allowed'); tol units = error / (atol + rtol |ref|)")
+    print(vcommon.checks_text(checks))
+    print()
+    print(f"{'part':16s} {'seconds':>8s} {'checks':>7s} {'failed':>7s}  status")
     for name, section in sections.items():
         bad = len(section.failures)
-        worst = _worst_tolerance_units(section)
-        worst_txt = "-" if worst is None else f"{worst:.3g}"
-        print(f"{name:16s} {section.seconds:8.1f} {bad:7d} {worst_txt:>18s}  "
+        print(f"{name:16s} {section.seconds:8.1f} {len(section.checks):7d} {bad:7d}  "
               f"{'FAIL' if bad else 'ok'}")
         for failure in section.failures:
             print(f"    {failure}")
-    print("worst: the largest simlib error the part records, in units of atol + rtol |ref| "
-          "(loose tolerances and low-order methods included); each part's own checks decide "
-          "pass or fail (the report explains them)")
     return int(status or 0)
-
-
-def _worst_tolerance_units(section: Any) -> float | None:
-    """The largest simlib error in tolerance units that a part records (|err| / (atol +
-    rtol |ref|)): accuracy's adaptive runs and the stiff part's runs; None for the others,
-    whose checks have their own measures (orders, drifts, sigmas; see the report)."""
-    data = getattr(section, "data", None) or {}
-    values = []
-    for rec in data.get("adaptive", []):  # validation/accuracy.py
-        if isinstance(rec, dict) and not str(rec.get("solver", "")).startswith("scipy"):
-            values += [rec.get("t1"), rec.get("dense")]
-    for rec in data.get("accuracy", []) if isinstance(data.get("accuracy"), list) else []:
-        if isinstance(rec, dict) and rec.get("result", 0) == 0:  # validation/stiff.py
-            values.append(rec.get("err"))
-    values = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
-    return max(values) if values else None
 
 
 BENCHMARKS = {  # name: what it compares (the scripts print their own ratio tables)

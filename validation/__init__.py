@@ -8,8 +8,9 @@ Heavier than the unit tests. Run it from the repository root with
 
 The full run writes ``validation/report.md`` and the figures under ``validation/figures/``;
 ``--quick`` writes to a temporary folder unless ``--output`` is given. The exit status is
-non-zero when any check failed (each part records its failed checks in
-``Section.failures``; the last line printed lists them).
+non-zero when any check failed (each part records every check, passing or not, in
+``Section.checks`` and the failed ones in ``Section.failures``; the report's "Checks"
+table lists them all, the last line printed the failed ones).
 The suite switches JAX to float64 itself (``jax.config.update`` in
 :mod:`validation.common`); simlib never does.
 """

@@ -22,6 +22,7 @@ from .common import (
     REF_TOL,
     SYMPLECTIC,
     Case,
+    Checks,
     Section,
     accuracy_cases,
     dense_times,
@@ -244,35 +245,45 @@ def run(quick: bool = False) -> Section:
         parts.append(md_table(["problem", "method"] + [f"N = {n}" for n in steps], exact_rows))
 
     findings = _findings(cases, records, fixed, refq, tols)
+    checks = _checks(records)
     return Section(
         title="1. Accuracy against scipy DOP853 and closed forms",
-        body="\n".join(parts), findings=findings, failures=_failures(records),
+        body="\n".join(parts), findings=findings, failures=checks.failures,
+        checks=checks.checks,
         data=dict(adaptive=records, fixed=fixed, reference=refq),
         seconds=time.perf_counter() - start,
     )
 
 
-def _failures(records) -> list[str]:
-    """Failed checks: a simlib adaptive run that raised or did not finish, or one that is
-    more than ``FLAG`` tolerance units off and ``FAIL_RATIO`` times worse than its scipy
-    counterpart at the same tolerance (a wrong coefficient, not the usual global-error
-    growth, which scipy shares)."""
-    out = []
+def _checks(records) -> Checks:
+    """Checks: every simlib adaptive run must finish, and its error (at t1 and over the
+    dense save times) must not be more than ``FLAG`` tolerance units off and ``FAIL_RATIO``
+    times worse than its scipy counterpart at the same tolerance (a wrong coefficient, not
+    the usual global-error growth, which scipy shares)."""
+    out = Checks("accuracy")
     for r in records:
         if r["solver"] not in ADAPTIVE:
             continue
+        tag = f"{r['solver']} on {r['case']} at tol {r['tol']:g}"
         if not r["ok"]:
-            out.append(f"accuracy: {r['solver']} on {r['case']} at tol {r['tol']:g} "
-                       f"{'raised ' + r['error'] if r.get('error') else 'did not finish'}")
+            out.add(f"{tag}: finishes", r.get("error") or f"result {r.get('result')}",
+                    "finished", "run", False,
+                    f"accuracy: {r['solver']} on {r['case']} at tol {r['tol']:g} "
+                    f"{'raised ' + r['error'] if r.get('error') else 'did not finish'}",
+                    op="")
             continue
         twin = next(x for x in records if x["case"] == r["case"] and x["tol"] == r["tol"]
                     and x["solver"] == f"scipy {COUNTERPART[r['solver']]}")
         for key in ("t1", "dense"):
             mine, theirs = r[key], twin[key]
-            if not np.isfinite(mine) or (mine > FLAG and mine > FAIL_RATIO * theirs):
-                out.append(f"accuracy: {r['solver']} {key} error on {r['case']} at tol "
-                           f"{r['tol']:g} is {fmt(mine)} tolerance units, scipy "
-                           f"{COUNTERPART[r['solver']]} {fmt(theirs)}")
+            # fails when above both FLAG and FAIL_RATIO x scipy's (never past a nan scipy)
+            bound = max(FLAG, FAIL_RATIO * theirs) if np.isfinite(theirs) else np.inf
+            failed = not np.isfinite(mine) or (mine > FLAG and mine > FAIL_RATIO * theirs)
+            out.add(f"{tag}: {key} error", mine, bound, "tol units",
+                    not failed,
+                    f"accuracy: {r['solver']} {key} error on {r['case']} at tol "
+                    f"{r['tol']:g} is {fmt(mine)} tolerance units, scipy "
+                    f"{COUNTERPART[r['solver']]} {fmt(theirs)}")
     return out
 
 

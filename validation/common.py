@@ -426,8 +426,9 @@ class Section:
     """One part of the report: markdown body, findings, raw data and its runtime.
 
     ``findings`` are the report's observations; ``failures`` the checks of this part that
-    failed (each one line naming the check). ``python -m validation`` exits non-zero when any
-    part has a failure.
+    failed (each one line naming the check); ``checks`` every check, passing or not
+    (:class:`Check`, collected with :class:`Checks`). ``python -m validation`` exits
+    non-zero when any part has a failure.
     """
 
     title: str
@@ -436,6 +437,87 @@ class Section:
     data: dict = field(default_factory=dict)
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One pass/fail decision of a part, passing or not.
+
+    ``value`` is the measured quantity (``None`` when there is none, e.g. a run that
+    raised), ``allowed`` its bound, read as ``value <op> allowed`` (``op`` one of ``<=``,
+    ``<``, ``>=``, ``>``, ``==``), in ``unit`` ("tol units" = error / (atol + rtol |ref|),
+    "order", "z", "rel", ...). ``note`` qualifies the verdict (e.g. a known miss that is
+    reported, not failed).
+    """
+
+    part: str
+    name: str
+    value: Any
+    allowed: Any
+    unit: str
+    passed: bool
+    op: str = "<="
+    note: str = ""
+
+
+class Checks:
+    """Collects a part's checks; a failing one also adds its line to ``failures``.
+
+    ``failures`` keeps the one-line messages ``python -m validation`` lists (a line already
+    there is not added twice, so several checks can share one combined message).
+    """
+
+    def __init__(self, part: str):
+        self.part = part
+        self.checks: list[Check] = []
+        self.failures: list[str] = []
+
+    def add(self, name: str, value: Any, allowed: Any, unit: str, passed: bool,
+            message: str = "", op: str = "<=", note: str = "") -> bool:
+        """Record a check; when it fails append ``message`` (default: a line from the
+        check itself) to ``failures``. Returns ``passed``."""
+        passed = bool(passed)
+        self.checks.append(Check(self.part, name, value, allowed, unit, passed, op, note))
+        if not passed:
+            line = message or (f"{self.part}: {name}: {fmt(value)} {unit}, allowed {op} "
+                               f"{fmt(allowed)}")
+            if line not in self.failures:
+                self.failures.append(line)
+        return passed
+
+
+CHECK_HEADERS = ("part", "check", "value", "allowed", "unit", "pass")
+
+
+def check_rows(checks: Sequence[Check]) -> list[list[str]]:
+    """Rows of the checks table: measured value, its bound (``op allowed``), unit, verdict."""
+    rows = []
+    for c in checks:
+        allowed = c.allowed if isinstance(c.allowed, str) else fmt(c.allowed)
+        verdict = ("yes" if c.passed else "FAIL") + (f" ({c.note})" if c.note else "")
+        rows.append([c.part, c.name, c.value if isinstance(c.value, str) else fmt(c.value),
+                     f"{c.op} {allowed}".strip(), c.unit, verdict])
+    return rows
+
+
+def checks_markdown(checks: Sequence[Check]) -> str:
+    """The checks as a markdown table (the report's "Checks" section)."""
+    return md_table(list(CHECK_HEADERS), check_rows(checks))
+
+
+def checks_text(checks: Sequence[Check]) -> str:
+    """The checks as an aligned plain-text table (the terminal summary)."""
+    rows = [list(CHECK_HEADERS)] + check_rows(checks)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(CHECK_HEADERS))]
+    right = (False, False, True, True, False, False)
+    lines = []
+    for row in rows:
+        cells = [x.rjust(w) if r else x.ljust(w)
+                 for x, w, r in zip(row, widths, right, strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 def fmt(x, digits: int = 2) -> str:

@@ -23,6 +23,7 @@ from .common import (
     SYMPLECTIC,
     THEORETICAL_ORDER,
     Case,
+    Checks,
     Section,
     fit_order,
     fit_slope,
@@ -169,12 +170,15 @@ def run(quick: bool = False) -> Section:
     rows = []
     findings = []
     higher = []
+    checks = Checks("convergence")
     for name in RK_METHODS + SYMPLECTIC:
         theory = THEORETICAL_ORDER[name]
         row = [name, theory, make_solver(name).order]
-        if make_solver(name).order != theory:
-            findings.append(f"Convergence: {name}.order = {make_solver(name).order}, but the "
-                            f"literature order is {theory}.")
+        line = (f"Convergence: {name}.order = {make_solver(name).order}, but the "
+                f"literature order is {theory}.")
+        if not checks.add(f"{name}.order", make_solver(name).order, theory, "order",
+                          make_solver(name).order == theory, _failure(line), op="=="):
+            findings.append(line)
         verdicts = []
         for case, methods, _, _ in cases:
             if name not in methods:
@@ -187,6 +191,11 @@ def run(quick: bool = False) -> Section:
             diff = r["slope"] - theory
             detail = (f"errors {', '.join(fmt(e) for e in r['errs'][r['used']])} at dt "
                       f"{', '.join(fmt(d) for d in used)}")
+            line = (f"Convergence: {name} on {case.name} measures order "
+                    f"{fmt(r['slope'])}, below the theoretical {theory} ({detail}).")
+            checks.add(f"{name} on {case.name}: measured order", r["slope"], theory - TOLERANCE,
+                       "order", abs(diff) <= TOLERANCE or diff > TOLERANCE, _failure(line),
+                       op=">=")
             if abs(diff) <= TOLERANCE:
                 continue
             if diff > TOLERANCE:
@@ -202,8 +211,7 @@ def run(quick: bool = False) -> Section:
                 higher.append(text)
             else:
                 verdicts.append("**LOW**" if np.isfinite(r["slope"]) else "**no fit**")
-                findings.append(f"Convergence: {name} on {case.name} measures order "
-                                f"{fmt(r['slope'])}, below the theoretical {theory} ({detail}).")
+                findings.append(line)
         verdict = ", ".join(sorted(set(verdicts), key=verdicts.index)) or "ok"
         rows.append(row + [verdict])
     parts.append(md_table(["method", "theory", "solver.order"]
@@ -235,7 +243,11 @@ def run(quick: bool = False) -> Section:
     data = {c.name: {m: {k: np.asarray(v).tolist() if isinstance(v, np.ndarray) else v
                          for k, v in r.items()} for m, r in results[c.name].items()}
             for c, *_ in cases}
-    failures = [f.removeprefix("Convergence: ").join(("convergence: ", ""))
-                for f in findings if "below the theoretical" in f or "literature order" in f]
     return Section(title="2. Convergence orders", body="\n".join(parts), findings=findings,
-                   data=data, seconds=time.perf_counter() - start, failures=failures)
+                   data=data, seconds=time.perf_counter() - start, failures=checks.failures,
+                   checks=checks.checks)
+
+
+def _failure(finding: str) -> str:
+    """The failure line of a finding: ``convergence: ...`` instead of ``Convergence: ...``."""
+    return "convergence: " + finding.removeprefix("Convergence: ")

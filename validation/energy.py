@@ -24,6 +24,7 @@ import simlib as sl
 from .common import (
     METHOD_STYLE,
     SYMPLECTIC,
+    Checks,
     Section,
     fmt,
     kepler_case,
@@ -115,14 +116,18 @@ def run(quick: bool = False) -> Section:
     parts.append(f"![energy error]({fig_path})\n")
 
     findings = []
+    checks = Checks("energy")
     for case in cases:
         rk4 = next(r for r in results if r["case"] == case.name and r["method"] == "RK4")
         for r in results:
             if r["case"] != case.name or r["method"] == "RK4":
                 continue
-            if r["growth"] > 3:
-                findings.append(f"Energy: {r['method']} on {case.name} grows by a factor "
-                                f"{fmt(r['growth'])} over the run (not bounded).")
+            line = (f"Energy: {r['method']} on {case.name} grows by a factor "
+                    f"{fmt(r['growth'])} over the run (not bounded).")
+            if not checks.add(f"{r['method']} on {case.name}: energy error growth",
+                              r["growth"], 3, "factor", not r["growth"] > 3,
+                              f"energy: {line.removeprefix('Energy: ')}"):
+                findings.append(line)
         sym = [r for r in results if r["case"] == case.name and r["method"] != "RK4"]
         findings.append(
             f"Energy ({case.name}, dt = {DT:g}, {n_steps} steps): RK4 drifts at "
@@ -131,11 +136,11 @@ def run(quick: bool = False) -> Section:
             + ", ".join(f"{r['method']} {fmt(r['growth'])}" for r in sym)
             + "; max errors " + ", ".join(f"{r['method']} {fmt(r['max'])}" for r in sym) + "."
         )
-    failures = [f"energy: {f.removeprefix('Energy: ')}" for f in findings
-                if "(not bounded)" in f]
-    failures += [f"energy: {r['method']} on {r['case']}: non-finite energy error"
-                 for r in results if not np.isfinite(r["max"])]
+    for r in results:
+        checks.add(f"{r['method']} on {r['case']}: max |dE|/|E0| finite", r["max"], "finite",
+                   "rel", np.isfinite(r["max"]),
+                   f"energy: {r['method']} on {r['case']}: non-finite energy error", op="")
     return Section(title="3. Energy error of symplectic methods vs RK4", body="\n".join(parts),
-                   findings=findings, data=dict(records=results), failures=failures,
-                   seconds=time.perf_counter() - start)
+                   findings=findings, data=dict(records=results), failures=checks.failures,
+                   checks=checks.checks, seconds=time.perf_counter() - start)
 

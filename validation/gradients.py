@@ -29,6 +29,7 @@ from simlib import systems
 
 from .common import (
     Case,
+    Checks,
     Section,
     best_time,
     block,
@@ -186,16 +187,19 @@ def run(quick: bool = False) -> Section:
     findings.append(f"Gradients (relative 2-norm errors): {summary}.")
     data_out = {k: {kk: (vv.tolist() if isinstance(vv, np.ndarray) else vv)
                     for kk, vv in r.items()} for k, r in recs.items()}
-    failures = []
+    checks = Checks("gradients")
     for name, r in recs.items():
         if not name.startswith("simlib"):
             continue
-        if not r["ok"]:
-            failures.append(f"gradients: the {name} forward solve did not succeed")
-        elif not r["vs_fd"] <= max(1e-6, 100 * r["fd_err"]):
-            failures.append(f"gradients: {name} differs from central differences by "
-                            f"{fmt(r['vs_fd'])} (relative)")
+        if not checks.add(f"{name}: forward solve succeeds", "yes" if r["ok"] else "no",
+                          "yes", "run", r["ok"],
+                          f"gradients: the {name} forward solve did not succeed", op="=="):
+            continue
+        bound = max(1e-6, 100 * r["fd_err"])
+        checks.add(f"{name}: vs central differences", r["vs_fd"], bound, "rel",
+                   r["vs_fd"] <= bound, f"gradients: {name} differs from central "
+                   f"differences by {fmt(r['vs_fd'])} (relative)")
     return Section(title="5. Gradients", body="\n".join(parts), findings=findings,
-                   failures=failures,
+                   failures=checks.failures, checks=checks.checks,
                    data=dict(records=data_out, exact=grad_exact.tolist()),
                    seconds=time.perf_counter() - start)

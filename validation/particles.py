@@ -47,7 +47,7 @@ from scipy.integrate import solve_ivp
 from simlib import particles as sp
 
 from . import lj_reference as ljref
-from .common import Section, fit_slope, fmt, md_table, save_figure
+from .common import Checks, Section, fit_slope, fmt, md_table, save_figure
 
 DT = 0.005
 LJ = dict(sigma=1.0, epsilon=1.0)
@@ -791,28 +791,38 @@ def run(quick: bool = False) -> Section:
             f"({'second order as expected' if ok else 'NOT the expected 2'}); finest run "
             f"energy error {fmt(finest['energy_err'])}.")
 
-    failures = []
-    if not nve["max_rel"] < DRIFT_TARGET:
-        failures.append(f"particles: NVE energy error {fmt(nve['max_rel'])} above {DRIFT_TARGET:g}")
-    if not nve["dmom_scaled"] < MOMENTUM_TOL:
-        failures.append(f"particles: NVE momentum change {fmt(nve['dmom_scaled'])} (scaled) "
-                        f"above round-off ({MOMENTUM_TOL:g})")
-    if not nve["msd"] >= LIQUID_MSD:
-        failures.append(f"particles: NVE MSD {fmt(nve['msd'])} below {LIQUID_MSD:g} (not melted)")
-    if int(nve["result"]) != 0:
-        failures.append(f"particles: NVE run ended with result code {nve['result']}")
-    if not abs(z_te) < N_SIGMA:
-        failures.append(f"particles: Langevin temperature {z_te:+.1f} sigma from the BAOAB "
-                        "expectation")
-    if not state["ks_p"] > KS_ALPHA:
-        failures.append(f"particles: Langevin velocity KS test p = {state['ks_p']:.3g}")
-    failures += [f"particles: LJ state point {q} vs {name} {z:+.1f} sigma"
-                 for q, name, z in verdicts if not abs(z) < N_SIGMA]
+    checks = Checks("particles")
+    checks.add("NVE max |E - E0|/|E0|", nve["max_rel"], DRIFT_TARGET, "rel",
+               nve["max_rel"] < DRIFT_TARGET,
+               f"particles: NVE energy error {fmt(nve['max_rel'])} above {DRIFT_TARGET:g}",
+               op="<")
+    checks.add("NVE momentum change / sqrt(N m kT)", nve["dmom_scaled"], MOMENTUM_TOL,
+               "scaled", nve["dmom_scaled"] < MOMENTUM_TOL,
+               f"particles: NVE momentum change {fmt(nve['dmom_scaled'])} (scaled) "
+               f"above round-off ({MOMENTUM_TOL:g})", op="<")
+    checks.add("NVE mean squared displacement (melted)", nve["msd"], LIQUID_MSD, "sigma^2",
+               nve["msd"] >= LIQUID_MSD,
+               f"particles: NVE MSD {fmt(nve['msd'])} below {LIQUID_MSD:g} (not melted)",
+               op=">=")
+    checks.add("NVE result code", int(nve["result"]), 0, "code", int(nve["result"]) == 0,
+               f"particles: NVE run ended with result code {nve['result']}", op="==")
+    checks.add("Langevin temperature vs BAOAB expectation", float(z_te), N_SIGMA, "|z|",
+               abs(z_te) < N_SIGMA, f"particles: Langevin temperature {z_te:+.1f} sigma "
+               "from the BAOAB expectation", op="<")
+    checks.add("Langevin velocity KS test", state["ks_p"], KS_ALPHA, "p", state["ks_p"] > KS_ALPHA,
+               f"particles: Langevin velocity KS test p = {state['ks_p']:.3g}", op=">")
+    for q, name, z in verdicts:
+        checks.add(f"LJ state point {q} vs {name}", float(z), N_SIGMA, "|z|", abs(z) < N_SIGMA,
+                   f"particles: LJ state point {q} vs {name} {z:+.1f} sigma", op="<")
     if nist is not None:
-        failures += [f"particles: NIST point {q} ({lab}) {z:+.1f} sigma"
-                     for lab, q, z in nz if not abs(z) < N_SIGMA]
-    failures += [f"particles: gravity {g['sys']['name']} order {g['order']:.2f}, not 2"
-                 for g in grav if not abs(g["order"] - 2) < ORDER_TOL]
+        for lab, q, z in nz:
+            checks.add(f"NIST point {q} ({lab})", float(z), N_SIGMA, "|z|", abs(z) < N_SIGMA,
+                       f"particles: NIST point {q} ({lab}) {z:+.1f} sigma", op="<")
+    for g in grav:
+        checks.add(f"gravity {g['sys']['name']}: Verlet order", g["order"],
+                   f"2 +- {ORDER_TOL:g}", "order", abs(g["order"] - 2) < ORDER_TOL,
+                   f"particles: gravity {g['sys']['name']} order {g['order']:.2f}, not 2",
+                   op="in")
 
     data = dict(
         nve={k: v for k, v in nve.items() if not isinstance(v, np.ndarray)},
@@ -825,4 +835,5 @@ def run(quick: bool = False) -> Section:
         data["nist"] = {k: nist[k] for k in ("U", "U_err", "P", "P_err", "Uw", "Uw_err", "Pw",
                                              "Pw_err", "T", "T_err", "ess")}
     return Section(title="6. Particle dynamics", body="\n".join(body), findings=findings,
-                   data=data, seconds=time.perf_counter() - start, failures=failures)
+                   data=data, seconds=time.perf_counter() - start, failures=checks.failures,
+                   checks=checks.checks)

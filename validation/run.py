@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                 findings=[f"{name}: the part raised an exception (see its section)."],
                 seconds=time.perf_counter() - t,
                 failures=[f"{name}: raised {tb.strip().splitlines()[-1]}"],
+                checks=[common.Check(name, "the part runs", tb.strip().splitlines()[-1],
+                                     "no exception", "run", False, op="")],
             )
         print(f"[validation] {name} done in {section.seconds:.1f} s"
               + (f", {len(section.failures)} FAILED checks" if section.failures else ""),
@@ -140,6 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     failures = [f for s in sections for f in s.failures]
     out.append("## Failed checks\n")
     out += [f"- {f}" for f in failures] or ["None: every check of the parts run passed."]
+    out.append("")
+    checks = [c for s in sections for c in s.checks]
+    out.append("## Checks\n")
+    out.append(f"Every pass/fail check of the parts run ({len(checks)}, "
+               f"{sum(not c.passed for c in checks)} failed): the measured value and the "
+               "bound it is held to (`value <op> allowed`), in the unit given; tol units = "
+               "error / (atol + rtol |reference|). Known misses are reported, not failed.\n")
+    out.append(common.checks_markdown(checks) if checks else "No checks recorded.")
     out.append("")
     out.append("## Contents\n")
     out += [f"- {s.title} ({s.seconds:.0f} s)" for s in sections]

@@ -77,7 +77,7 @@ from scipy import integrate, stats
 
 import simlib as sl
 
-from .common import Section, fmt, md_table, save_figure
+from .common import Checks, Section, fmt, md_table, save_figure
 
 ORDER_TOL = 0.1  # |measured - theoretical| order (issue 14)
 Z_MAX = 4.0  # moment z-scores (about 40 of them: family-wise false alarm ~ 3e-3)
@@ -624,7 +624,8 @@ def run(quick: bool = False) -> Section:
     start = time.perf_counter()
     cfg = _config(quick)
     body = [__doc__.split("\n\n", 1)[1].strip(), ""]
-    findings, failures = [], []
+    findings = []
+    checks = Checks("sde")
     data = {}
 
     t = time.perf_counter()
@@ -640,9 +641,11 @@ def run(quick: bool = False) -> Section:
                      f"{r['slope']:.3f} +- {r['slope_se']:.3f}",
                      f"2^-{int(round(-np.log2(r['dts'].max())))}..2^-"
                      f"{int(round(-np.log2(r['dts'].min())))}", r["how"], verdict])
-        if not r["ok"]:
-            failures.append(f"sde: strong order of {r['method']} on {r['problem']} "
-                            f"{r['slope']:.3f}, theory {r['theory']}")
+        checks.add(f"strong order of {r['method']} on {r['problem']}", r["slope"],
+                   f"{r['theory']:g} +- {ORDER_TOL:g}", "order", r["ok"],
+                   f"sde: strong order of {r['method']} on {r['problem']} "
+                   f"{r['slope']:.3f}, theory {r['theory']}", op="in",
+                   note="" if r["gated"] else "not gated")
     finest = min(r["errs"][-1] for r in strong if r["problem"] == "nonlinear")
     body += ["### 8.1 Strong orders", "",
              f"{cfg['strong_paths']} paths (keys `sl.split_keys(key(14), n)`), errors at "
@@ -665,9 +668,13 @@ def run(quick: bool = False) -> Section:
         rows.append([r["method"], f"{r['slope']:.3f} +- {r['slope_se']:.3f}",
                      f"{r['exact_slope']:.3f}", fmt(r["declared"]),
                      ", ".join(f"{z:+.1f}" for z in r["z"]), "ok" if r["ok"] else "**FAIL**"])
-        if not r["ok"]:
-            failures.append(f"sde: weak order of {r['method']} {r['slope']:.3f} or "
-                            f"max |z| {np.max(np.abs(r['z'])):.1f} against the closed form")
+        line = (f"sde: weak order of {r['method']} {r['slope']:.3f} or "
+                f"max |z| {np.max(np.abs(r['z'])):.1f} against the closed form")
+        checks.add(f"weak order of {r['method']} (GBM)", r["slope"], f"1 +- {ORDER_TOL:g}",
+                   "order", abs(r["slope"] - 1.0) <= ORDER_TOL, line, op="in")
+        checks.add(f"weak bias of {r['method']} vs closed form: max |z|",
+                   float(np.max(np.abs(r["z"]))), Z_MAX, "|z|",
+                   np.all(np.abs(r["z"]) < Z_MAX), line, op="<")
     wk = weak[0]["dts"]
     body += ["### 8.2 Weak order (GBM, E[X_T])", "",
              f"{cfg['weak_paths']} paths (keys from key(15)), dt = 2^-"
@@ -704,12 +711,17 @@ def run(quick: bool = False) -> Section:
                  ["control: max abs z, variance", f"{np.max(np.abs(bad['z_var'])):.1f}", "-",
                   "-"],
              ]), "", f"![ou]({fig})", ""]
-    if not good["ok"]:
-        failures.append(f"sde: OU statistics (max |z| mean "
-                        f"{np.max(np.abs(good['z_mean'])):.2f}, variance "
-                        f"{np.max(np.abs(good['z_var'])):.2f}, KS p {good['ks_p']:.2g})")
-    if not bad["rejected"]:
-        failures.append(f"sde: the OU negative control passed the KS test (p {bad['ks_p']:.2g})")
+    line = (f"sde: OU statistics (max |z| mean {np.max(np.abs(good['z_mean'])):.2f}, "
+            f"variance {np.max(np.abs(good['z_var'])):.2f}, KS p {good['ks_p']:.2g})")
+    checks.add("OU mean: max |z| over 20 times", float(np.max(np.abs(good["z_mean"]))), Z_MAX,
+               "|z|", np.all(np.abs(good["z_mean"]) < Z_MAX), line, op="<")
+    checks.add("OU variance: max |z| over 20 times", float(np.max(np.abs(good["z_var"]))),
+               Z_MAX, "|z|", np.all(np.abs(good["z_var"]) < Z_MAX), line, op="<")
+    checks.add(f"OU KS at t = {p['T']:g}", good["ks_p"], KS_ALPHA, "p",
+               good["ks_p"] > KS_ALPHA, line, op=">")
+    checks.add("OU negative control (sigma/sqrt 2) rejected by KS", bad["ks_p"], KS_ALPHA, "p",
+               bad["rejected"],
+               f"sde: the OU negative control passed the KS test (p {bad['ks_p']:.2g})", op="<")
     findings.append(f"SDE OU: max |z| {np.max(np.abs(good['z_mean'])):.2f} (mean), "
                     f"{np.max(np.abs(good['z_var'])):.2f} (variance), KS p = "
                     f"{good['ks_p']:.3g}; the sigma/sqrt(2) control gives KS p = "
@@ -732,8 +744,8 @@ def run(quick: bool = False) -> Section:
              f"Kramers' finite-barrier bias here (exact / formula - 1): {kr['bias']:+.3f}; the "
              f"statistical error of the simulated rate is {kr['se'] / kr['rate']:.3f} "
              "(relative).", "", f"![kramers]({fig})", ""]
-    if not kr["ok"]:
-        failures.append(f"sde: Kramers rate z = {kr['z_exact']:+.2f} against the exact MFPT")
+    checks.add("Kramers rate vs exact 1/MFPT", kr["z_exact"], KRAMERS_Z, "|z|", kr["ok"],
+               f"sde: Kramers rate z = {kr['z_exact']:+.2f} against the exact MFPT", op="<")
     findings.append(f"SDE Kramers (dU/kT = 5, {kr['n']} paths): rate {kr['rate']:.4e} +- "
                     f"{kr['se']:.1e}, z = {kr['z_exact']:+.2f} against the exact mean "
                     f"first-passage time, z = {kr['z_kramers']:+.2f} against Kramers' formula "
@@ -742,4 +754,4 @@ def run(quick: bool = False) -> Section:
                 kramers={k: v for k, v in kr.items() if k != "times"})
     return Section(title="8. Stochastic differential equations", body="\n".join(body),
                    findings=findings, data=data, seconds=time.perf_counter() - start,
-                   failures=failures)
+                   failures=checks.failures, checks=checks.checks)

@@ -23,6 +23,7 @@ import simlib as sl
 
 from .common import (
     Case,
+    Checks,
     Section,
     best_time,
     block,
@@ -183,7 +184,8 @@ def run(quick: bool = False) -> Section:
                      "integral controller, simlib uses a PI controller (0.7/k, 0.4/k); all "
                      "three use the RMS norm of the error scaled by atol + rtol max(|y0|, "
                      "|y1|).\n")
-    findings, failures = [], []
+    findings = []
+    checks = Checks("work_precision")
     data = {}
     for case in cases:
         recs = _measure(case, tols, dfx)
@@ -234,9 +236,13 @@ def run(quick: bool = False) -> Section:
         if failed:
             findings.append(f"Work-precision ({case.name}): failed runs: " + ", ".join(
                 f"{r['lib']} {r['solver']} @ {r['tol']:g}" for r in failed) + ".")
-            failures += [f"work_precision: simlib {r['solver']} on {case.name} at tol "
-                         f"{r['tol']:g} failed" for r in failed if r["lib"] == "simlib"]
+        for r in recs:
+            if r["lib"] == "simlib":
+                checks.add(f"simlib {r['solver']} on {case.name} at tol {r['tol']:g}: "
+                           "succeeds", "yes" if r["ok"] else "no", "yes", "run", r["ok"],
+                           f"work_precision: simlib {r['solver']} on {case.name} at tol "
+                           f"{r['tol']:g} failed", op="==")
     return Section(title="4. Work-precision: simlib vs scipy vs diffrax", body="\n".join(parts),
                    findings=findings, data=data, seconds=time.perf_counter() - start,
-                   failures=failures)
+                   failures=checks.failures, checks=checks.checks)
 
