@@ -21,6 +21,17 @@ settings.load_profile("simlib")
 # sharding comparison) are whole checks that run in the slow job only; seconds are
 # as measured on the 2-core machine (`--durations=0`, 2026-12-03).
 SLOW_IN_DEFAULT = {
+    "test_ensemble_gradients.py::test_checkpointed_saves_on_a_batched_state[sqrt-on]",
+    "test_native.py::test_everything_works_without_native_kernels",
+    "test_native_build.py::test_fallback_when_no_compiler_is_on_path",
+    "test_fit.py::test_lotka_volterra_recovers_parameters",
+    "test_adjoint.py::test_runge_kutta_gradients_match_finite_differences[adaptive_tsit5-direct]",
+    "test_cpu_loops.py::test_call_hoists_a_small_loop_over_1kib",
+    "test_native.py::test_native_gravity_matches_numpy_and_pure_jax[float32]",
+    "test_fit.py::test_projectile_hits_target_checked_by_scipy",
+    "test_native.py::test_native_neighbor_build_equals_pure_build[3-True]",
+    "test_fit.py::test_multiple_shooting_segments_match_scipy[14]",
+    "test_native.py::test_native_neighbor_kernel_survives_extreme_positions[float32]",
     "test_sde.py::test_same_key_gives_bit_identical_paths_across_calls_jit_and_vmap",
     "test_sde.py::test_dyadic_values_do_not_depend_on_depth_or_area",
     "test_sharding.py::test_sharded_runs_equal_one_device_and_scipy",
