@@ -234,13 +234,21 @@ def test_ornstein_uhlenbeck_mean_variance_and_stationary_law():
 @pytest.mark.slow
 def test_stratonovich_heun_converges_to_stratonovich_gbm():
     """StochasticHeun solves dX = mu X dt + sig X o dW, whose solution is
-    X0 exp(mu T + sig W_T) (no Ito correction)."""
-    key = jax.random.key(4)
-    w = float(sl.BrownianPath(key, 0.0, 1.0, (1,), levels=0).evaluate(1.0)[0])
-    errs = [abs(float(sl.solve(gbm_f, jnp.array([1.0]), 0.0, 1.0, solver=sl.StochasticHeun(),
-                               dt=2.0 ** -k, diffusion=gbm_g, key=key,
-                               args=(MU, SIG)).ys[-1, 0]) - math.exp(MU + SIG * w))
-            for k in (6, 10)]
+    X0 exp(mu T + sig W_T) (no Ito correction). The strong error E|X_N - X(T)| over 200
+    paths: order 1 (commutative noise), so 16 times smaller from dt = 2^-6 to 2^-10; one
+    path's error is too noisy to compare (it passed or failed with the generator's seed)."""
+    keys = sl.split_keys(jax.random.key(4), 200)
+    w = jax.vmap(lambda k: sl.BrownianPath(k, 0.0, 1.0, (1,), levels=0).evaluate(1.0)[0])(keys)
+    exact = np.exp(MU + SIG * np.asarray(w))
+
+    def err(k):
+        run = jax.vmap(lambda key: sl.solve(gbm_f, jnp.array([1.0]), 0.0, 1.0,
+                                            solver=sl.StochasticHeun(), dt=2.0 ** -k,
+                                            diffusion=gbm_g, key=key,
+                                            args=(MU, SIG)).ys[-1, 0])
+        return float(np.mean(np.abs(np.asarray(run(keys)) - exact)))
+
+    errs = [err(k) for k in (6, 10)]
     assert errs[1] < 2e-3 and errs[1] < errs[0] / 4
 
 
@@ -356,7 +364,9 @@ def test_sra1_strong_order_on_additive_noise():
         y = y + 0.5 * delta * (a0 + a1) + (-1 - 3 * xa ** 2) * s * delta * h[:, j]
     ref = y + s * w[:, -1]
 
-    ks = (5, 6, 7, 8, 9)
+    # dt = 2^-5 and 2^-6 are pre-asymptotic on this problem (local slopes 1.7 there, 1.55
+    # below); the reference's own error, ~dt_ref^2 = 1.5e-8, stays far below SRA1's
+    ks = (7, 8, 9, 10)
 
     def err(n):
         run = jax.jit(jax.vmap(lambda k: sl.solve(f, jnp.array([1.0]), 0.0, T, solver=sl.SRA1(),
