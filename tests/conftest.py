@@ -21,6 +21,12 @@ settings.load_profile("simlib")
 # sharding comparison) are whole checks that run in the slow job only; seconds are
 # as measured on the 2-core machine (`--durations=0`, 2026-12-03).
 SLOW_IN_DEFAULT = {
+    "test_particle_gradients.py::test_lj_parameter_gradients_match_finite_differences[ckpt-list]",
+    "test_particle_dynamics.py::test_gradients_are_finite_at_the_cutoff_and_through_padded_slots",
+    "test_sharding.py::test_outputs_carry_the_sharding_asked_for",
+    "test_stiff.py::test_stiff_guide_runs_as_written",
+    "test_blowup.py::test_blow_up_is_reported_under_jit_and_grad",
+    "test_native_build.py::test_fallback_when_compiling_fails",
     "test_ensemble_gradients.py::test_checkpointed_saves_on_a_batched_state[sqrt-on]",
     "test_native.py::test_everything_works_without_native_kernels",
     "test_native_build.py::test_fallback_when_no_compiler_is_on_path",
