@@ -12,6 +12,7 @@ with scipy), which includes the formula's finite-barrier correction (-9.3 % at d
     python examples/kramers.py                          # 1000 paths, dU/kT = 5, SRA1
     python examples/kramers.py --n 4000 --barrier 6 --plot out/kramers.png --out out/k.npz
     python examples/kramers.py --method EulerMaruyama --dt 0.005 --x64
+    python examples/kramers.py --brownian steps         # one normal per step: faster
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"whole segments of {SEGMENT_STEPS} steps")
     parser.add_argument("--method", choices=METHODS, default="SRA1",
                         help="SDE method (the noise is additive, so all four converge)")
+    parser.add_argument("--brownian", choices=("tree", "steps"), default="tree",
+                        help="how the noise is drawn: 'tree' (the same path whatever --dt) or "
+                        "'steps' (one normal per step: faster, the path changes with --dt)")
     parser.add_argument("--seed", type=cli.nonnegative_int, default=0, help="PRNG seed")
     cli.add_output_options(parser, x64=False)
     return parser
@@ -118,7 +122,7 @@ def run(opts) -> dict:
     def segment(key, x0, args):
         sol = sl.solve(drift, x0, 0.0, span, solver=solver, dt=opts.dt, diffusion=diffusion,
                        key=key, args=args, saveat=sl.SaveAt(ts=jnp.asarray(save_ts, dtype)),
-                       throw=False)
+                       throw=False, brownian=opts.brownian)
         return sol.ys, sol.result
 
     key = jax.random.key(opts.seed)
@@ -132,11 +136,10 @@ def run(opts) -> dict:
     shown_t, shown_x = [np.zeros(1)], [np.full((1, min(SHOWN, opts.n)), X0)]
     t = time.perf_counter()
     for i in range(n_seg):
-        # the only way a fixed-step SDE solve fails is a non-finite state, checked here on the
-        # saved states (sol.result is not used: SRA1 with SaveAt(ts=...) flags a non-finite
-        # state on finite results on this checkout of the core)
-        ys = np.asarray(compiled(jax.random.fold_in(key, i), x, args)[0])
-        if not np.all(np.isfinite(ys)):
+        # the only way a fixed-step SDE solve fails is a non-finite state (sol.result)
+        ys, result = compiled(jax.random.fold_in(key, i), x, args)
+        ys = np.asarray(ys)
+        if int(result) != 0 or not np.all(np.isfinite(ys)):
             raise sl.SolverError(f"non-finite state in segment {i} (t in [{i * span:g}, "
                                  f"{(i + 1) * span:g}]); try a smaller --dt",
                                  sl.Result.NONFINITE_STATE)

@@ -35,13 +35,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["BrownianPath", "levels_for", "split_keys"]
+__all__ = ["BrownianPath", "BrownianSteps", "levels_for", "split_keys"]
 
 _U32 = jnp.uint32
-_ROOT, _BRIDGE = 0, 1000
+_ROOT, _BRIDGE, _STEPS = 0, 1000, 2000
 """Stream numbers: the root pair is stream 0, the split normals of level ``j`` streams
 ``1 + 2j`` (``z1``) and ``2 + 2j`` (``z2``), the bridge normals of a tree ``k`` deep streams
-``1000 + 4k`` (increment only) and ``1001 + 4k``, ``1002 + 4k`` (increment and area)."""
+``1000 + 4k`` (increment only) and ``1001 + 4k``, ``1002 + 4k`` (increment and area);
+:class:`BrownianSteps` uses stream 2000."""
 
 
 def _mix(x):
@@ -336,6 +337,19 @@ class BrownianPath:
     def _shape_out(self, x):
         return x.reshape(x.shape[:-1] + self.shape)
 
+    # -- the stepping interface of the SDE methods (simlib/_solver/_sde.py)
+    def _start(self, t, need_area: bool):
+        """The state a solve carries: ``(W(t), I(t))``, flat."""
+        return self._flat_at(t, need_area)
+
+    def _step(self, t, h, state, need_area: bool):
+        """``(dW, dZ, state1)`` over ``[t, t + h]``, ``dZ = int_t^{t+h} (W_s - W_t) ds``
+        (``None`` unless ``need_area``)."""
+        w0, i0 = state
+        w1, i1 = self._flat_at(t + h, need_area)
+        dz = None if i0 is None else i1 - i0 - h.astype(w0.dtype) * w0
+        return w1 - w0, dz, (w1, i1)
+
     def evaluate(self, t) -> jax.Array:
         """``W(t) - W(t0)``, shaped ``shape``."""
         return self._shape_out(self._flat_at(t, False)[0])
@@ -365,3 +379,58 @@ def _unflatten(aux, leaves):
 
 
 jax.tree_util.register_pytree_node(BrownianPath, _flatten, _unflatten)
+
+
+class BrownianSteps:
+    """Brownian increments drawn step by step: the increment over the solver's ``n``-th
+    step ``[t, t + h]`` is ``sqrt(h) z_n`` (and, for methods that need it, the step's
+    space-time Lévy area ``sqrt(h/12) z'_n``), with ``z_n, z'_n`` the Box-Muller pair hashed
+    from ``(key, n, channel)``.
+
+    One normal per step and channel, no tree and no lookups: the fastest source, for
+    ensembles and statistics. What it guarantees: the same key and the same step sequence
+    (``t0``, ``t1``, ``dt``, ``saveat``) give bit-identical paths across calls, ``jit`` and
+    ``vmap``; different keys independent paths. What it does not: the path is a function of
+    the step sequence, so a solve with another ``dt`` sees an unrelated Brownian motion
+    (no convergence in ``dt`` on one path; use the default tree, :class:`BrownianPath`,
+    for that). The analogue of diffrax's ``UnsafeBrownianPath``, but reproducible.
+
+    Built by ``solve(..., brownian="steps")``; its state in a solve is the step counter.
+    """
+
+    def __init__(self, key, shape: tuple[int, ...] = (), *, dtype: Any = None):
+        shape = tuple(int(n) for n in shape) if isinstance(shape, tuple | list) else (
+            (int(shape),))
+        self.shape = shape
+        self.dtype = jnp.dtype(dtype) if dtype is not None else jnp.result_type(float)
+        self.seed = _seed(key)
+
+    def _start(self, t, need_area: bool):
+        return jnp.zeros((), _U32)
+
+    def _step(self, t, h, state, need_area: bool):
+        d = int(np.prod(self.shape)) if self.shape else 1
+        a, b = _hash_pair(self.seed, _STEPS, state, jnp.arange(d, dtype=_U32))
+        z0, z1 = _box_muller(a, b, self.dtype)
+        h = jnp.asarray(h).astype(self.dtype)
+        sq = jnp.sqrt(h)
+        dw = sq * z0
+        dz = None
+        if need_area:  # int (W_s - W_t) ds = h (dW / 2 + H), H ~ N(0, h / 12)
+            dz = h * (0.5 * dw + sq * (z1 / math.sqrt(12.0)))
+        return dw, dz, state + _U32(1)
+
+    def __repr__(self) -> str:
+        return f"BrownianSteps(shape={self.shape}, dtype={self.dtype})"
+
+
+jax.tree_util.register_pytree_node(
+    BrownianSteps, lambda p: ((p.seed,), (p.shape, p.dtype)),
+    lambda aux, leaves: _unflatten_steps(aux, leaves))
+
+
+def _unflatten_steps(aux, leaves):
+    p = object.__new__(BrownianSteps)
+    p.shape, p.dtype = aux
+    (p.seed,) = leaves
+    return p

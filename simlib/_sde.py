@@ -19,7 +19,7 @@ import numpy as np
 
 from ._adjoint import AbstractAdjoint, Reversible
 from ._auto import AUTOMATIC
-from ._brownian import BrownianPath, levels_for
+from ._brownian import BrownianPath, BrownianSteps, levels_for
 from ._errors import Result, SolverError, result_message
 from ._fixed import fixed_iterations, grid_count
 from ._fixed import fixed_jit as _fixed_jit
@@ -96,7 +96,11 @@ def _noise_shape(noise, f, g, y0, args, tdtype) -> tuple[int, ...]:
     return (sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(y0)),)
 
 
-def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, dt, rtol, atol,
+BROWNIAN = ("tree", "steps")
+
+
+def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, brownian, dt,
+              rtol, atol,
               args: Any, saveat: SaveAt, max_steps: int, throw: bool,
               adjoint: AbstractAdjoint | None, events) -> Solution:
     """The SDE branch of :func:`simlib.solve` (arguments as there); checks its arguments
@@ -116,6 +120,10 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, d
             f"diffusion was given, but solver {type(solver).__name__}() is an ODE method; use "
             "an SDE method: EulerMaruyama(), Milstein(), StochasticHeun() or SRA1()")
     noise = "diagonal" if noise is None else noise
+    brownian = "tree" if brownian is None else brownian
+    if not isinstance(brownian, str) or brownian not in BROWNIAN:
+        raise ValueError(f"brownian must be one of {', '.join(map(repr, BROWNIAN))}, "
+                         f"got {brownian!r}")
     if noise not in NOISE_TYPES:
         raise ValueError(f"noise must be one of {', '.join(map(repr, NOISE_TYPES))}, "
                          f"got {noise!r}")
@@ -184,8 +192,11 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, d
     # every step ends on a node when the grid is the tree's leaves; else precompute the
     # bridge normals of every leaf rather than hashing them step by step
     on_nodes = concrete and mode != "ts" and n_grid_host == 2 ** levels
-    path = BrownianPath(key, t0, t1, shape, levels=levels, area=solver.needs_area,
-                        dtype=tdtype, precompute=not on_nodes)
+    if brownian == "steps":
+        path = BrownianSteps(key, shape, dtype=tdtype)
+    else:
+        path = BrownianPath(key, t0, t1, shape, levels=levels, area=solver.needs_area,
+                            dtype=tdtype, precompute=not on_nodes)
 
     traced = is_tracer((y0, t0, t1, dt, args, saveat.ts, key)) or inside_trace()
     in_graph_check = bool(throw) and traced

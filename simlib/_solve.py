@@ -38,7 +38,7 @@ __all__ = ["DEFAULT_MAX_STEPS", "SaveAt", "Solution", "solve"]
 # the entry point
 
 _KEYWORDS = ("solver", "dt", "rtol", "atol", "args", "saveat", "max_steps", "throw", "adjoint",
-             "events", "progress", "diffusion", "key", "noise")
+             "events", "progress", "diffusion", "key", "noise", "brownian")
 
 
 def _as_array_tree(y0, name: str) -> PyTree:
@@ -126,6 +126,7 @@ def solve(
     diffusion: VectorField | None = None,
     key: Any = None,
     noise: str | None = None,
+    brownian: str | None = None,
     **unknown: Any,
 ) -> Solution:
     """Integrate ``dy/dt = f(t, y, args)`` from ``t0`` to ``t1``.
@@ -178,6 +179,10 @@ def solve(
         noise: ``"diagonal"`` (default: ``g`` like ``y``, one Brownian motion per
             component), ``"scalar"`` (``g`` like ``y``, one Brownian motion) or
             ``"general"`` (each leaf of ``g`` shaped like ``y``'s plus ``(m,)``).
+        brownian: How the SDE's Brownian motion is drawn: ``"tree"`` (default: a
+            :class:`BrownianPath`, the same path whatever ``dt``) or ``"steps"`` (a
+            ``BrownianSteps``: one normal per step, fastest, but the path depends on
+            the step sequence). See docs/sde.md.
 
     Returns:
         A :class:`Solution`.
@@ -206,13 +211,14 @@ def solve(
     if not callable(f):
         raise TypeError(f"f must be callable as f(t, y, args), got {f!r}")
     if (diffusion is not None or key is not None or noise is not None
-            or isinstance(solver, AbstractSDESolver)):
+            or brownian is not None or isinstance(solver, AbstractSDESolver)):
         if progress:
             raise ValueError("progress=True is not available for SDEs yet (diffusion= given); "
                              "pass progress=False")
         return solve_sde(f, y0, t0, t1, solver=solver, diffusion=diffusion, key=key,
-                         noise=noise, dt=dt, rtol=rtol, atol=atol, args=args, saveat=saveat,
-                         max_steps=max_steps, throw=throw, adjoint=adjoint, events=events)
+                         noise=noise, brownian=brownian, dt=dt, rtol=rtol, atol=atol,
+                         args=args, saveat=saveat, max_steps=max_steps, throw=throw,
+                         adjoint=adjoint, events=events)
     if adjoint is not None and not isinstance(adjoint, AbstractAdjoint):
         raise TypeError(
             "adjoint must be simlib.Direct(), simlib.Checkpointed(), simlib.Reversible() or "

@@ -294,8 +294,11 @@ def test_nonfinite_state_is_reported():
     (dict(diffusion=gbm_g, key=jax.random.key(0), solver=sl.Tsit5()), "solver"),
     (dict(diffusion=gbm_g, key=jax.random.key(0), dt=None), "dt"),
     (dict(diffusion=gbm_g, key=jnp.array([1.0, 2.0])), "key"),
+    (dict(diffusion=gbm_g, key=jax.random.key(0), brownian="fast"), "brownian"),
+    (dict(diffusion=gbm_g, key=jax.random.key(0), brownian=True), "brownian"),
 ], ids=["no-key", "no-diffusion", "diffusion-shape", "general-shape", "bad-noise",
-        "milstein-general", "adaptive", "ode-solver", "no-dt", "bad-key"])
+        "milstein-general", "adaptive", "ode-solver", "no-dt", "bad-key", "bad-brownian",
+        "brownian-not-str"])
 def test_bad_arguments_raise_naming_the_argument(kw, match):
     base = dict(solver=sl.EulerMaruyama(), dt=0.1, args=(MU, SIG))
     with pytest.raises((ValueError, TypeError), match=match):
@@ -392,3 +395,91 @@ def test_euler_maruyama_weak_order_one():
 
     hs = [2.0 ** -k for k in ks]
     assert abs(_slope(hs, [err(2 ** k) for k in ks]) - 1.0) < 0.1
+
+
+# -- brownian="steps": one hashed normal per step -------------------------------------------
+
+
+def test_step_noise_increments_are_iid_normal_with_the_right_areas():
+    """The increments a solve sees with brownian="steps": W itself (f = 0, g = 1) saved at
+    every step of 20,000: standardised increments pass a KS test against N(0, 1) and show
+    no lag-1..3 correlation; the step's (dW, dZ) pair has Var dW = h, Var dZ = h^3/3 and
+    Cov(dW, dZ) = h^2/2 (dZ = int_t^{t+h} (W_s - W_t) ds), over 100,000 channels."""
+    n, h = 20_000, 0.01
+    ts = jnp.arange(1, n + 1) * h
+    sol = sl.solve(lambda t, y, a: jnp.zeros_like(y), jnp.array(0.0), 0.0, n * h,
+                   solver=sl.EulerMaruyama(), dt=h, diffusion=lambda t, y, a: jnp.ones_like(y),
+                   key=jax.random.key(5), brownian="steps", saveat=sl.SaveAt(ts=ts),
+                   max_steps=n + 10)
+    z = np.diff(np.concatenate([[0.0], np.asarray(sol.ys)])) / math.sqrt(h)
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+    for lag in (1, 2, 3):
+        assert abs(np.corrcoef(z[:-lag], z[lag:])[0, 1]) < 4 / math.sqrt(n)
+
+    from simlib._brownian import BrownianSteps
+    path = BrownianSteps(jax.random.key(6), (100_000,), dtype=jnp.float64)
+    hh = jnp.asarray(0.3)
+    dw, dz, counter = path._step(0.0, hh, jnp.asarray(7, jnp.uint32), True)
+    dw, dz, m = np.asarray(dw), np.asarray(dz), dw.size
+    assert int(counter) == 8
+    cov = np.cov(dw, dz)
+    hv = float(hh)
+    for got, want in ((cov[0, 0], hv), (cov[1, 1], hv ** 3 / 3), (cov[0, 1], hv ** 2 / 2)):
+        assert abs(got - want) < 5 * want * math.sqrt(2 / m)
+
+
+@pytest.fixture(scope="module")
+def step_noise_ou():
+    """One batched solve of 20,000 OU members per (method, sigma), brownian="steps"."""
+    theta, mu, x0, h, n = 1.5, 0.5, 2.0, 0.05, 20
+    run = jax.jit(lambda key, sigma, solver: sl.solve(
+        ou_f, jnp.full((20_000,), x0), 0.0, n * h, solver=solver, dt=h, key=key,
+        diffusion=ou_g, args=(theta, mu, sigma), brownian="steps").ys[-1],
+        static_argnums=2)
+    return run, (theta, mu, x0, h, n)
+
+
+@pytest.mark.parametrize("name", ["EulerMaruyama", "SRA1"])
+def test_step_noise_ou_matches_the_exact_law_of_the_scheme(step_noise_ou, name):
+    """Both schemes are linear in (x, dW, dZ) on OU, so x_N is Gaussian with a mean and
+    variance known in closed form: Euler-Maruyama ``x' = a x + b + s dW``, a = 1 - theta h;
+    SRA1 ``x' = a x + b + s (dW - c dZ/h)`` with a = 1 - theta h + theta^2 h^2/2, c =
+    theta h (the areas enter through the stage). KS test of the 20,000 members against that
+    law; a diffusion 10% high fails it (negative control)."""
+    run, (theta, mu, x0, h, n) = step_noise_ou
+    solver = getattr(sl, name)()
+    if name == "EulerMaruyama":
+        a, c = 1 - theta * h, 0.0
+    else:
+        a, c = 1 - theta * h + (theta * h) ** 2 / 2, theta * h
+    b = (1 - a) * mu
+    # one step's noise variance per sigma^2: Var(dW - c dZ/h) = h - c h + c^2 h / 3
+    q = h - c * h + c * c * h / 3
+    mean = a ** n * x0 + b * (1 - a ** n) / (1 - a)
+    var_per_s2 = q * (1 - a ** (2 * n)) / (1 - a * a)
+
+    def p_value(sigma, sigma_model):
+        x = np.asarray(run(jax.random.key(11), sigma, solver))
+        sd = math.sqrt(var_per_s2) * sigma_model
+        return stats.kstest(x, "norm", args=(mean, sd)).pvalue
+
+    assert p_value(0.6, 0.6) > 1e-3
+    assert p_value(0.66, 0.6) < 1e-3
+
+
+def test_step_noise_is_reproducible_and_independent_across_keys():
+    def one(k):
+        return sl.solve(ou_f, jnp.array(1.0), 0.0, 1.0, solver=sl.EulerMaruyama(), dt=0.01,
+                        diffusion=ou_g, key=k, args=(1.0, 0.5, 0.5), brownian="steps",
+                        saveat=sl.SaveAt(steps=True)).ys
+
+    keys = sl.split_keys(jax.random.key(0), 200)
+    batch = np.asarray(jax.jit(jax.vmap(one))(keys))
+    first = np.asarray(one(keys[3]))
+    np.testing.assert_array_equal(first, np.asarray(one(keys[3])))
+    np.testing.assert_array_equal(first, np.asarray(jax.jit(one)(keys[3])))
+    np.testing.assert_allclose(batch[3], first, rtol=0, atol=1e-14)  # vmap: to rounding
+    inc = np.diff(batch, axis=1)[:, 50]  # one step's increment across 200 members
+    corr = np.corrcoef(inc[:-1], inc[1:])[0, 1]
+    assert abs(corr) < 4 / math.sqrt(inc.size)
+    assert np.unique(batch[:, -1]).size == batch.shape[0]

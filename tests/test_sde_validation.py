@@ -149,6 +149,7 @@ def kramers():
     (["--steps", "2.5"], "--steps"),
     (["--seed", "-1"], "--seed"),
     (["--method", "RK4"], "--method"),
+    (["--brownian", "fast"], "--brownian"),
     (["--out", "result.png"], "--out"),
     (["--plot", "figure.txt"], "--plot"),
 ])
@@ -185,6 +186,17 @@ def test_kramers_tiny_run_writes_result_and_figure(kramers, tmp_path, capsys):
     assert fig.stat().st_size > 10_000
     # at dU/kT = 2 the mean escape time (about 8) is far below the horizon (20.48)
     assert np.isfinite(data["escape_times"]).mean() > 0.8
+
+
+def test_kramers_step_noise_rate_matches_the_exact_mean_first_passage_time(kramers):
+    """brownian="steps": 512 paths at dU/kT = 2 (escape in ~8 time units, horizon 40.96);
+    the censored rate estimate against the exact MFPT rate (scipy quadrature) within 4
+    standard errors."""
+    opts = kramers.build_parser().parse_args(["--n", "512", "--barrier", "2", "--steps",
+                                              "4096", "--brownian", "steps", "--quiet"])
+    res = kramers.run(opts)
+    assert res["events"] > 400
+    assert abs(res["rate"] - res["k_exact"]) < 4 * res["se"], (res["rate"], res["k_exact"])
 
 
 def test_kramers_solver_error_is_one_line_exit_1(kramers, monkeypatch, capsys):

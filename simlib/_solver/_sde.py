@@ -3,8 +3,9 @@ stochastic Heun and Rößler's SRA1.
 
 A method sees the drift and the diffusion through the driver's vector field, which for an
 SDE returns the pair ``(f, g)`` (simlib/_sde.py), and the Brownian path through ``args``;
-its carried state is ``(W(t), I(t))``, the path and its time integral at the current time,
-so a step costs one path query. References: Kloeden and Platen, *Numerical Solution of
+its carried state is the path's: ``(W(t), I(t))``, the path and its time integral at the
+current time, for the tree (a step costs one path query), the step counter for
+``BrownianSteps``. References: Kloeden and Platen, *Numerical Solution of
 Stochastic Differential Equations* (1992), 10.2 (Euler-Maruyama), 10.3 (Milstein), 11.1
 and 15 (Heun, Stratonovich); Rößler, "Runge-Kutta methods for the strong approximation of
 solutions of stochastic differential equations", SIAM J. Numer. Anal. 48(3), 2010 (SRA1).
@@ -73,16 +74,14 @@ class AbstractSDESolver(AbstractSolver):
 
     def init(self, f, t, y, args, f0=None):
         a = _sde_args(f, args)
-        return a.path._flat_at(t, self.needs_area)
+        return a.path._start(t, self.needs_area)
 
     def _increments(self, f, t, h, args, state):
         """``(sde_args, dW, dZ, state1)`` for the step ``[t, t + h]``; ``dZ`` is
         ``int_t^{t+h} (W_s - W_t) ds`` when the method needs it."""
         a = _sde_args(f, args)
-        w0, i0 = state
-        w1, i1 = a.path._flat_at(t + h, self.needs_area)
-        dz = None if i0 is None else i1 - i0 - h.astype(w0.dtype) * w0
-        return a, w1 - w0, dz, (w1, i1)
+        dw, dz, state1 = a.path._step(t, h, state, self.needs_area)
+        return a, dw, dz, state1
 
 
 @register_static
