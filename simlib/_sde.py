@@ -99,13 +99,35 @@ def _noise_shape(noise, f, g, y0, args, tdtype) -> tuple[int, ...]:
 BROWNIAN = ("tree", "steps")
 
 
+def _diffusion_depends_on_state(g, y0, args, tdtype) -> bool | None:
+    """Whether ``g(t, y, args)`` reads ``y``: a dependency walk over the jaxpr of ``g`` in
+    ``y`` (structural, so ``0 * y`` counts as reading it). ``None`` if ``g`` cannot be traced
+    on its own (e.g. ``args`` holds objects that are not arrays)."""
+    def spec(x):
+        return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+
+    try:
+        closed = jax.make_jaxpr(lambda t, y, a: g(t, y, a))(
+            jax.ShapeDtypeStruct((), tdtype), jax.tree_util.tree_map(spec, y0),
+            jax.tree_util.tree_map(spec, args))
+    except Exception:  # noqa: BLE001 - no verdict, no check
+        return None
+    jaxpr = closed.jaxpr
+    n_y = len(jax.tree_util.tree_leaves(y0))
+    reads = set(jaxpr.invars[1:1 + n_y])
+    for eqn in jaxpr.eqns:  # in order; sub-jaxprs (cond, pjit, ...) conservatively
+        if any(v in reads for v in eqn.invars if not hasattr(v, "val")):
+            reads.update(eqn.outvars)
+    return any(v in reads for v in jaxpr.outvars if not hasattr(v, "val"))
+
+
 def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, brownian, dt,
               rtol, atol,
               args: Any, saveat: SaveAt, max_steps: int, throw: bool,
-              adjoint: AbstractAdjoint | None, events) -> Solution:
+              adjoint: AbstractAdjoint | None, events, progress: bool = False) -> Solution:
     """The SDE branch of :func:`simlib.solve` (arguments as there); checks its arguments
     eagerly, naming the bad one."""
-    from ._solve import _as_array_tree, _check_finite_scalar
+    from ._solve import _as_array_tree, _bar, _check_finite_scalar
 
     if key is None:
         raise ValueError("key is required for an SDE (diffusion=...): give a JAX key, e.g. "
@@ -164,6 +186,12 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
         raise ValueError(f"dt must be positive, got {float(dt)!r}")
     tdtype = time_dtype(y0)
     shape = _noise_shape(noise, f, diffusion, y0, args, tdtype)
+    if solver.additive_noise_only and _diffusion_depends_on_state(diffusion, y0, args, tdtype):
+        raise ValueError(
+            f"{type(solver).__name__}() needs additive noise, but diffusion(t, y, args) "
+            "depends on y: use Milstein() or StochasticHeun() (or EulerMaruyama()) for "
+            "multiplicative noise; with additive noise, write g without y (e.g. "
+            "sigma * jnp.ones_like(y))")
 
     if mode == "ts":
         ts = jnp.asarray(saveat.ts, tdtype)
@@ -200,9 +228,15 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
 
     traced = is_tracer((y0, t0, t1, dt, args, saveat.ts, key)) or inside_trace()
     in_graph_check = bool(throw) and traced
-    sol = _fixed_jit(_SDEField(f, diffusion), solver, mode, saveat.t0, n_iter, n_save,
-                     in_graph_check, max_steps, AUTOMATIC if adjoint is None else adjoint,
-                     y0, t0, t1, dt, n_grid, ts, _SDEArgs(args, path, noise))
+    every = -(-n_iter // 100) if progress and not traced and n_iter > 0 else 0
+    with _bar(every, n_iter, "step") as bar:
+        sol = _fixed_jit(_SDEField(f, diffusion), solver, mode, saveat.t0, n_iter, n_save,
+                         in_graph_check, max_steps, AUTOMATIC if adjoint is None else adjoint,
+                         y0, t0, t1, dt, n_grid, ts, _SDEArgs(args, path, noise),
+                         progress=every)
+        if every:
+            jax.block_until_ready(sol)
+            bar.set(n_iter)
     if throw and not traced:
         code = int(sol.result)
         if code != 0:

@@ -212,13 +212,10 @@ def solve(
         raise TypeError(f"f must be callable as f(t, y, args), got {f!r}")
     if (diffusion is not None or key is not None or noise is not None
             or brownian is not None or isinstance(solver, AbstractSDESolver)):
-        if progress:
-            raise ValueError("progress=True is not available for SDEs yet (diffusion= given); "
-                             "pass progress=False")
         return solve_sde(f, y0, t0, t1, solver=solver, diffusion=diffusion, key=key,
                          noise=noise, brownian=brownian, dt=dt, rtol=rtol, atol=atol,
                          args=args, saveat=saveat, max_steps=max_steps, throw=throw,
-                         adjoint=adjoint, events=events)
+                         adjoint=adjoint, events=events, progress=progress)
     if adjoint is not None and not isinstance(adjoint, AbstractAdjoint):
         raise TypeError(
             "adjoint must be simlib.Direct(), simlib.Checkpointed(), simlib.Reversible() or "

@@ -295,10 +295,11 @@ def test_nonfinite_state_is_reported():
     (dict(diffusion=gbm_g, key=jax.random.key(0), dt=None), "dt"),
     (dict(diffusion=gbm_g, key=jnp.array([1.0, 2.0])), "key"),
     (dict(diffusion=gbm_g, key=jax.random.key(0), brownian="fast"), "brownian"),
+    (dict(diffusion=gbm_g, key=jax.random.key(0), solver=sl.SRA1()), "additive"),
     (dict(diffusion=gbm_g, key=jax.random.key(0), brownian=True), "brownian"),
 ], ids=["no-key", "no-diffusion", "diffusion-shape", "general-shape", "bad-noise",
         "milstein-general", "adaptive", "ode-solver", "no-dt", "bad-key", "bad-brownian",
-        "brownian-not-str"])
+        "brownian-not-str", "sra1-multiplicative"])
 def test_bad_arguments_raise_naming_the_argument(kw, match):
     base = dict(solver=sl.EulerMaruyama(), dt=0.1, args=(MU, SIG))
     with pytest.raises((ValueError, TypeError), match=match):
@@ -483,3 +484,18 @@ def test_step_noise_is_reproducible_and_independent_across_keys():
     corr = np.corrcoef(inc[:-1], inc[1:])[0, 1]
     assert abs(corr) < 4 / math.sqrt(inc.size)
     assert np.unique(batch[:, -1]).size == batch.shape[0]
+
+
+def test_sra1_accepts_additive_noise_written_in_many_ways_under_jit():
+    """The additivity check is structural and works on traced args: g reading only t and
+    args (ones_like, zeros_like + sigma, a t-dependent sigma) passes, under jit too."""
+    for g in (lambda t, y, a: a[2] * jnp.ones_like(y),
+              lambda t, y, a: jnp.zeros_like(y) + a[2] * (1 + t)):
+        run = jax.jit(lambda a, g=g: sl.solve(ou_f, jnp.array([1.0]), 0.0, 1.0,
+                                              solver=sl.SRA1(), dt=0.25, diffusion=g,
+                                              key=jax.random.key(0), args=a).ys[-1, 0])
+        assert np.isfinite(float(run((1.0, 0.5, 0.5))))
+    with pytest.raises(ValueError, match="additive"):
+        jax.jit(lambda a: sl.solve(ou_f, jnp.array([1.0]), 0.0, 1.0, solver=sl.SRA1(),
+                                   dt=0.25, diffusion=lambda t, y, b: b[2] * y,
+                                   key=jax.random.key(0), args=a).ys)((1.0, 0.5, 0.5))

@@ -63,6 +63,8 @@ class AbstractSDESolver(AbstractSolver):
         noise_types: The noise types it accepts (``"diagonal"``, ``"scalar"``,
             ``"general"``).
         needs_area: Whether a step uses ``int (W_s - W_t) ds`` as well as ``dW``.
+        additive_noise_only: Whether the method is only convergent for ``g`` independent
+            of ``y`` (``solve`` checks the diffusion's jaxpr and raises if it reads ``y``).
     """
 
     strong_order: float = 0.5
@@ -70,6 +72,7 @@ class AbstractSDESolver(AbstractSolver):
     calculus: str = "ito"
     noise_types: tuple[str, ...] = NOISE_TYPES
     needs_area: bool = False
+    additive_noise_only: bool = False
     fevals_per_step = 1
 
     def init(self, f, t, y, args, f0=None):
@@ -164,6 +167,7 @@ class SRA1(AbstractSDESolver):
     strong_order = 1.5
     weak_order = 2.0
     needs_area = True
+    additive_noise_only = True
     fevals_per_step = 2
     reference = "Rößler 2010, SIAM J. Numer. Anal. 48(3), SRA1"
 
