@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["BrownianPath", "BrownianSteps", "levels_for", "split_keys"]
+__all__ = ["BrownianPath", "BrownianSteps", "VirtualBrownianPath", "levels_for", "split_keys"]
 
 _U32 = jnp.uint32
 _ROOT, _BRIDGE, _STEPS = 0, 1000, 2000
@@ -63,7 +63,10 @@ def _hash_pair(seed, stream: int, pair, channel):
     pair a)`` give the same words for every key, so that two nodes of every path drew the
     same normals (tests/test_sde.py checks that no two counters of a tree collide).
     """
-    s0 = _mix(seed[0] ^ _U32((stream * 0x9E3779B1) & 0xFFFFFFFF))
+    if isinstance(stream, int):
+        s0 = _mix(seed[0] ^ _U32((stream * 0x9E3779B1) & 0xFFFFFFFF))
+    else:  # a traced stream number (the virtual path's loop over levels): the same words
+        s0 = _mix(seed[0] ^ (jnp.asarray(stream).astype(_U32) * _U32(0x9E3779B1)))
     x = _mix((pair * _U32(0x9E3779B1)) ^ s0)
     x = _mix(x ^ (channel * _U32(0x85EBCA77) + seed[1]))
     return x, _mix(x ^ (seed[1] + _U32(0x68E31DA4)))
@@ -379,6 +382,94 @@ def _unflatten(aux, leaves):
 
 
 jax.tree_util.register_pytree_node(BrownianPath, _flatten, _unflatten)
+
+
+class VirtualBrownianPath:
+    """The :class:`BrownianPath` of the same key, evaluated without building the tree: a
+    query at ``t`` descends from the root to the leaf holding ``t``, drawing the two normals
+    of each node on the way (``2 levels`` normals a query), then samples the leaf's bridge
+    as :class:`BrownianPath` does. Equal to ``BrownianPath(key, t0, t1, shape,
+    levels=levels, area=area)`` to rounding, at any ``t``; memory independent of
+    ``levels``. Built by an adaptive SDE solve (``rtol``/``atol``), whose steps fall
+    anywhere: ``levels`` (default 20) sets the resolution ``(t1 - t0) / 2^levels`` below
+    which two query times share one leaf's bridge sample.
+    """
+
+    def __init__(self, key, t0, t1, shape: tuple[int, ...] = (), *, levels: int = 20,
+                 area: bool = False, dtype: Any = None):
+        if not isinstance(levels, int | np.integer) or not 0 <= levels <= 30:
+            raise ValueError(f"levels must be an integer in [0, 30], got {levels!r}")
+        shape = tuple(int(n) for n in shape) if isinstance(shape, tuple | list) else (
+            (int(shape),))
+        dtype = jnp.dtype(dtype) if dtype is not None else jnp.result_type(float)
+        self.shape, self.levels, self.dtype, self.area = shape, int(levels), dtype, bool(area)
+        self.t0 = jnp.asarray(t0, dtype)
+        self.t1 = jnp.asarray(t1, dtype)
+        self.seed = _seed(key)
+
+    def _flat_at(self, t, need_integral: bool):
+        if need_integral:
+            raise ValueError("VirtualBrownianPath has no time integral (an adaptive SDE "
+                             "method does not use it)")
+        levels, dtype = self.levels, self.dtype
+        d = int(np.prod(self.shape)) if self.shape else 1
+        n_leaf = 2 ** levels
+        span = self.t1 - self.t0
+        t = jnp.asarray(t, dtype)
+        u = jnp.clip((t - self.t0) / (span / n_leaf), 0.0, float(n_leaf))
+        nearest = jnp.round(u)
+        on_node = jnp.abs(u - nearest) <= 8 * jnp.finfo(dtype).eps * (1.0 + u)
+        k = jnp.clip(jnp.floor(u), 0, n_leaf - 1).astype(jnp.uint32)
+        z = _normals(self.seed, _ROOT, 2, d, dtype)
+        dw, h = jnp.sqrt(span) * z[0], jnp.sqrt(span / 12.0) * z[1]
+        def level(j, carry):  # the node of level j holding leaf k, then its child
+            w_left, dw, h = carry
+            j = j.astype(_U32)
+            node = k >> (_U32(levels) - j)
+            z1 = _normal_at(self.seed, 1 + 2 * j, node, d, dtype)
+            # (the tree draws no z2 at its last level without areas; the area drawn here
+            # then is never used, and the increments do not depend on it)
+            z2 = _normal_at(self.seed, 2 + 2 * j, node, d, dtype)
+            dw1, h1, dw2, h2 = _split(dw, h, span / (2.0 ** j.astype(dtype)), z1, z2)
+            right = ((k >> (_U32(levels) - _U32(1) - j)) & _U32(1)) == 1
+            return (jnp.where(right, w_left + dw1, w_left), jnp.where(right, dw2, dw1),
+                    jnp.where(right, h2, h1))
+
+        w_left, dw, h = lax.fori_loop(0, levels, level, (jnp.zeros((d,), dtype), dw, h))
+        leaf_len = span / n_leaf
+        r = jnp.where(on_node, 0.5, u - k.astype(dtype))
+        at_node = jnp.where(nearest.astype(jnp.uint32) > k, w_left + dw, w_left)
+        streams = _bridge_streams(levels, self.area)
+        zs = [_normal_at(self.seed, s_, k, d, dtype) for s_ in streams]
+        if not self.area:
+            w = w_left + r * dw + jnp.sqrt(r * (1.0 - r) * leaf_len) * zs[0]
+        else:
+            w = w_left + _split_at(dw, h, leaf_len, r, zs[0], zs[1])[0]
+        return jnp.where(on_node, at_node, w), None
+
+    def evaluate(self, t) -> jax.Array:
+        """``W(t) - W(t0)``, shaped ``shape``."""
+        w = self._flat_at(t, False)[0]
+        return w.reshape(w.shape[:-1] + self.shape)
+
+    _start = BrownianPath._start
+    _step = BrownianPath._step
+
+    def __repr__(self) -> str:
+        return (f"VirtualBrownianPath(shape={self.shape}, levels={self.levels}, "
+                f"area={self.area}, dtype={self.dtype})")
+
+
+jax.tree_util.register_pytree_node(
+    VirtualBrownianPath, lambda p: ((p.t0, p.t1, p.seed), (p.shape, p.levels, p.dtype, p.area)),
+    lambda aux, leaves: _unflatten_virtual(aux, leaves))
+
+
+def _unflatten_virtual(aux, leaves):
+    p = object.__new__(VirtualBrownianPath)
+    p.shape, p.levels, p.dtype, p.area = aux
+    p.t0, p.t1, p.seed = leaves
+    return p
 
 
 class BrownianSteps:

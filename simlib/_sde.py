@@ -19,7 +19,7 @@ import numpy as np
 
 from ._adjoint import AbstractAdjoint, Reversible
 from ._auto import AUTOMATIC
-from ._brownian import BrownianPath, BrownianSteps, levels_for
+from ._brownian import BrownianPath, BrownianSteps, VirtualBrownianPath, levels_for
 from ._errors import Result, SolverError, result_message
 from ._fixed import fixed_iterations, grid_count
 from ._fixed import fixed_jit as _fixed_jit
@@ -153,10 +153,24 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
         raise ValueError(f"noise={noise!r} is not supported by {type(solver).__name__}() "
                          f"(it takes {', '.join(map(repr, solver.noise_types))}); "
                          "EulerMaruyama() and StochasticHeun() take every noise type")
-    if rtol is not None or atol is not None:
-        raise ValueError("rtol/atol were given, but adaptive stepping is not supported for "
-                         "SDEs: give dt (a fixed step)")
-    if dt is None:
+    adaptive = rtol is not None or atol is not None
+    if adaptive:
+        if not solver.adaptive:
+            raise ValueError(
+                f"rtol/atol were given, but {type(solver).__name__}() has no error estimate; "
+                "StochasticHeun() is the adaptive SDE method (Stratonovich), or give dt "
+                "without tolerances for a fixed step")
+        if brownian == "steps":
+            raise ValueError(
+                "brownian='steps' cannot drive an adaptive solve (a rejected step would "
+                "redraw its increment from the same normal, biasing the path); use the "
+                "default brownian='tree' with rtol/atol")
+        rtol = atol if rtol is None else rtol
+        atol = rtol if atol is None else atol
+        for name, tol in (("rtol", rtol), ("atol", atol)):
+            if not is_tracer(tol) and not (np.isfinite(float(tol)) and float(tol) > 0):
+                raise ValueError(f"{name} must be positive and finite, got {tol!r}")
+    elif dt is None:
         raise ValueError(f"{type(solver).__name__} needs a step size: give dt")
     if events is not None:
         raise ValueError("events are not supported for SDEs")
@@ -176,13 +190,13 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
     for leaf in jax.tree_util.tree_leaves(y0):
         if not is_tracer(leaf) and not np.all(np.isfinite(np.asarray(leaf))):
             raise ValueError(f"y0 must be finite, but it contains nan or inf: {y0!r}")
-    for name, x in (("t0", t0), ("t1", t1), ("dt", dt)):
+    for name, x in (("t0", t0), ("t1", t1)) + ((("dt", dt),) if dt is not None else ()):
         _check_finite_scalar(x, name)
     concrete = not is_tracer((t0, t1, dt, saveat.ts))
     if not is_tracer((t0, t1)) and not float(t1) > float(t0):
         raise ValueError(f"t1 must be greater than t0 for an SDE (forward time only), got "
                          f"t0={float(t0)!r}, t1={float(t1)!r}")
-    if not is_tracer(dt) and not float(dt) > 0:
+    if dt is not None and not is_tracer(dt) and not float(dt) > 0:
         raise ValueError(f"dt must be positive, got {float(dt)!r}")
     tdtype = time_dtype(y0)
     shape = _noise_shape(noise, f, diffusion, y0, args, tdtype)
@@ -208,6 +222,13 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
     else:
         ts, n_save = None, 0
 
+    traced = is_tracer((y0, t0, t1, dt, rtol, atol, args, saveat.ts, key)) or inside_trace()
+    in_graph_check = bool(throw) and traced
+    if adaptive:
+        return _solve_adaptive(f, diffusion, solver, y0, t0, t1, dt, rtol, atol, key, noise,
+                               shape, tdtype, args, saveat, mode, ts, n_save, max_steps,
+                               throw, traced, in_graph_check, adjoint, progress)
+
     if concrete:
         levels = levels_for(float(t0), float(t1), float(dt))
         n_grid_host = grid_count(float(t0), float(t1), float(dt))
@@ -226,8 +247,6 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
         path = BrownianPath(key, t0, t1, shape, levels=levels, area=solver.needs_area,
                             dtype=tdtype, precompute=not on_nodes)
 
-    traced = is_tracer((y0, t0, t1, dt, args, saveat.ts, key)) or inside_trace()
-    in_graph_check = bool(throw) and traced
     every = -(-n_iter // 100) if progress and not traced and n_iter > 0 else 0
     with _bar(every, n_iter, "step") as bar:
         sol = _fixed_jit(_SDEField(f, diffusion), solver, mode, saveat.t0, n_iter, n_save,
@@ -237,6 +256,42 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
         if every:
             jax.block_until_ready(sol)
             bar.set(n_iter)
+    if throw and not traced:
+        code = int(sol.result)
+        if code != 0:
+            message = result_message(code, t=float(sol.stats["t_final"]),
+                                     step=int(sol.stats["num_steps"]), t1=float(t1),
+                                     max_steps=max_steps)
+            raise SolverError("solve: " + message, Result(code), sol)
+    return sol
+
+
+VIRTUAL_LEVELS = {8: 20, 4: 14}
+"""Depth of an adaptive solve's :class:`VirtualBrownianPath` by the time dtype's size: a
+leaf is ``(t1 - t0) / 2^levels`` long (float32 resolves positions to ~2^-24 of the span)."""
+
+
+def _solve_adaptive(f, diffusion, solver, y0, t0, t1, dt, rtol, atol, key, noise, shape,
+                    tdtype, args, saveat, mode, ts, n_save, max_steps, throw, traced,
+                    in_graph_check, adjoint, progress) -> Solution:
+    """An adaptive SDE solve on the adaptive driver of ODEs, the path a
+    :class:`VirtualBrownianPath` (queried at any time, consistent with the tree)."""
+    from ._adaptive import adaptive_jit
+    from ._solve import _bar
+
+    levels = VIRTUAL_LEVELS[jnp.dtype(tdtype).itemsize]
+    path = VirtualBrownianPath(key, t0, t1, shape, levels=levels, dtype=tdtype)
+    if dt is None:  # the first step; the controller takes it from there
+        dt = (jnp.asarray(t1, tdtype) - jnp.asarray(t0, tdtype)) / 100
+    every = max(64, min(4096, max_steps // 100)) if progress and not traced else 0
+    with _bar(every, abs(float(t1) - float(t0)) if every else 0.0, "t") as bar:
+        sol = adaptive_jit(_SDEField(f, diffusion), solver, mode, saveat.t0, n_save,
+                           in_graph_check, max_steps, AUTOMATIC if adjoint is None else adjoint,
+                           y0, t0, t1, dt, rtol, atol, ts, _SDEArgs(args, path, noise),
+                           progress=every)
+        if every:
+            jax.block_until_ready(sol)
+            bar.set(abs(float(sol.stats["t_final"]) - float(t0)))
     if throw and not traced:
         code = int(sol.result)
         if code != 0:

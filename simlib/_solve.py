@@ -173,7 +173,8 @@ def solve(
             It never changes the result (docs/files.md).
         diffusion: For an SDE ``dy = f dt + g dW``: ``g(t, y, args)``, shaped as ``noise``
             implies; needs an SDE method (:class:`EulerMaruyama`, :class:`Milstein`,
-            :class:`StochasticHeun`, :class:`SRA1`), ``dt`` and ``key``. See docs/sde.md.
+            :class:`StochasticHeun`, :class:`SRA1`), ``dt`` and ``key`` (or, for
+            :class:`StochasticHeun`, ``rtol``/``atol``: adaptive steps). See docs/sde.md.
         key: The JAX PRNG key of the SDE's Brownian path (one key, one path, whatever
             ``dt``).
         noise: ``"diagonal"`` (default: ``g`` like ``y``, one Brownian motion per

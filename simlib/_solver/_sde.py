@@ -133,11 +133,15 @@ class StochasticHeun(AbstractSDESolver):
     """Stochastic Heun (trapezoidal predictor-corrector), Stratonovich:
     ``y~ = y + f h + g dW``, ``y_{n+1} = y + (f + f~) h/2 + (g + g~) dW/2``
     (strong order 1 for commutative noise, 0.5 in general; weak 1; Kloeden and Platen
-    1992, 11.1 and 15.1)."""
+    1992, 11.1 and 15.1). Adaptive with ``rtol``/``atol``: the error estimate is
+    ``y_{n+1} - y~`` (Heun against its Euler predictor), the path a
+    ``VirtualBrownianPath`` of the key (docs/sde.md)."""
 
     order = 0.5
     calculus = "stratonovich"
     fevals_per_step = 2
+    adaptive = True
+    error_order = 1
     reference = "Kloeden & Platen 1992, sec. 11.1, 15.1"
 
     def step(self, f, t, y, h, args, state):
@@ -147,7 +151,16 @@ class StochasticHeun(AbstractSDESolver):
         drift1, g1 = f(t + h, pred, args)
         y1 = _add(y, _scale(0.5 * h, _add(drift, drift1)),
                   _scale(0.5, noise_term(a.noise, _add(g, g1), dw, y)))
-        return y1, None, None, state1
+        # error estimate (adaptive runs): the step minus its Euler predictor,
+        # (f~ - f) h/2 + (g~ - g) dW/2
+        err = jax.tree_util.tree_map(lambda a_, b_: a_ - b_, y1, pred)
+        return y1, err, None, state1
+
+    def interpolate(self, f, args, t, y, h, y1, dense, theta):
+        """Linear between the step's ends (the SDE's solution between steps is not a
+        function of the step's data; saved values at ``SaveAt(ts=...)`` of an adaptive run
+        are this interpolant)."""
+        return jax.tree_util.tree_map(lambda a_, b_: a_ + theta * (b_ - a_), y, y1)
 
 
 @register_static
