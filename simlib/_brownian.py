@@ -310,7 +310,7 @@ class BrownianPath:
                              "time integral")
         n_leaf = 2 ** self.levels
         d = self.w.shape[-1]
-        t = jnp.asarray(t, self.dtype)
+        t = lax.stop_gradient(jnp.asarray(t, self.dtype))  # the path is data: no d/dt
         leaf_len = (self.t1 - self.t0) / n_leaf
         u = jnp.clip((t - self.t0) / leaf_len, 0.0, float(n_leaf))
         nearest = jnp.round(u)
@@ -415,7 +415,7 @@ class VirtualBrownianPath:
         d = int(np.prod(self.shape)) if self.shape else 1
         n_leaf = 2 ** levels
         span = self.t1 - self.t0
-        t = jnp.asarray(t, dtype)
+        t = lax.stop_gradient(jnp.asarray(t, dtype))  # the path is data: no d/dt
         u = jnp.clip((t - self.t0) / (span / n_leaf), 0.0, float(n_leaf))
         nearest = jnp.round(u)
         on_node = jnp.abs(u - nearest) <= 8 * jnp.finfo(dtype).eps * (1.0 + u)
