@@ -775,3 +775,46 @@ def test_kepler_problem_is_eccentric_and_starts_at_perihelion():
     np.testing.assert_allclose(el.M0, 0.0, atol=1e-14)
     n_orbits = (problem.t1 - problem.t0) * float(el.n) / (2 * math.pi)
     assert 1.0 <= n_orbits <= 5.0
+
+
+# -- stochastic models: closed forms checked against independent computations -------------
+
+
+def test_ornstein_uhlenbeck_moments_solve_their_moment_equations():
+    """The mean and variance satisfy m' = -theta (m - mu), v' = -2 theta v + sigma^2
+    (scipy's solve_ivp from m(0) = x0, v(0) = 0); drift and diffusion match the formulas."""
+    args = (1.7, 0.4, 0.9)
+    theta, mu, sigma = args
+    ts = np.linspace(0.0, 3.0, 13)
+    ref = solve_ivp(lambda t, z: [-theta * (z[0] - mu), -2 * theta * z[1] + sigma ** 2],
+                    (0.0, 3.0), [2.0, 0.0], t_eval=ts, rtol=1e-12, atol=1e-14)
+    m, v = systems.ornstein_uhlenbeck_moments(2.0, ts, args)
+    np.testing.assert_allclose(np.asarray(m), ref.y[0], rtol=1e-10)
+    np.testing.assert_allclose(np.asarray(v), ref.y[1], rtol=1e-9, atol=1e-14)
+    x = np.array([-1.0, 0.5, 3.0])
+    np.testing.assert_allclose(np.asarray(systems.ornstein_uhlenbeck_drift(0.0, x, args)),
+                               -theta * (x - mu))
+    np.testing.assert_array_equal(
+        np.asarray(systems.ornstein_uhlenbeck_diffusion(0.0, x, args)), np.full(3, sigma))
+    m0, v0 = systems.ornstein_uhlenbeck_moments(0.0, 1e6, None)  # stationary N(0, 1/2)
+    assert float(m0) == 0.0 and abs(float(v0) - 0.5) < 1e-15
+
+
+def test_geometric_brownian_motion_exact_has_the_closed_form_moments():
+    """E and Var of the exact solution over W_t ~ N(0, t) by Gauss-Hermite quadrature
+    (numpy) against geometric_brownian_motion_moments; the Stratonovich solution's mean is
+    x0 exp((mu + sigma^2/2) t)."""
+    args, x0, t = (0.3, 0.5), 2.0, 1.5
+    nodes, weights = np.polynomial.hermite_e.hermegauss(60)
+    w = nodes * math.sqrt(t)
+    p = weights / weights.sum()
+    x = np.asarray(systems.geometric_brownian_motion_exact(x0, t, w, args))
+    m, v = systems.geometric_brownian_motion_moments(x0, t, args)
+    np.testing.assert_allclose(p @ x, float(m), rtol=1e-12)
+    np.testing.assert_allclose(p @ (x - p @ x) ** 2, float(v), rtol=1e-10)
+    xs = np.asarray(systems.geometric_brownian_motion_exact(x0, t, w, args,
+                                                            stratonovich=True))
+    np.testing.assert_allclose(p @ xs, x0 * math.exp((0.3 + 0.125) * t), rtol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(systems.geometric_brownian_motion_diffusion(0.0, np.array([2.0]), args)),
+        [1.0])

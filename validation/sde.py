@@ -76,6 +76,7 @@ import numpy as np
 from scipy import integrate, stats
 
 import simlib as sl
+from simlib import systems
 
 from .common import Checks, Section, fmt, md_table, save_figure
 
@@ -107,24 +108,10 @@ def _config(quick: bool) -> dict:
 # problems (drift and diffusion written for any state shape)
 
 
-def gbm_drift(t, x, args):
-    mu, _ = args
-    return mu * x
-
-
-def gbm_diffusion(t, x, args):
-    _, sigma = args
-    return sigma * x
-
-
-def ou_drift(t, x, args):
-    theta, m, _ = args
-    return -theta * (x - m)
-
-
-def ou_diffusion(t, x, args):
-    _, _, sigma = args
-    return sigma * jnp.ones_like(x)
+gbm_drift = systems.geometric_brownian_motion_drift
+gbm_diffusion = systems.geometric_brownian_motion_diffusion
+ou_drift = systems.ornstein_uhlenbeck_drift
+ou_diffusion = systems.ornstein_uhlenbeck_diffusion
 
 
 def nonlinear_a(x):
@@ -157,9 +144,10 @@ def well_diffusion(t, x, args):
 
 
 def ou_mean_var(p: dict, t):
-    """Mean and variance of the OU process at ``t`` from ``x0``."""
-    e = np.exp(-p["theta"] * np.asarray(t, float))
-    return p["m"] + (p["x0"] - p["m"]) * e, p["sigma"] ** 2 / (2 * p["theta"]) * (1 - e * e)
+    """Mean and variance of the OU process at ``t`` from ``x0`` (numpy arrays)."""
+    m, v = systems.ornstein_uhlenbeck_moments(p["x0"], np.asarray(t, float),
+                                              (p["theta"], p["m"], p["sigma"]))
+    return np.asarray(m), np.asarray(v)
 
 
 def kramers_rate(dU: float, kT: float) -> float:

@@ -18,6 +18,13 @@ Systems:
       :func:`kepler_exact`, :func:`kepler_elements`, :func:`solve_kepler_equation`)
     * :func:`double_pendulum` (with :func:`double_pendulum_energy`)
 
+Stochastic (drift and diffusion for ``simlib.solve(..., diffusion=)``):
+    * :func:`ornstein_uhlenbeck_drift`, :func:`ornstein_uhlenbeck_diffusion` (with
+      :func:`ornstein_uhlenbeck_moments`)
+    * :func:`geometric_brownian_motion_drift`, :func:`geometric_brownian_motion_diffusion`
+      (with :func:`geometric_brownian_motion_exact`,
+      :func:`geometric_brownian_motion_moments`)
+
 Problems:
     :class:`Problem` describes a standard set-up; :data:`PROBLEMS` holds one per
     system and :func:`get_problem` looks one up by name.
@@ -48,15 +55,28 @@ from ._mechanics import (
     harmonic_oscillator_exact,
 )
 from ._problem import PROBLEMS, Problem, get_problem
+from ._stochastic import (
+    GEOMETRIC_BROWNIAN_MOTION_DEFAULT_ARGS,
+    ORNSTEIN_UHLENBECK_DEFAULT_ARGS,
+    geometric_brownian_motion_diffusion,
+    geometric_brownian_motion_drift,
+    geometric_brownian_motion_exact,
+    geometric_brownian_motion_moments,
+    ornstein_uhlenbeck_diffusion,
+    ornstein_uhlenbeck_drift,
+    ornstein_uhlenbeck_moments,
+)
 
 __all__ = [
     "DAMPED_DRIVEN_PENDULUM_DEFAULT_ARGS",
     "DOUBLE_PENDULUM_DEFAULT_ARGS",
+    "GEOMETRIC_BROWNIAN_MOTION_DEFAULT_ARGS",
     "HARMONIC_OSCILLATOR_DEFAULT_ARGS",
     "KEPLER_DEFAULT_ARGS",
     "KEPLER_NEWTON_ITERATIONS",
     "LORENZ_DEFAULT_ARGS",
     "LOTKA_VOLTERRA_DEFAULT_ARGS",
+    "ORNSTEIN_UHLENBECK_DEFAULT_ARGS",
     "PROBLEMS",
     "VAN_DER_POL_DEFAULT_ARGS",
     "KeplerElements",
@@ -64,6 +84,10 @@ __all__ = [
     "damped_driven_pendulum",
     "double_pendulum",
     "double_pendulum_energy",
+    "geometric_brownian_motion_diffusion",
+    "geometric_brownian_motion_drift",
+    "geometric_brownian_motion_exact",
+    "geometric_brownian_motion_moments",
     "get_problem",
     "harmonic_oscillator",
     "harmonic_oscillator_energy",
@@ -76,6 +100,9 @@ __all__ = [
     "lorenz",
     "lotka_volterra",
     "lotka_volterra_invariant",
+    "ornstein_uhlenbeck_diffusion",
+    "ornstein_uhlenbeck_drift",
+    "ornstein_uhlenbeck_moments",
     "solve_kepler_equation",
     "van_der_pol",
 ]
