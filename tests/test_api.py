@@ -107,7 +107,7 @@ SOLVER_ORDERS = {
     "SRA1": 1.5,
 }
 ADAPTIVE = {"Heun", "Bosh3", "Tsit5", "Dopri5", "Dopri8", "Rosenbrock23",
-            "Rodas5", "Rodas5P", "BDF", "Kvaerno3", "Kvaerno5"}
+            "Rodas5", "Rodas5P", "BDF", "Kvaerno3", "Kvaerno5", "StochasticHeun"}
 SYMPLECTIC = {"SemiImplicitEuler", "VelocityVerlet", "Leapfrog", "Yoshida4", "PEFRL"}
 
 
