@@ -258,6 +258,19 @@ def _build(seed, t0, t1, levels: int, d: int, dtype, area: bool, bridge: bool):
 _build_jit = jax.jit(_build, static_argnums=(3, 4, 5, 6, 7))
 
 
+def _init_tree(path, key, t0, t1, shape, levels, max_levels: int, area, dtype) -> None:
+    """The fields a tree path (built or virtual) shares, with its arguments checked."""
+    if not isinstance(levels, int | np.integer) or not 0 <= levels <= max_levels:
+        raise ValueError(f"levels must be an integer in [0, {max_levels}], got {levels!r}")
+    path.shape = tuple(int(n) for n in shape) if isinstance(shape, tuple | list) else (
+        (int(shape),))
+    path.dtype = jnp.dtype(dtype) if dtype is not None else jnp.result_type(float)
+    path.levels, path.area = int(levels), bool(area)
+    path.t0 = jnp.asarray(t0, path.dtype)
+    path.t1 = jnp.asarray(t1, path.dtype)
+    path.seed = _seed(key)
+
+
 class BrownianPath:
     """A Brownian motion ``W`` on ``[t0, t1]`` with ``W(t0) = 0``, a function of ``key``
     and the interval: the same key gives the same values at the dyadic times
@@ -289,15 +302,8 @@ class BrownianPath:
             if dt is None:
                 raise ValueError("BrownianPath needs dt (the step it is queried at) or levels")
             levels = levels_for(t0, t1, dt)
-        if not isinstance(levels, int | np.integer) or not 0 <= levels <= 24:
-            raise ValueError(f"levels must be an integer in [0, 24], got {levels!r}")
-        shape = tuple(int(n) for n in shape) if isinstance(shape, tuple | list) else (
-            (int(shape),))
-        dtype = jnp.dtype(dtype) if dtype is not None else jnp.result_type(float)
-        self.shape, self.levels, self.dtype, self.area = shape, int(levels), dtype, bool(area)
-        self.t0 = jnp.asarray(t0, dtype)
-        self.t1 = jnp.asarray(t1, dtype)
-        self.seed = _seed(key)
+        _init_tree(self, key, t0, t1, shape, levels, 24, area, dtype)
+        shape, dtype = self.shape, self.dtype
         d = int(np.prod(shape)) if shape else 1
         self.w, self.h, self.i, self.zb = _build_jit(self.seed, self.t0, self.t1, self.levels,
                                                      d, dtype, self.area, bool(precompute))
@@ -397,15 +403,7 @@ class VirtualBrownianPath:
 
     def __init__(self, key, t0, t1, shape: tuple[int, ...] = (), *, levels: int = 20,
                  area: bool = False, dtype: Any = None):
-        if not isinstance(levels, int | np.integer) or not 0 <= levels <= 30:
-            raise ValueError(f"levels must be an integer in [0, 30], got {levels!r}")
-        shape = tuple(int(n) for n in shape) if isinstance(shape, tuple | list) else (
-            (int(shape),))
-        dtype = jnp.dtype(dtype) if dtype is not None else jnp.result_type(float)
-        self.shape, self.levels, self.dtype, self.area = shape, int(levels), dtype, bool(area)
-        self.t0 = jnp.asarray(t0, dtype)
-        self.t1 = jnp.asarray(t1, dtype)
-        self.seed = _seed(key)
+        _init_tree(self, key, t0, t1, shape, levels, 30, area, dtype)
 
     def _flat_at(self, t, need_integral: bool):
         if need_integral:

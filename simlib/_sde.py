@@ -20,7 +20,6 @@ import numpy as np
 from ._adjoint import AbstractAdjoint, Reversible
 from ._auto import AUTOMATIC
 from ._brownian import BrownianPath, BrownianSteps, VirtualBrownianPath, levels_for
-from ._errors import Result, SolverError, result_message
 from ._fixed import fixed_iterations, grid_count
 from ._fixed import fixed_jit as _fixed_jit
 from ._solution import SaveAt, Solution
@@ -127,7 +126,7 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
               adjoint: AbstractAdjoint | None, events, progress: bool = False) -> Solution:
     """The SDE branch of :func:`simlib.solve` (arguments as there); checks its arguments
     eagerly, naming the bad one."""
-    from ._solve import _as_array_tree, _bar, _check_finite_scalar
+    from ._solve import _as_array_tree, _bar, _check_finite_scalar, _raise_if_failed, _tolerances
 
     if key is None:
         raise ValueError("key is required for an SDE (diffusion=...): give a JAX key, e.g. "
@@ -165,11 +164,7 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
                 "brownian='steps' cannot drive an adaptive solve (a rejected step would "
                 "redraw its increment from the same normal, biasing the path); use the "
                 "default brownian='tree' with rtol/atol")
-        rtol = atol if rtol is None else rtol
-        atol = rtol if atol is None else atol
-        for name, tol in (("rtol", rtol), ("atol", atol)):
-            if not is_tracer(tol) and not (np.isfinite(float(tol)) and float(tol) > 0):
-                raise ValueError(f"{name} must be positive and finite, got {tol!r}")
+        rtol, atol = _tolerances(rtol, atol)
     elif dt is None:
         raise ValueError(f"{type(solver).__name__} needs a step size: give dt")
     if events is not None:
@@ -257,12 +252,7 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
             jax.block_until_ready(sol)
             bar.set(n_iter)
     if throw and not traced:
-        code = int(sol.result)
-        if code != 0:
-            message = result_message(code, t=float(sol.stats["t_final"]),
-                                     step=int(sol.stats["num_steps"]), t1=float(t1),
-                                     max_steps=max_steps)
-            raise SolverError("solve: " + message, Result(code), sol)
+        _raise_if_failed(sol, t1, max_steps)
     return sol
 
 
@@ -277,7 +267,7 @@ def _solve_adaptive(f, diffusion, solver, y0, t0, t1, dt, rtol, atol, key, noise
     """An adaptive SDE solve on the adaptive driver of ODEs, the path a
     :class:`VirtualBrownianPath` (queried at any time, consistent with the tree)."""
     from ._adaptive import adaptive_jit
-    from ._solve import _bar
+    from ._solve import _bar, _raise_if_failed
 
     levels = VIRTUAL_LEVELS[jnp.dtype(tdtype).itemsize]
     path = VirtualBrownianPath(key, t0, t1, shape, levels=levels, dtype=tdtype)
@@ -293,10 +283,5 @@ def _solve_adaptive(f, diffusion, solver, y0, t0, t1, dt, rtol, atol, key, noise
             jax.block_until_ready(sol)
             bar.set(abs(float(sol.stats["t_final"]) - float(t0)))
     if throw and not traced:
-        code = int(sol.result)
-        if code != 0:
-            message = result_message(code, t=float(sol.stats["t_final"]),
-                                     step=int(sol.stats["num_steps"]), t1=float(t1),
-                                     max_steps=max_steps)
-            raise SolverError("solve: " + message, Result(code), sol)
+        _raise_if_failed(sol, t1, max_steps)
     return sol

@@ -81,6 +81,27 @@ class _CastToState:
         return isinstance(other, _CastToState) and other.f == self.f
 
 
+def _tolerances(rtol, atol):
+    """``(rtol, atol)`` of an adaptive run, one standing in for the other when missing;
+    concrete values must be positive and finite."""
+    rtol = atol if rtol is None else rtol
+    atol = rtol if atol is None else atol
+    for name, tol in (("rtol", rtol), ("atol", atol)):
+        if not is_tracer(tol) and not (np.isfinite(float(tol)) and float(tol) > 0):
+            raise ValueError(f"{name} must be positive and finite, got {tol!r}")
+    return rtol, atol
+
+
+def _raise_if_failed(sol, t1, max_steps: int) -> None:
+    """Raise the :class:`SolverError` of an eager run whose ``sol.result`` is a failure."""
+    code = int(sol.result)
+    if code != 0:
+        message = result_message(code, t=float(sol.stats["t_final"]),
+                                 step=int(sol.stats["num_steps"]), t1=float(t1),
+                                 max_steps=max_steps)
+        raise SolverError("solve: " + message, Result(code), sol)
+
+
 def _bar(on, total, unit: str):
     """The progress bar of an eager run (``simlib.progress``), receiving the compiled
     loop's reports while it is open; a do-nothing one when ``on`` is 0."""
@@ -331,11 +352,7 @@ def solve(
                 f"events need the solver's dense output to locate crossings in an adaptive "
                 f"run, and {type(solver).__name__} has no interpolate(); use a solver with "
                 "one (the explicit Runge-Kutta methods, Rosenbrock23) or a fixed-step run")
-        rtol = atol if rtol is None else rtol
-        atol = rtol if atol is None else atol
-        for name, tol in (("rtol", rtol), ("atol", atol)):
-            if not is_tracer(tol) and not (np.isfinite(float(tol)) and float(tol) > 0):
-                raise ValueError(f"{name} must be positive and finite, got {tol!r}")
+        rtol, atol = _tolerances(rtol, atol)
         every = max(64, min(4096, max_steps // 100)) if progress and not traced else 0
         with _bar(every, abs(float(t1) - float(t0)) if every else 0.0, "t") as bar:
             sol = _adaptive_jit(f, solver, mode, saveat.t0, n_save, in_graph_check, max_steps,
@@ -377,11 +394,5 @@ def solve(
                 bar.set(n_iter)
 
     if throw and not traced:
-        code = int(sol.result)
-        if code != 0:
-            t_fail = float(sol.stats["t_final"])
-            step = int(sol.stats["num_steps"])
-            message = result_message(code, t=t_fail, step=step, t1=float(t1),
-                                     max_steps=max_steps)
-            raise SolverError("solve: " + message, Result(code), sol)
+        _raise_if_failed(sol, t1, max_steps)
     return sol
