@@ -15,8 +15,15 @@ Parts (``--parts``; the default is ``lj gravity big-gravity``: 3-5 minutes on 2 
   ordered pair interactions per second, n(n-1) per force evaluation, of simlib (one
   jitted ``energy.forces`` call, and per step inside ``sp.simulate``), the numpy
   broadcast baseline (``numpy_gravity``) and REBOUND ``gravity="basic"`` (float64,
-  one thread). Target: simlib >= 3e9 pairs/s in float32. The forces are checked
+  one thread), and a plain C loop (``benchmarks/gravity_loop.c``: OpenMP over rows, SIMD
+  over columns, compiled here with ``gcc -O3 -fopenmp -fno-math-errno -march=native`` and
+  called through ctypes). Target: simlib >= 3e9 pairs/s in float32. The forces are checked
   against a float64 numpy sum.
+* ``gravity-ceiling`` (not in the default; gravity only, so it can run alone): float32,
+  N = 3,000, 4,096 and 16,384 (``--ceiling-n``): the C loop, one jitted force evaluation
+  and a step inside ``sp.simulate`` in interleaved rounds; the ratios simlib/C loop (target
+  >= 0.8 inside ``simulate``) and ``simulate``'s fixed cost per call (one call of 1 step
+  minus one step; target: below 2 ms plus one force evaluation).
 * ``big-gravity``: one direct-sum force evaluation of 100,000 bodies
   (``--big-grav-n``) in float32, in a child process: does it fit, how long, peak RSS.
 * ``scaling`` (slow, not in the default): simlib LJ cost per step against N for
@@ -54,6 +61,7 @@ Usage::
     python benchmarks/particles.py --parts scaling          # cost per step vs N (slow)
     python benchmarks/particles.py --parts lj --lj-cells 10 --x64
     python benchmarks/particles.py --quick                  # 4,000 atoms, fewer steps
+    python benchmarks/particles.py --parts gravity-ceiling  # gravity vs the C loop (1 min)
 
 Results go to ``benchmarks/results/particles.json`` (default parts),
 ``particles_<parts>.json`` otherwise (``_x64`` appended with ``--x64``), or ``--json``.
@@ -91,7 +99,7 @@ SOFTENING = 1e-2
 G = 1.0
 CHILD_MARK = "@@particles-child@@ "
 DEFAULT_PARTS = ("lj", "gravity", "big-gravity")
-ALL_PARTS = ("lj", "gravity", "big-gravity", "scaling")
+ALL_PARTS = ("lj", "gravity", "gravity-ceiling", "big-gravity", "scaling")
 
 sp = None      # simlib.particles, imported once float64 is switched on or off
 jnp = None
@@ -516,6 +524,180 @@ def simlib_gravity(n: int, dtype: str, repeats: int, sim_steps: int, sim_repeats
 
 
 # --------------------------------------------------------------------------------------
+# the plain C loop contender (gravity_loop.c) and the single-device ceiling
+
+
+C_LOOP_SOURCE = HERE / "gravity_loop.c"
+C_LOOP_FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-march=native", "-shared", "-fPIC")
+_c_loop: dict = {}
+
+
+def c_loop_library():
+    """``gravity_loop.c`` compiled with the system C compiler (``$CC``, else gcc or cc)
+    into a temporary directory and loaded with ctypes (once per process)."""
+    if "lib" in _c_loop:
+        return _c_loop["lib"]
+    import ctypes
+    import shlex
+    import shutil
+
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        raise RuntimeError("no C compiler (gcc or cc) for the C loop contender")
+    with tempfile.TemporaryDirectory(prefix="simlib_cloop_") as tmp:
+        path = Path(tmp) / "libgravity_loop.so"
+        cmd = [*shlex.split(cc), *C_LOOP_FLAGS, str(C_LOOP_SOURCE), "-o", str(path)]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode:
+            raise RuntimeError(f"compiling the C loop failed: {shlex.join(cmd)}\n{run.stderr}")
+        lib = ctypes.CDLL(str(path))                 # loaded: the file may go
+    for name, ct in (("gravity_f32", ctypes.c_float), ("gravity_f64", ctypes.c_double)):
+        fn = getattr(lib, name)
+        ptr = ctypes.POINTER(ct)
+        fn.argtypes = [ptr, ptr, ct, ct, ctypes.c_long, ptr]
+        fn.restype = ctypes.c_int
+    version = subprocess.run([*shlex.split(cc), "--version"], capture_output=True,
+                             text=True).stdout.splitlines()[:1]
+    _c_loop.update(lib=lib, command=" ".join([os.path.basename(cmd[0]), *C_LOOP_FLAGS]),
+                   compiler=version[0] if version else "?", threads=lib.max_threads())
+    return lib
+
+
+def c_loop_call(x: np.ndarray, m: np.ndarray):
+    """A no-argument callable computing the C loop's forces into a fixed output array."""
+    import ctypes
+
+    lib = c_loop_library()
+    fn, ct = ((lib.gravity_f32, ctypes.c_float) if x.dtype == np.float32
+              else (lib.gravity_f64, ctypes.c_double))
+    x = np.ascontiguousarray(x)
+    m = np.ascontiguousarray(m, x.dtype)
+    f = np.empty_like(x)
+    args = (x.ctypes.data_as(ctypes.POINTER(ct)), m.ctypes.data_as(ctypes.POINTER(ct)),
+            ct(G), ct(SOFTENING), ctypes.c_long(len(x)), f.ctypes.data_as(ctypes.POINTER(ct)))
+
+    def call():
+        if fn(*args):
+            raise MemoryError("C loop: malloc failed")
+        return f
+    return call
+
+
+def c_loop_gravity(n: int, dtype: str, repeats: int) -> dict:
+    """The C loop's forces on the benchmark's bodies: best of ``repeats`` (pairs n(n-1))."""
+    x = gravity_positions(n).astype(dtype)
+    m = np.full(n, 1.0 / n, dtype)
+    call = c_loop_call(x, m)
+    forces = call().copy()                                            # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = now()
+        call()
+        times.append(now() - t0)
+    ref = reference_forces(x, m)
+    best = min(times)
+    return dict(name=f"C loop ({dtype})", seconds=best, times=times, rate=n * (n - 1) / best,
+                max_rel_err_vs_f64=float(np.max(np.abs(forces - ref)) / np.max(np.abs(ref))),
+                command=_c_loop["command"], compiler=_c_loop["compiler"],
+                omp_threads=_c_loop["threads"], load=load1())
+
+
+def _best_of(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = now()
+        fn()
+        times.append(now() - t0)
+    return min(times)
+
+
+def gravity_ceiling(n: int, rounds: int, steps: int, repeats: int) -> dict:
+    """simlib's direct-sum gravity against the C loop in the same process, float32.
+
+    ``rounds`` interleaved rounds (the machine is shared), each timing, best of
+    ``repeats``: the C loop; one jitted ``energy.forces``; ``simulate`` with 1 and with
+    ``steps`` steps (NVE from rest). Best over the rounds of each. The cost of a step
+    inside ``simulate`` is ``(t_steps - t_1) / (steps - 1)``, its fixed cost per call
+    ``t_1 - step`` (the start's force evaluation, the checks, the dispatches, the host
+    syncs); the target is a fixed cost below 2 ms plus one force evaluation.
+    """
+    x_np = gravity_positions(n).astype(np.float32)
+    m_np = np.full(n, 1.0 / n, np.float32)
+    c_call = c_loop_call(x_np, m_np)
+    x, m = jnp.asarray(x_np), jnp.asarray(m_np)
+    energy = sp.pair_energy(sp.gravity, sp.free())
+    params = dict(G=G, softening=SOFTENING, masses=m)
+    with Timer() as t:
+        forces_fn = jax.jit(lambda x, p: energy.forces(x, p)).lower(x, params).compile()
+    compile_s = t.wall
+    state = sp.State(x, jnp.zeros_like(x), m)
+
+    def sim(k):
+        traj = sp.simulate(energy, state, params, space=sp.free(), dt=1e-3, n_steps=k,
+                           save_every=k)
+        jax.block_until_ready(traj)
+        return traj
+
+    with CompileWatch() as cw, Timer() as t:
+        sim(1)
+        sim(steps)
+    sim_compile_s, sim_first_s = cw.total, t.wall
+    f_c = c_call().copy()
+    f_s = np.asarray(forces_fn(x, params))
+    ref = reference_forces(x_np, m_np)
+    scale = np.max(np.abs(ref))
+    recs = dict(c_loop=[], force=[], sim_1=[], sim_k=[])
+    compiles = 0
+    for _ in range(rounds):
+        with CompileWatch() as cw:
+            recs["c_loop"].append(_best_of(c_call, repeats))
+            recs["force"].append(_best_of(
+                lambda: jax.block_until_ready(forces_fn(x, params)), repeats))
+            recs["sim_1"].append(_best_of(lambda: sim(1), repeats))
+            recs["sim_k"].append(_best_of(lambda: sim(steps), max(1, repeats // 2)))
+        compiles += cw.compiles
+    best = {k: min(v) for k, v in recs.items()}
+    pairs = n * (n - 1)
+    step = (best["sim_k"] - best["sim_1"]) / (steps - 1)
+    fixed = best["sim_1"] - step
+    target_fixed = 2e-3 + best["force"]
+    return dict(
+        n=n, dtype="float32", rounds=rounds, repeats=repeats, sim_steps=steps, times=recs,
+        c_loop_s=best["c_loop"], force_s=best["force"], sim_1_s=best["sim_1"],
+        sim_k_s=best["sim_k"], step_s=step, fixed_s=fixed,
+        fixed_beyond_force_s=fixed - best["force"], fixed_target_s=target_fixed,
+        fixed_over_target=fixed / target_fixed,
+        c_loop_rate=pairs / best["c_loop"], force_rate=pairs / best["force"],
+        sim_rate=pairs / step, sim_rate_incl_start=pairs * steps / best["sim_k"],
+        force_vs_c_loop=best["c_loop"] / best["force"], sim_vs_c_loop=best["c_loop"] / step,
+        max_rel_err_c_loop=float(np.max(np.abs(f_c - ref)) / scale),
+        max_rel_err_simlib=float(np.max(np.abs(f_s - ref)) / scale),
+        compile_s=compile_s, sim_compile_s=sim_compile_s, sim_first_calls_s=sim_first_s,
+        compiles_timed=compiles, native_kernel=native_gravity_loaded(),
+        c_loop_command=_c_loop["command"], c_loop_compiler=_c_loop["compiler"],
+        omp_threads=_c_loop["threads"], load_end=load1())
+
+
+def part_gravity_ceiling(opts, log=print) -> dict:
+    rows = []
+    log(f"  float32, N in {opts.ceiling_n}, {opts.ceiling_rounds} interleaved rounds")
+    for n in opts.ceiling_n:
+        try:
+            r = gravity_ceiling(n, opts.ceiling_rounds, opts.ceiling_steps, opts.ceiling_repeats)
+            log(f"    N={n}: C loop {fmt_rate(r['c_loop_rate'])}, simlib force "
+                f"{fmt_rate(r['force_rate'])} ({r['force_vs_c_loop']:.2f}x), in simulate "
+                f"{fmt_rate(r['sim_rate'])} ({r['sim_vs_c_loop']:.2f}x) pairs/s; fixed cost "
+                f"{fmt_s(r['fixed_s'])} = force {fmt_s(r['force_s'])} + "
+                f"{fmt_s(r['fixed_beyond_force_s'])} ({r['fixed_over_target']:.2f} of "
+                "the target)")
+        except Exception as err:  # noqa: BLE001
+            r = dict(n=n, error=error_text(err), traceback=traceback.format_exc())
+            log(f"    N={n} FAILED: {r['error']}")
+        rows.append(r)
+    return dict(rows=rows)
+
+
+# --------------------------------------------------------------------------------------
 # child processes (scaling, big gravity): one per measurement, for its own peak RSS
 
 
@@ -694,6 +876,14 @@ def part_gravity(opts, log=print) -> dict:
             r = dict(error=error_text(err), traceback=traceback.format_exc())
             log(f"    simlib gravity {dtype} FAILED: {r['error']}")
         out["simlib"][dtype] = r
+        try:
+            r = c_loop_gravity(n, dtype, opts.grav_repeats)
+            log(f"    C loop {dtype}: {fmt_rate(r['rate'])} pairs/s (best {fmt_s(r['seconds'])}"
+                f", {r['omp_threads']} threads)")
+        except Exception as err:  # noqa: BLE001
+            r = dict(error=error_text(err))
+            log(f"    C loop {dtype} FAILED: {r['error']}")
+        out.setdefault("c_loop", {})[dtype] = r
         with Timer() as t:
             r = peers.numpy_gravity(n, dtype)
         r.update(load=t.load, cpu_per_wall=t.cpu / t.wall)
@@ -718,7 +908,9 @@ def part_gravity(opts, log=print) -> dict:
             numpy=ratio(s.get("rate"), out["numpy"][dtype].get("rate")),
             rebound=ratio(s.get("rate"), out.get("rebound", {}).get("rate")),
             sim_numpy=ratio(s.get("sim_rate"), out["numpy"][dtype].get("rate")),
-            sim_rebound=ratio(s.get("sim_rate"), out.get("rebound", {}).get("rate")))
+            sim_rebound=ratio(s.get("sim_rate"), out.get("rebound", {}).get("rate")),
+            c_loop=ratio(s.get("rate"), out["c_loop"][dtype].get("rate")),
+            sim_c_loop=ratio(s.get("sim_rate"), out["c_loop"][dtype].get("rate")))
     out["ratios"] = ratios
     return out
 
@@ -830,6 +1022,16 @@ def targets(results) -> list:
         out.append(dict(target=f"gravity N={g['n']} float32: simlib >= 3e9 pairs/s "
                                "(per step in simulate)", need=3e9,
                         value=s.get("sim_rate"), status=status(s.get("sim_rate"), 3e9)))
+    gc = results["parts"].get("gravity-ceiling")
+    for r in (gc or {}).get("rows", []):
+        ok = "error" not in r
+        v = r["sim_vs_c_loop"] if ok else None
+        out.append(dict(target=f"gravity N={r['n']} float32: in simulate >= 0.8 C loop",
+                        need=0.8, value=v, status=status(v, 0.8)))
+        # fixed cost <= 2 ms + one force evaluation, as target / fixed >= 1
+        v = 1.0 / r["fixed_over_target"] if ok else None
+        out.append(dict(target=f"gravity N={r['n']}: simulate fixed cost <= 2 ms + 1 force "
+                               "(target/fixed)", need=1.0, value=v, status=status(v, 1.0)))
     return out
 
 
@@ -930,12 +1132,51 @@ def report(results) -> str:
                   f"steps best {fmt_s(s['sim_seconds'])}, first call {fmt_s(s['sim_first_call_s'])}"
                   f", relative energy drift {s['sim_rel_energy_drift']:.1e}, native kernel "
                   f"{s['native_kernel']}")
+            c = g.get("c_loop", {}).get(dtype)
+            if c and "rate" in c:
+                rr = g["ratios"][dtype]
+                p(f"  C loop {dtype} (benchmarks/gravity_loop.c, {c['omp_threads']} threads): "
+                  f"{fmt_rate(c['rate'])} pairs/s; simlib/C loop {fmt_r(rr.get('c_loop'))} "
+                  f"(one force eval), {fmt_r(rr.get('sim_c_loop'))} (in simulate)")
+            elif c:
+                p(f"  C loop {dtype}: {c.get('error')}")
         if rb:
             p(f"  REBOUND: {rb.get('steps')} leapfrog steps, times "
               f"{[round(t, 3) for t in rb.get('times', [])]} s (float64 only; compared with both)"
               if "rate" in rb else f"  REBOUND: {rb.get('error') or rb.get('skipped')}")
         p("  simulate rate counts n_steps evaluations; each call also evaluates the forces "
           "once at its start (in the time).")
+    gc = results["parts"].get("gravity-ceiling")
+    if gc and "rows" in gc:
+        p("")
+        p(f"Single-device ceiling, direct-sum gravity, float32 (uniform unit cube, softening "
+          f"{SOFTENING}): simlib against a plain C loop (benchmarks/gravity_loop.c) in the same "
+          "process; ordered pairs/s")
+        head = (f"{'N':>6s} {'C loop':>9s} {'simlib jit':>10s} {'ratio':>6s} {'in simulate':>11s} "
+                f"{'ratio':>6s} {'force':>8s} {'step':>8s} {'fixed':>8s} {'fixed-force':>11s} "
+                f"{'/target':>7s} {'err C|s':>15s}")
+        p(head)
+        p("-" * len(head))
+        ms = lambda x: f"{x * 1e3:.2f}ms"  # noqa: E731
+        for r in gc["rows"]:
+            if "error" in r:
+                p(f"{r['n']:>6d}  FAILED: {r['error']}")
+                continue
+            p(f"{r['n']:>6d} {fmt_rate(r['c_loop_rate']):>9s} {fmt_rate(r['force_rate']):>10s} "
+              f"{r['force_vs_c_loop']:>6.2f} {fmt_rate(r['sim_rate']):>11s} "
+              f"{r['sim_vs_c_loop']:>6.2f} {ms(r['force_s']):>8s} {ms(r['step_s']):>8s} "
+              f"{ms(r['fixed_s']):>8s} {ms(r['fixed_beyond_force_s']):>11s} "
+              f"{r['fixed_over_target']:>7.2f} "
+              f"{r['max_rel_err_c_loop']:.0e}|{r['max_rel_err_simlib']:.0e}")
+        r0 = next((r for r in gc["rows"] if "error" not in r), None)
+        if r0:
+            p(f"  C loop: {r0['c_loop_command']} ({r0['c_loop_compiler']}), {r0['omp_threads']} "
+              f"OpenMP threads; simlib native kernel {r0['native_kernel']}. Best of "
+              f"{r0['rounds']} interleaved rounds x {r0['repeats']} calls.")
+        p("  step = (simulate(k steps) - simulate(1 step)) / (k - 1); fixed = simulate(1 step) - "
+          "step (includes the start's force evaluation);")
+        p("  /target = fixed / (2 ms + one force evaluation): below 1 meets the issue-11 target. "
+          "err: max |f - f64 numpy| / max |f|.")
     b = results["parts"].get("big-gravity")
     if b:
         p("")
@@ -1038,6 +1279,14 @@ def parse(argv=None):
                     help="timed single force evaluations, best taken")
     ap.add_argument("--grav-sim-steps", type=int, default=20)
     ap.add_argument("--rebound-steps", type=int, default=3)
+    ap.add_argument("--ceiling-n", type=int, nargs="+", default=[3000, 4096, 16384],
+                    help="gravity-ceiling: body counts (float32)")
+    ap.add_argument("--ceiling-rounds", type=int, default=5,
+                    help="gravity-ceiling: interleaved rounds, best taken")
+    ap.add_argument("--ceiling-repeats", type=int, default=4,
+                    help="gravity-ceiling: timed calls of each kind per round")
+    ap.add_argument("--ceiling-steps", type=int, default=10,
+                    help="gravity-ceiling: steps of the longer simulate call")
     ap.add_argument("--big-grav-n", type=int, default=100_000)
     ap.add_argument("--big-grav-evals", type=int, default=2,
                     help="force evaluations timed in the big-gravity child (first and best)")
@@ -1070,6 +1319,7 @@ def parse(argv=None):
         opts.lj_cells, opts.lj_steps, opts.jaxmd_steps = [10], [100], [50]
         opts.melt_steps, opts.repeats, opts.jaxmd_repeats, opts.jaxmd_warmup = 100, 2, 1, 50
         opts.grav_repeats, opts.big_grav_evals = 10, 1
+        opts.ceiling_n, opts.ceiling_rounds = [4096], 3
     if opts.mem_limit_gb is None:
         avail = mem_available_gb()
         opts.mem_limit_gb = 0.5 * avail if avail else 8.0
@@ -1107,6 +1357,7 @@ def main(argv=None) -> int:
           f"memory limit for children {opts.mem_limit_gb:.1f} GB", flush=True)
     runners = dict(lj=part_lj, gravity=part_gravity, scaling=part_scaling)
     runners["big-gravity"] = part_big_gravity
+    runners["gravity-ceiling"] = part_gravity_ceiling
     for part in ALL_PARTS:
         if part not in opts.parts:
             continue

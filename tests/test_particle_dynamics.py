@@ -431,7 +431,7 @@ def test_a_list_for_other_particles_or_an_energy_without_cutoff_is_refused(small
 def _cache_sizes():
     """Entries in the jit caches of simulate's compiled pieces."""
     return tuple(fn._cache_size() for fn in (
-        _simulate._frames_jit, _simulate._start_jit, _simulate._initial_jit,
+        _simulate._frames_jit, _simulate._begin_jit,
         _simulate._assemble_jit, _simulate._concatenate))
 
 

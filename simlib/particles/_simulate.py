@@ -266,7 +266,38 @@ def _start(model, state: State, params, neighbors):
     return Carry(x, jnp.asarray(state.velocities, x.dtype), f, e, nbrs, step)
 
 
-_start_jit = jax.jit(_start)
+def _begin(model, state: State, params, neighbors, masses, dt):
+    """The first carry (one force evaluation) and the start's failure, in one call."""
+    carry0 = _start(model, state, params, neighbors)
+    code, failure = _initial_checks(model, carry0, state.positions, masses, dt)
+    return carry0, code, failure
+
+
+_begin_jit = jax.jit(_begin)
+
+
+def _default_key():
+    """``jax.random.key(0)``, made once per PRNG implementation (keys are immutable)."""
+    impl = jax.config.jax_default_prng_impl
+    key = _DEFAULT_KEYS.get(impl)
+    if key is None:
+        key = _DEFAULT_KEYS[impl] = jax.random.key(0)
+    return key
+
+
+_DEFAULT_KEYS: dict = {}
+
+
+class _Shape(NamedTuple):
+    shape: tuple
+    ndim: int
+
+
+def _shape_only(a) -> _Shape:
+    """The shape of an array or nested sequence, without converting it (an eager
+    ``jnp.asarray`` costs tens of microseconds per call, which short calls notice)."""
+    shape = tuple(np.shape(a))
+    return _Shape(shape, len(shape))
 
 
 def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neighbors, key,
@@ -277,8 +308,8 @@ def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neigh
         else:
             raise TypeError(f"simulate: state must be State(positions, velocities, masses), "
                             f"got {type(state).__name__}")
-    x = jnp.asarray(state.positions)
-    v = jnp.asarray(state.velocities)
+    x = _shape_only(state.positions)
+    v = _shape_only(state.velocities)
     if x.ndim != 2:
         raise ValueError(f"simulate: state.positions must have shape (n, d), got {x.shape}")
     if x.shape[0] == 0:
@@ -286,7 +317,7 @@ def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neigh
     if v.shape != x.shape:
         raise ValueError(f"simulate: state.velocities has shape {v.shape}, but positions have "
                          f"shape {x.shape}")
-    m = jnp.asarray(state.masses)
+    m = _shape_only(state.masses)
     if m.ndim > 1 or (m.ndim == 1 and m.shape[0] != x.shape[0]):
         raise ValueError(f"simulate: state.masses must be a scalar or have shape "
                          f"({x.shape[0]},), got {m.shape}")
@@ -433,13 +464,14 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
                                              save_every, neighbors, key, adjoint)
     adjoint = AUTOMATIC if adjoint is None else adjoint
     model = _Model(as_energy(energy), space)
-    key = jax.random.key(0) if key is None else key
     n_frames = n_steps // save_every
-    masses = jnp.asarray(state.masses)
+    masses = state.masses if isinstance(state.masses, jax.Array) else jnp.asarray(state.masses)
     dt = jnp.asarray(dt, jnp.result_type(state.positions))
     traced = inside_trace() or any(
         isinstance(leaf, jax.core.Tracer)
         for leaf in jax.tree_util.tree_leaves((state, params, dt, neighbors, integrator)))
+    if key is None:      # a cached key in eager calls (a traced one must not be kept)
+        key = jax.random.key(0) if traced else _default_key()
     if traced:
         if checkpoint is not None:
             raise ValueError("simulate: checkpoint= works in eager calls only (not under jit, "
@@ -471,7 +503,7 @@ def _assemble(carry0, records, carry, masses, dt, save_every, code, failure, bui
 
 
 def _builds(nbrs):
-    return jnp.int32(0) if nbrs is None else nbrs.n_builds
+    return np.int32(0) if nbrs is None else nbrs.n_builds
 
 
 def _simulate_traced(model, integrator, state, masses, params, dt, key, n_frames, save_every,
@@ -547,16 +579,15 @@ def _signature(model, integrator, state, masses, params, dt, key, n_frames, save
 def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frames, save_every,
                       neighbors, adjoint, throw, progress, chunk_steps, ckpt=None):
     reallocations = 0
-    carry0 = _start_jit(model, state, params, neighbors)
+    carry0, code, failure = _begin_jit(model, state, params, neighbors, masses, dt)
     while neighbors is not None and bool(carry0.neighbors.overflow):
         # The list given (or its update at the start) is too small: reallocate first.
         neighbors = reallocate(carry0.neighbors, carry0.positions)
         reallocations += 1
-        carry0 = _start_jit(model, state, params, neighbors)
+        carry0, code, failure = _begin_jit(model, state, params, neighbors, masses, dt)
     frames_per_chunk = max(1, int(chunk_steps) // save_every)
     carry, done, pieces = carry0, 0, []
-    code, failure = _initial_jit(model, carry0, state.positions, masses, dt)
-    code, failed_at, failed_atom = int(code), int(failure.step), int(failure.atom)
+    code, failed_at, failed_atom = map(int, jax.device_get((code, failure.step, failure.atom)))
     if ckpt is not None and ckpt.resume:
         carry, done, pieces, code, failed_at, failed_atom, reallocations = ckpt.load(carry0)
     bar = _progress_bar(progress, n_frames * save_every)
@@ -608,9 +639,9 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
         records = _concatenate(pieces) if len(pieces) > 1 else pieces[0]
     else:
         records = _empty_records(carry0, masses)
-    failure = _Failure(jnp.int32(failed_at), jnp.int32(failed_atom))
-    traj = _assemble_jit(carry0, records, carry, masses, dt, save_every, jnp.int32(code),
-                         failure, _builds(carry.neighbors), jnp.int32(reallocations))
+    failure = _Failure(np.int32(failed_at), np.int32(failed_atom))
+    traj = _assemble_jit(carry0, records, carry, masses, dt, save_every, np.int32(code),
+                         failure, _builds(carry.neighbors), np.int32(reallocations))
     if code and throw:
         try:
             raise_on_failure(code, float(failed_at * dt), failed_at,
@@ -624,8 +655,7 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
     return traj
 
 
-@jax.jit
-def _initial_jit(model, carry0, positions, masses, dt):
+def _initial_checks(model, carry0, positions, masses, dt):
     """The start's failure: its own (:func:`_initial`), then the first carry's."""
     limit = _move_limit(model, carry0.neighbors, carry0.positions.dtype)
     code, atom = _status(carry0, masses, dt, limit)
