@@ -5,6 +5,10 @@
 #   benchmarks/gpu.sh            # GPU sizes: 10^6 Lorenz members, 10^5 gravity bodies,
 #                                # ~10^6 LJ atoms, gradients through 10^5 steps
 #   benchmarks/gpu.sh --small    # CPU-sized (10^4, 4,096, 2,048, 10^3): checks it runs
+#   benchmarks/gpu.sh --x32      # the ODE and gradient sections in float32 (rtol 1e-5,
+#                                # atol 1e-7) instead of float64: for TPUs, which have no
+#                                # float64 units (XLA emulates it there, slowly)
+#   benchmarks/gpu.sh --only lj,gradients --lj-cells 32   # some sections; LJ of 4*32^3 atoms
 #   OUT=/tmp/gpu benchmarks/gpu.sh
 #
 # Sections run in order, each on its own; one that fails (a missing peer, memory) is
@@ -16,17 +20,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 small=0
-for arg in "$@"; do
-    case "$arg" in
+x32=0
+only=ode,gravity,lj,gradients
+lj_cells=0
+usage="usage: benchmarks/gpu.sh [--small] [--x32] [--only SECTION,...] [--lj-cells N]"
+while [[ $# -gt 0 ]]; do
+    case "$1" in
         --small) small=1 ;;
-        *) echo "usage: benchmarks/gpu.sh [--small]" >&2; exit 2 ;;
+        --x32) x32=1 ;;
+        --only) only=${2:?$usage}; shift ;;
+        --lj-cells) lj_cells=${2:?$usage}; shift ;;
+        *) echo "$usage" >&2; exit 2 ;;
     esac
+    shift
 done
+for s in ${only//,/ }; do
+    case "$s" in ode|gravity|lj|gradients) ;; *) echo "gpu.sh: unknown section $s; $usage" >&2; exit 2 ;; esac
+done
+[[ "$lj_cells" =~ ^[0-9]+$ ]] || { echo "gpu.sh: --lj-cells must be a whole number; $usage" >&2; exit 2; }
 OUT=${OUT:-benchmarks/results/gpu}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-echo "gpu.sh: small=$small, results in $OUT"
-exec timeout --signal=INT 470 python - "$small" "$OUT" <<'PYTHON'
+echo "gpu.sh: small=$small, x32=$x32, results in $OUT"
+exec timeout --signal=INT 470 python - "$small" "$OUT" "$x32" "$only" "$lj_cells" <<'PYTHON'
 import json
 import sys
 import time
@@ -35,7 +51,9 @@ from pathlib import Path
 
 import jax
 
-jax.config.update("jax_enable_x64", True)
+X32 = sys.argv[3] == "1"
+ONLY = sys.argv[4].split(",")
+jax.config.update("jax_enable_x64", not X32)
 import jax.numpy as jnp
 import numpy as np
 
@@ -45,9 +63,10 @@ from simlib import particles as sp
 SMALL = sys.argv[1] == "1"
 OUT = Path(sys.argv[2])
 SIZES = dict(members=10_000 if SMALL else 1_000_000, bodies=4_096 if SMALL else 100_000,
-             lj_cells=8 if SMALL else 63, lj_steps=100, grad_steps=1_000 if SMALL else 100_000)
+             lj_cells=int(sys.argv[5]) or (8 if SMALL else 63), lj_steps=100, grad_steps=1_000 if SMALL else 100_000)
 rows, meta = [], dict(backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
                       jax=jax.__version__, small=SMALL, sizes=SIZES,
+                      ode_dtype="float32" if X32 else "float64",
                       date=time.strftime("%Y-%m-%d %H:%M:%S"))
 T0 = time.perf_counter()
 
@@ -71,8 +90,9 @@ def add(section, name, size, best, compile_s, rate, unit, note=""):
 
 
 def write():
-    lines = [f"# simlib GPU benchmarks ({meta['backend']}, {meta['devices'][0]}, "
-             f"jax {meta['jax']}, {'--small' if SMALL else 'GPU sizes'}, {meta['date']})", "",
+    lines = [f"# simlib accelerator benchmarks ({meta['backend']}, {meta['devices'][0]}, "
+             f"jax {meta['jax']}, {'--small' if SMALL else 'GPU sizes'}, ODE and gradients "
+             f"in {meta['ode_dtype']}, {meta['date']})", "",
              "| section | contender | size | best | compile | throughput | note |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -102,14 +122,16 @@ def lorenz(t, y, a):
 
 
 ARGS = (10.0, 28.0, 8.0 / 3.0)
+RTOL, ATOL = (1e-5, 1e-7) if X32 else (1e-6, 1e-9)
 
 
 def ode():
-    """Lorenz ensemble, float64, Tsit5, rtol 1e-6, atol 1e-9, t in [0, 1], t1 saved."""
+    """Lorenz ensemble, Tsit5, rtol 1e-6, atol 1e-9 (float64; 1e-5, 1e-7 with --x32), t in
+    [0, 1], t1 saved."""
     n = SIZES["members"]
     y0 = 1.0 + 0.1 * jax.random.normal(jax.random.key(0), (n, 3))
     run = jax.jit(jax.vmap(lambda y: sl.solve(lorenz, y, 0.0, 1.0, solver=sl.Tsit5(),
-                                                 rtol=1e-6, atol=1e-9, args=ARGS).ys[-1]))
+                                                 rtol=RTOL, atol=ATOL, args=ARGS).ys[-1]))
     ours, best, comp = timed(lambda: run(y0))
     add("ode", "simlib jit(vmap(solve))", f"{n:,} members", best, comp, n / best, "members/s")
     try:
@@ -118,7 +140,7 @@ def ode():
         add("ode", "diffrax", f"{n:,} members", None, None, None, "", "not installed")
         return
     term = diffrax.ODETerm(lambda t, y, a: lorenz(t, y, a))
-    ctrl = diffrax.PIDController(rtol=1e-6, atol=1e-9, pcoeff=0.4, icoeff=0.3)
+    ctrl = diffrax.PIDController(rtol=RTOL, atol=ATOL, pcoeff=0.4, icoeff=0.3)
 
     def one(y):
         return diffrax.diffeqsolve(term, diffrax.Tsit5(), 0.0, 1.0, None, y, args=ARGS,
@@ -173,9 +195,16 @@ def lj():
     n = pos.shape[0]
     space = sp.periodic(jnp.float32(box))
     energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
-    nbrs = sp.neighbor_list(space, pos, r_cut=2.5, skin=0.3)
+    t = time.perf_counter()
+    nbrs = jax.block_until_ready(sp.neighbor_list(space, pos, r_cut=2.5, skin=0.3))
+    add("lj", "simlib neighbor_list (allocate and build)", f"{n:,} atoms", None, None, None, "",
+        f"{time.perf_counter() - t:.3g} s with compilation, capacity {nbrs.capacity}")
     v = jnp.asarray(sp.maxwell_boltzmann(1.44, 1.0, key=jax.random.key(2), n=n), jnp.float32)
     params = dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0))
+    forces = jax.jit(energy.energy_and_forces)
+    _, best, comp = timed(lambda: forces(pos, params, nbrs))
+    add("lj", "simlib one force evaluation (list given)", f"{n:,} atoms", best, comp, n / best,
+        "atoms/s")
 
     def run():
         return sp.simulate(energy, sp.State(pos, v, 1.0), params, space=space, dt=0.005,
@@ -234,6 +263,8 @@ def gradients():
 
 
 for fn in (ode, gravity, lj, gradients):
+    if fn.__name__ not in ONLY:
+        continue
     print(f"-- {fn.__name__}", flush=True)
     section(fn)
 write()

@@ -6,6 +6,7 @@ and energies and forces through a list against all pairs.
 from __future__ import annotations
 
 import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -300,6 +301,27 @@ def test_cell_capacity_overflow(fluid):
     assert bool(after.overflow) == (_native.load() is None)
     if not bool(after.overflow):
         assert_list_is_exact(after, squeezed, box)
+
+
+@pytest.mark.parametrize("pairs_per_chunk", [1, 3 * 10**4])
+def test_pure_build_in_chunks_of_cells_is_the_brute_force_pair_set(fluid, monkeypatch,
+                                                                   pairs_per_chunk):
+    """Large grids are built by the pure-JAX path in chunks of cells (bounded memory on
+    accelerators); with a tiny chunk budget (one cell a chunk, or a few with the last chunk
+    padded) the list is still exact and the counts are those of brute force."""
+    from simlib.particles import _neighbors
+
+    space, box, x = fluid
+    nl = sp.neighbor_list(space, jnp.asarray(x), R_CUT, SKIN, capacity=len(x) - 1)
+    monkeypatch.setattr(_neighbors, "_PAIRS_PER_CHUNK", pairs_per_chunk)
+    idx, count, cell_overflow, occupancy = jax.jit(_build_pure)(nl, jnp.asarray(x))
+    n_cells = math.prod(nl.grid)
+    per = max(1, pairs_per_chunk // (nl.cell_capacity * 3 ** x.shape[1] * nl.cell_capacity))
+    assert per == (1 if pairs_per_chunk == 1 else 13) and n_cells == 64  # 64 % 13: padded
+    want = assert_list_is_exact(nl.replace(idx=idx), x, box)
+    counts = np.bincount(np.array([i for i, _ in want], int), minlength=len(x))
+    assert int(count) == counts.max() and not bool(cell_overflow)
+    assert int(occupancy) == int(nl.max_cell_occupancy)
 
 
 def test_capacity_overflow_when_the_density_rises(fluid):

@@ -204,19 +204,26 @@ class PairEnergy(Energy):
     def energy_and_forces(self, positions, params, neighbors=None):
         """The energy and the forces ``(n, d)`` in one pass."""
         positions = self._check(positions, neighbors)
-        if self._native_gravity(positions, params, neighbors):
-            return _gravity_native(positions, params, self)
+        if self._direct_gravity(positions, params, neighbors):
+            if _native.load() is not None:
+                return _gravity_native(positions, params, self)
+            return _gravity_direct(self, positions, *_gravity_arguments(positions, params))
         return self._energy_and_forces(positions, params, neighbors)
 
-    def _native_gravity(self, positions, params, neighbors):
-        """Whether the native direct-sum gravity kernel serves this call."""
+    def _direct_gravity(self, positions, params, neighbors):
+        """Whether this call is plain direct-sum gravity, which the dedicated kernels serve
+        (the native one on the CPU, :func:`_gravity_direct` elsewhere)."""
         return (self.potential is gravity and neighbors is None and self.r_cut is None
                 and not self.space.periodic and positions.shape[1] == 3
                 and positions.dtype in (jnp.float32, jnp.float64)
                 and isinstance(params, Mapping)
                 and set(params) <= {"G", "softening", "masses"}
                 and jnp.ndim(params["masses"]) in (0, 1)
-                and self.rules["masses"] is MIXING_RULES["masses"]
+                and self.rules["masses"] is MIXING_RULES["masses"])
+
+    def _native_gravity(self, positions, params, neighbors):
+        """Whether the native direct-sum gravity kernel serves this call."""
+        return (self._direct_gravity(positions, params, neighbors)
                 and _native.load() is not None)
 
     def _energy_and_forces(self, positions, params, neighbors=None):
@@ -248,19 +255,54 @@ class PairEnergy(Energy):
         return -0.5 * jnp.sum(self._tiles(positions, params, body))
 
 
-def _gravity_native(positions, params, energy: PairEnergy):
-    """Native direct-sum gravity (``_native/gravity.cc``) with a pure-JAX VJP."""
+def _gravity_arguments(positions, params):
+    """``(masses (n,), constants [G, softening])`` in the positions' dtype."""
     dtype = positions.dtype
-    n = positions.shape[0]
-    masses = jnp.broadcast_to(jnp.asarray(params["masses"], dtype), (n,))
+    masses = jnp.broadcast_to(jnp.asarray(params["masses"], dtype), (positions.shape[0],))
     constants = jnp.stack([jnp.asarray(params["G"], dtype),
                            jnp.asarray(params["softening"], dtype)])
-    return _gravity_kernel(energy, positions, masses, constants)
+    return masses, constants
 
 
-def _gravity_pure(energy, positions, masses, constants):
-    params = dict(G=constants[0], softening=constants[1], masses=masses)
-    return energy._energy_and_forces(positions, params)
+def _gravity_native(positions, params, energy: PairEnergy):
+    """Native direct-sum gravity (``_native/gravity.cc``) with a pure-JAX VJP."""
+    return _gravity_kernel(energy, positions, *_gravity_arguments(positions, params))
+
+
+def _gravity_direct(energy, positions, masses, constants):
+    r"""Direct-sum gravity in pure JAX, written for the pair sum alone.
+
+    :math:`U = -\tfrac12 G \sum_{i \ne j} m_i m_j s_{ij}`,
+    :math:`F_i = -G m_i \sum_{j \ne i} m_j s_{ij}^3 (x_i - x_j)` with
+    :math:`s_{ij} = (r_{ij}^2 + \epsilon^2)^{-1/2}`: one ``rsqrt`` per pair, where the generic
+    pair kernel takes a square root, the potential's own root and division, and its
+    derivative by forward mode (3.2x slower on a TPU v5e at 10^5 bodies). Row tiles of
+    ``energy.tile`` targets against all sources, as the generic kernel; the self pair is
+    masked, so a softening of 0 is allowed.
+    """
+    n = positions.shape[0]
+    tile = min(energy.tile, n)
+    n_tiles = -(-n // tile)
+    rows = jnp.arange(n_tiles * tile).reshape(n_tiles, tile)
+    xt = positions.T
+    cols = jnp.arange(n)
+    eps2 = constants[1] * constants[1]
+
+    def one(rows):
+        i = jnp.minimum(rows, n - 1)
+        d = [xt[k][i][:, None] - xt[k][None, :] for k in range(3)]
+        skip = (rows[:, None] == cols[None, :]) | (rows[:, None] >= n)
+        r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2] + eps2
+        s = jnp.where(skip, 0.0, lax.rsqrt(jnp.where(skip, 1.0, r2)))
+        ms = masses[None, :] * s
+        mi = jnp.where(rows < n, masses[i], 0.0)
+        w = ms * s * s
+        return (jnp.sum(mi * jnp.sum(ms, axis=1)),
+                jnp.stack([mi * jnp.sum(w * d[k], axis=1) for k in range(3)]))
+
+    e, f = lax.map(jax.checkpoint(one), rows)                # f: (n_tiles, 3, tile)
+    forces = -constants[0] * jnp.moveaxis(f, 1, 2).reshape(-1, 3)[:n]
+    return -0.5 * constants[0] * jnp.sum(e), forces
 
 
 def _gravity_ffi(energy, positions, masses, constants):
@@ -277,7 +319,7 @@ def _gravity_kernel(energy, positions, masses, constants):
     return lax.platform_dependent(
         positions, masses, constants,
         cpu=lambda *a: _gravity_ffi(energy, *a),
-        default=lambda *a: _gravity_pure(energy, *a))
+        default=lambda *a: _gravity_direct(energy, *a))
 
 
 def _gravity_kernel_fwd(energy, positions, masses, constants):
@@ -287,7 +329,7 @@ def _gravity_kernel_fwd(energy, positions, masses, constants):
 
 def _gravity_kernel_bwd(res, cotangent):
     energy, positions, masses, constants = res
-    _, vjp = jax.vjp(lambda *a: _gravity_pure(energy, *a), positions, masses, constants)
+    _, vjp = jax.vjp(lambda *a: _gravity_direct(energy, *a), positions, masses, constants)
     return (jax.tree_util.tree_map(jnp.zeros_like, energy), *vjp(cotangent))
 
 

@@ -189,13 +189,21 @@ def _cell_neighbors(grid, periodic):
     return np.where(inside, flat, n_cells).astype(np.int32)
 
 
+# Candidate pairs (member x candidate) that the pure-JAX cell build handles in one pass; a
+# larger grid is built in chunks of cells, so that its temporaries (distances, mask) stay
+# near a gigabyte: at 10^6 atoms one pass asked a TPU for 54 GB.
+_PAIRS_PER_CHUNK = 1 << 25
+
+
 def _build_cells(nl, positions, radius):
-    """Neighbour mask and candidates in cell-major layout, then gathered back per particle.
+    """The list in cell-major layout ``(n_cells * cell_capacity, capacity)``, with each
+    particle's row in it, the largest neighbour count and the largest cell occupancy.
 
     Particles are binned into a ``(n_cells, cell_capacity)`` table. Every member of a cell
     shares the same candidates (the members of the ``3^d`` cells around it), so the
     distances are a broadcast of ``(n_cells, cell_capacity)`` members against
-    ``(n_cells, 3^d cell_capacity)`` candidates, with no per-particle gather.
+    ``(n_cells, 3^d cell_capacity)`` candidates, with no per-particle gather; above
+    ``_PAIRS_PER_CHUNK`` such pairs, cells are taken in chunks by ``lax.map``.
     """
     n, d = positions.shape
     grid, cap = nl.grid, nl.cell_capacity
@@ -211,19 +219,37 @@ def _build_cells(nl, positions, radius):
     members = table[:n_cells]                                       # (n_cells, cap)
     cand = table[_cell_neighbors(grid, nl.space.periodic)].reshape(n_cells, -1)
     x_pad = jnp.concatenate([positions, jnp.zeros((1, d), positions.dtype)])
-    xm, xc = x_pad[members], x_pad[cand]                            # (n_cells, cap|C, d)
-    r2 = 0.0
-    for k in range(d):
-        dk = nl.space.minimum_image(xm[:, :, None, k] - xc[:, None, :, k], k)
-        r2 = r2 + dk * dk
-    mask = ((members[:, :, None] < n) & (cand[:, None, :] < n)
-            & (members[:, :, None] != cand[:, None, :]) & (r2 < radius**2))
-    rows = n_cells * cap
-    mask = mask.reshape(rows, -1)
-    cand = jnp.broadcast_to(cand[:, None, :], (n_cells, cap, cand.shape[1])).reshape(rows, -1)
+
+    def chunk(members, cand):
+        k = members.shape[0]
+        xm, xc = x_pad[members], x_pad[cand]                        # (k, cap|C, d)
+        r2 = 0.0
+        for a in range(d):
+            da = nl.space.minimum_image(xm[:, :, None, a] - xc[:, None, :, a], a)
+            r2 = r2 + da * da
+        mask = ((members[:, :, None] < n) & (cand[:, None, :] < n)
+                & (members[:, :, None] != cand[:, None, :]) & (r2 < radius**2))
+        mask = mask.reshape(k * cap, -1)
+        cand = jnp.broadcast_to(cand[:, None, :], (k, cap, cand.shape[1])).reshape(k * cap, -1)
+        mask, cand = lax.optimization_barrier((mask, cand))
+        count = jnp.max(jnp.sum(mask, axis=1, dtype=jnp.int32))
+        return _compact(mask, cand, nl.capacity, n), count
+
+    per_chunk = max(1, _PAIRS_PER_CHUNK // (cap * cand.shape[1]))
+    if n_cells <= per_chunk:
+        idx, count = chunk(members, cand)
+    else:
+        n_chunks = -(-n_cells // per_chunk)
+        pad = n_chunks * per_chunk - n_cells
+        members = jnp.pad(members, ((0, pad), (0, 0)), constant_values=n)
+        cand = jnp.pad(cand, ((0, pad), (0, 0)), constant_values=n)
+        idx, count = lax.map(lambda mc: chunk(*mc),
+                             (members.reshape(n_chunks, per_chunk, cap),
+                              cand.reshape(n_chunks, per_chunk, -1)))
+        idx, count = idx.reshape(-1, nl.capacity)[:n_cells * cap], jnp.max(count)
     # Where each particle sits in the table (particles beyond a full cell are lost: overflow).
     slot = jnp.zeros(n, jnp.int32).at[order].set(sorted_id * cap + jnp.minimum(rank, cap - 1))
-    return mask, cand, slot, jnp.max(occupancy)
+    return idx, slot, count, jnp.max(occupancy)
 
 
 def _within(nl, positions, cand, radius):
@@ -289,11 +315,8 @@ def _build_pure(nl, positions):
         count = jnp.max(jnp.sum(mask, 1, dtype=jnp.int32))
         return (_compact(mask, cand, nl.capacity, positions.shape[0]), count, jnp.array(False),
                 jnp.int32(0))
-    mask, cand, slot, occupancy = _build_cells(nl, positions, radius)
-    mask, cand = lax.optimization_barrier((mask, cand))
-    count = jnp.sum(mask, axis=1, dtype=jnp.int32)
-    idx = _compact(mask, cand, nl.capacity, positions.shape[0])[slot]
-    return idx, jnp.max(count), occupancy > nl.cell_capacity, occupancy
+    idx, slot, count, occupancy = _build_cells(nl, positions, radius)
+    return idx[slot], count, occupancy > nl.cell_capacity, occupancy
 
 
 def _build_native(nl, positions):
