@@ -73,7 +73,6 @@ class _Plan(NamedTuple):
     mode: str
     n_save: int
     max_steps: int
-    chunk_steps: int
     args_tree: Any       # treedef of ``args``
     args_batched: tuple  # per leaf of ``args``: batched over members?
     has_dt0: bool
@@ -99,12 +98,12 @@ def _init_member(plan: _Plan, y0, t0, t1, batched, shared, dt0, rtol, atol):
     return _Member(c, t1, direction, last, saved, n_saved, batched)
 
 
-def _advance_member(plan: _Plan, m: _Member, shared, ts, rtol, atol):
-    """At most ``plan.chunk_steps`` attempts of the adaptive driver for one member,
+def _advance_member(plan: _Plan, m: _Member, shared, ts, rtol, atol, budget):
+    """At most ``budget`` attempts of the adaptive driver for one member,
     filling the save times they cover (ts mode) as ``_adaptive_forward`` does."""
     f, solver = plan.f, plan.solver
     args = _merge_args(plan, m.args, shared)
-    t1, direction, budget = m.t1, m.direction, plan.chunk_steps
+    t1, direction = m.t1, m.direction
     k_exp = _k_exponent(solver)
 
     def live(c):
@@ -133,11 +132,17 @@ def _advance_member(plan: _Plan, m: _Member, shared, ts, rtol, atol):
             fresh = (j >= n_saved) & (direction * (t_save - c.t) <= 0)
             return s, tree_where(fresh, value, old)
 
+        # the run's end as one more save time: the attempts after the last save time run
+        # in the same loop (the step is traced once), its value is dropped
+        t_ext = jnp.concatenate([ts, t1[None]])
+        old_ext = jax.tree_util.tree_map(lambda b: jnp.concatenate([b, b[-1:]]), saved)
         (c, last, k), saved = lax.scan(
-            save, (c, last, k), (ts, saved, jnp.arange(plan.n_save, dtype=jnp.int32)))
+            save, (c, last, k), (t_ext, old_ext, jnp.arange(plan.n_save + 1, dtype=jnp.int32)))
+        saved = jax.tree_util.tree_map(lambda b: b[:-1], saved)
         n_saved = jnp.sum(direction * (ts - c.t) <= 0).astype(jnp.int32)
-    c, _ = lax.while_loop(lambda s: live(s[0]) & (s[1] < budget),
-                          lambda s: (attempt(s[0])[0], s[1] + 1), (c, k))
+    else:
+        c, _ = lax.while_loop(lambda s: live(s[0]) & (s[1] < budget),
+                              lambda s: (attempt(s[0])[0], s[1] + 1), (c, k))
     return m._replace(c=c, last=last, saved=saved, n_saved=n_saved), live(c)
 
 
@@ -158,9 +163,10 @@ def _init(plan, y0s, t0s, t1s, batched, shared, dt0, rtol, atol):
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
-def _chunk(plan, members, shared, ts, rtol, atol):
+def _chunk(plan, members, shared, ts, rtol, atol, budget):
     return jax.vmap(functools.partial(_advance_member, plan),
-                    in_axes=(0, None, None, None, None))(members, shared, ts, rtol, atol)
+                    in_axes=(0, None, None, None, None, None))(members, shared, ts, rtol, atol,
+                                                               budget)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=(1,))
@@ -215,7 +221,7 @@ def solve_ensemble(
     max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
     chunk_steps: int = 32,
-    min_bucket: int = 1,
+    min_bucket: int = 64,
     **unknown: Any,
 ) -> Solution:
     """An adaptive :func:`solve` of every member of an ensemble, finished members dropped
@@ -391,7 +397,7 @@ def solve_ensemble(
     # the vector field must map one member's state onto itself
     one_y = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), y0s)
     one_args = _merge_args(
-        _Plan(None, None, None, 0, 0, 0, args_tree, batched_flags, False),
+        _Plan(None, None, None, 0, 0, args_tree, batched_flags, False),
         [jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in batched], shared)
     try:
         out = jax.eval_shape(f, jax.ShapeDtypeStruct((), tdtype), one_y, one_args)
@@ -406,15 +412,15 @@ def solve_ensemble(
                                                jax.tree_util.tree_leaves(out), strict=True)):
         f = _CastToState(f)
 
-    plan = _Plan(f, solver, mode, n_save, max_steps, chunk_steps, args_tree, batched_flags,
-                 dt is not None)
+    plan = _Plan(f, solver, mode, n_save, max_steps, args_tree, batched_flags, dt is not None)
     t0s, t1s = jnp.asarray(t0_np, tdtype), jnp.asarray(t1_np, tdtype)
     rtol_a, atol_a = jnp.asarray(rtol, tdtype), jnp.asarray(atol, tdtype)
     dt0 = None if dt is None else jnp.asarray(dt, tdtype)
+    budget = jnp.asarray(chunk_steps, jnp.int32)
     members, out = _init(plan, y0s, t0s, t1s, batched, shared, dt0, rtol_a, atol_a)
     slots = np.arange(n, dtype=np.int32)   # the original index of each bucket slot (n: pad)
     while True:
-        members, live = _chunk(plan, members, shared, ts, rtol_a, atol_a)
+        members, live = _chunk(plan, members, shared, ts, rtol_a, atol_a, budget)
         live = np.asarray(live)
         n_live = int(live.sum())
         size = len(slots)
