@@ -205,7 +205,7 @@ def uneven(args) -> dict:
 
     out = dict(members=n, long_span=args.long_span, device=str(jax.devices()[0]),
                dtype=str(y0s.dtype), tolerances=tol, min_bucket=args.min_bucket, cases={})
-    for case, save in (("even", "t1"), ("uneven", "t1"), ("uneven", "ts")):
+    for case, save in (("even", "t1"), ("uneven", "t1"), ("even", "ts"), ("uneven", "ts")):
         t1s, saveat = spans[case], saves[save]
         vm = jax.jit(jax.vmap(lambda y0, t1, saveat=saveat: sl.solve(
             lorenz, y0, 0.0, t1, solver=sl.Tsit5(), args=p, saveat=saveat, max_steps=16384,

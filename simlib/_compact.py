@@ -220,7 +220,7 @@ def solve_ensemble(
     saveat: SaveAt = _SAVE_T1,
     max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
-    chunk_steps: int = 32,
+    chunk_steps: int = 64,
     min_bucket: int = 64,
     **unknown: Any,
 ) -> Solution:
