@@ -207,14 +207,15 @@ def test_float32_stays_float32_and_matches_the_closed_form():
 
 
 def test_per_member_spans_in_both_directions():
-    t0s = np.array([0.0, 1.0, 0.0, 2.0])
-    t1s = np.array([1.0, -1.0, 3.0, 2.5])
-    sol = sl.solve_ensemble(decay, np.ones((4, 2)), t0s, t1s, solver=sl.Tsit5(), rtol=1e-10,
+    t0s = np.array([0.0, 1.0, 0.0, 2.0, 0.5])
+    t1s = np.array([1.0, -1.0, 3.0, 2.5, 0.5])     # the last one: an empty span
+    sol = sl.solve_ensemble(decay, np.ones((5, 2)), t0s, t1s, solver=sl.Tsit5(), rtol=1e-10,
                             atol=1e-12, args=0.7, saveat=sl.SaveAt(t1=True, t0=True))
     np.testing.assert_allclose(np.asarray(sol.ts), np.stack([t0s, t1s], axis=1), rtol=1e-14)
     exact = np.exp(-0.7 * (t1s - t0s))
     np.testing.assert_allclose(np.asarray(sol.ys)[:, 1, 0], exact, rtol=1e-8)
     np.testing.assert_allclose(np.asarray(sol.ys)[:, 0, :], 1.0)
+    assert int(sol.stats["num_steps"][4]) == 0 and np.all(np.asarray(sol.result) == 0)
 
 
 def _bad(**kw):
