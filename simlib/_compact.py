@@ -72,7 +72,6 @@ class _Plan(NamedTuple):
     solver: Any
     mode: str
     n_save: int
-    max_steps: int
     args_tree: Any       # treedef of ``args``
     args_batched: tuple  # per leaf of ``args``: batched over members?
     has_dt0: bool
@@ -98,7 +97,7 @@ def _init_member(plan: _Plan, y0, t0, t1, batched, shared, dt0, rtol, atol):
     return _Member(c, t1, direction, last, saved, n_saved, batched)
 
 
-def _advance_member(plan: _Plan, m: _Member, shared, ts, rtol, atol, budget):
+def _advance_member(plan: _Plan, m: _Member, shared, ts, rtol, atol, budget, max_steps):
     """At most ``budget`` attempts of the adaptive driver for one member,
     filling the save times they cover (ts mode) as ``_adaptive_forward`` does."""
     f, solver = plan.f, plan.solver
@@ -107,7 +106,7 @@ def _advance_member(plan: _Plan, m: _Member, shared, ts, rtol, atol, budget):
     k_exp = _k_exponent(solver)
 
     def live(c):
-        return _not_done(c, t1, direction, plan.max_steps)
+        return _not_done(c, t1, direction, max_steps)
 
     def attempt(c):
         return _attempt(f, solver, k_exp, c, t1, direction, rtol, atol, args)
@@ -163,10 +162,10 @@ def _init(plan, y0s, t0s, t1s, batched, shared, dt0, rtol, atol):
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
-def _chunk(plan, members, shared, ts, rtol, atol, budget):
+def _chunk(plan, members, shared, ts, rtol, atol, budget, max_steps):
     return jax.vmap(functools.partial(_advance_member, plan),
-                    in_axes=(0, None, None, None, None, None))(members, shared, ts, rtol, atol,
-                                                               budget)
+                    in_axes=(0, None, None, None, None, None, None))(
+        members, shared, ts, rtol, atol, budget, max_steps)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=(1,))
@@ -178,8 +177,8 @@ def _repack(plan, out, members, slots, keep):
     return out, jax.tree_util.tree_map(lambda x: x[keep], members)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _finish(plan, save_t0, out, y0s, t0s, t1s, ts):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _finish(plan, save_t0, max_steps, out, y0s, t0s, t1s, ts):
     """The batched :class:`Solution`, assembled per member as ``_adaptive_run`` does."""
     solver = plan.solver
     init_fevals = solver.init_fevals if plan.has_dt0 else 2
@@ -192,7 +191,7 @@ def _finish(plan, save_t0, out, y0s, t0s, t1s, ts):
         n_fevals = solver.num_fevals(n_steps, n_acc) + state_fevals + init_fevals
         return assemble_solution(plan.mode, save_t0, t0, y0, t_end, y_end, ts, saved,
                                  (None, None), (n_steps, n_acc, n_fevals, t_end), result,
-                                 False, t1, plan.max_steps)
+                                 False, t1, max_steps)
 
     return jax.vmap(one)(out, y0s, t0s, t1s)
 
@@ -397,7 +396,7 @@ def solve_ensemble(
     # the vector field must map one member's state onto itself
     one_y = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), y0s)
     one_args = _merge_args(
-        _Plan(None, None, None, 0, 0, args_tree, batched_flags, False),
+        _Plan(None, None, None, 0, args_tree, batched_flags, False),
         [jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in batched], shared)
     try:
         out = jax.eval_shape(f, jax.ShapeDtypeStruct((), tdtype), one_y, one_args)
@@ -412,15 +411,16 @@ def solve_ensemble(
                                                jax.tree_util.tree_leaves(out), strict=True)):
         f = _CastToState(f)
 
-    plan = _Plan(f, solver, mode, n_save, max_steps, args_tree, batched_flags, dt is not None)
+    plan = _Plan(f, solver, mode, n_save, args_tree, batched_flags, dt is not None)
     t0s, t1s = jnp.asarray(t0_np, tdtype), jnp.asarray(t1_np, tdtype)
     rtol_a, atol_a = jnp.asarray(rtol, tdtype), jnp.asarray(atol, tdtype)
     dt0 = None if dt is None else jnp.asarray(dt, tdtype)
-    budget = jnp.asarray(chunk_steps, jnp.int32)
+    # traced: changing the chunk length or the step budget compiles nothing
+    budget, limit = jnp.asarray(chunk_steps, jnp.int32), jnp.asarray(max_steps, jnp.int32)
     members, out = _init(plan, y0s, t0s, t1s, batched, shared, dt0, rtol_a, atol_a)
     slots = np.arange(n, dtype=np.int32)   # the original index of each bucket slot (n: pad)
     while True:
-        members, live = _chunk(plan, members, shared, ts, rtol_a, atol_a, budget)
+        members, live = _chunk(plan, members, shared, ts, rtol_a, atol_a, budget, limit)
         live = np.asarray(live)
         n_live = int(live.sum())
         size = len(slots)
@@ -436,7 +436,7 @@ def solve_ensemble(
         if not new_size:
             break
         slots = np.where(np.arange(new_size) < n_live, slots[keep], n).astype(np.int32)
-    sol = _finish(plan, bool(saveat.t0), out, y0s, t0s, t1s, ts)
+    sol = _finish(plan, bool(saveat.t0), max_steps, out, y0s, t0s, t1s, ts)
     if throw:
         codes = np.asarray(sol.result)
         bad = np.flatnonzero(codes != 0)

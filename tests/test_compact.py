@@ -175,7 +175,7 @@ def test_pytree_state_with_per_member_parameters():
     ts = np.linspace(0.0, 2.0, 9)
     sol = sl.solve_ensemble(oscillator, y0s, 0.0, 2.0, solver=sl.Dopri5(), rtol=1e-10,
                             atol=1e-10, args=(omegas, 0.0), args_axes=(0, None),
-                            saveat=sl.SaveAt(ts=ts), chunk_steps=16, min_bucket=4)
+                            saveat=sl.SaveAt(ts=ts), chunk_steps=16, min_bucket=8)
     assert set(sol.ys) == {"q", "p"} and sol.ys["q"].shape == (5, 9)
     wt = omegas[:, None] * ts[None, :]
     np.testing.assert_allclose(np.asarray(sol.ys["q"]), np.cos(wt), atol=1e-7)
