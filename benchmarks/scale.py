@@ -20,6 +20,15 @@ Contenders per device count D:
 * gravity ``sharded``: ``particles.sharded`` (targets split, sources replicated, pure JAX),
   against the one-device pure-JAX sum and the one-device native kernel.
 Lorenz: float64, Tsit5, rtol 1e-6, atol 1e-9, t in [0, 1] (as benchmarks/ode.py).
+
+``--uneven`` runs another part, in this process on one device: members that need very
+different step counts (1 in 100 integrated to t = 10, the others to t = 1), plain
+``jit(vmap(solve))`` against ``sl.solve_ensemble`` (chunks of ``chunk_steps`` attempts,
+finished members dropped, the live ones packed into power-of-two buckets), and the same
+on an even ensemble (all to t = 1: nothing to drop, the cost of chunking alone). Results
+in benchmarks/results/scale_uneven.json:
+
+    python benchmarks/scale.py --uneven --members 100000
 Gravity: float32, one jitted force evaluation, softening 0.01.
 """
 
@@ -148,6 +157,113 @@ def child(args) -> dict:
     return out
 
 
+def uneven(args) -> dict:
+    """Plain vmap against solve_ensemble on even and uneven ensembles (one device)."""
+    import jax
+
+    jax.config.update("jax_enable_x64", not args.float32)
+    import jax.numpy as jnp
+    import numpy as np
+
+    import simlib as sl
+
+    def lorenz(t, y, a):
+        s, r, b = a
+        return jnp.stack([s * (y[1] - y[0]), y[0] * (r - y[2]) - y[1], y[0] * y[1] - b * y[2]])
+
+    p = (10.0, 28.0, 8.0 / 3.0)
+    tol = dict(rtol=1e-5, atol=1e-7) if args.float32 else dict(rtol=1e-6, atol=1e-9)
+    n = args.members
+    y0s = 1.0 + 0.1 * np.random.default_rng(0).standard_normal((n, 3))
+    y0s = y0s.astype(np.float32 if args.float32 else np.float64)
+    spans = {"even": np.ones(n),
+             "uneven": np.where(np.arange(n) % 100 == 7, args.long_span, 1.0)}
+    saves = {"t1": sl.SaveAt(t1=True), "ts": sl.SaveAt(ts=np.linspace(0.0, 1.0, 11))}
+
+    def compile_time(fn):
+        """First call after clearing JAX's caches minus the next call."""
+        jax.clear_caches()
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        return max(0.0, first - (time.perf_counter() - t0))
+
+    def interleaved(fns: dict) -> dict:
+        """Best time of each contender over ``repeats`` rounds, the contenders taking turns
+        in each round (so that load from elsewhere on the machine hits them alike)."""
+        for fn in fns.values():     # warm: compile again after the caches were cleared
+            jax.block_until_ready(fn())
+        best = dict.fromkeys(fns, float("inf"))
+        for _ in range(args.repeats):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn())
+                best[name] = min(best[name], time.perf_counter() - t0)
+        return best
+
+    out = dict(members=n, long_span=args.long_span, device=str(jax.devices()[0]),
+               dtype=str(y0s.dtype), tolerances=tol, min_bucket=args.min_bucket, cases={})
+    for case, save in (("even", "t1"), ("uneven", "t1"), ("even", "ts"), ("uneven", "ts")):
+        t1s, saveat = spans[case], saves[save]
+        vm = jax.jit(jax.vmap(lambda y0, t1, saveat=saveat: sl.solve(
+            lorenz, y0, 0.0, t1, solver=sl.Tsit5(), args=p, saveat=saveat, max_steps=16384,
+            **tol)))
+        fns = {"vmap": lambda vm=vm, t1s=t1s: vm(y0s, t1s)}
+        for chunk in args.chunks if save == "t1" else [args.chunks[len(args.chunks) // 2]]:
+            def run(chunk=chunk, t1s=t1s, saveat=saveat):
+                return sl.solve_ensemble(lorenz, y0s, 0.0, t1s, solver=sl.Tsit5(), args=p,
+                                         saveat=saveat, max_steps=16384, chunk_steps=chunk,
+                                         min_bucket=args.min_bucket, **tol)
+            fns[f"compact_{chunk}"] = run
+        row = {name: dict(compile_s=compile_time(fn)) for name, fn in fns.items()}
+        for name, best in interleaved(fns).items():
+            row[name]["best_s"] = best
+        ref = fns["vmap"]()
+        steps = np.asarray(ref.stats["num_steps"])
+        for name in fns:
+            if name == "vmap":
+                continue
+            r, sol = row[name], fns[name]()
+            r["max_abs_diff_vs_vmap"] = float(np.max(np.abs(np.asarray(sol.ys)
+                                                           - np.asarray(ref.ys))))
+            r["steps_equal_vmap"] = bool(np.array_equal(np.asarray(sol.stats["num_steps"]),
+                                                        steps))
+            r["speedup_vs_vmap"] = row["vmap"]["best_s"] / r["best_s"]
+        row["steps_mean"], row["steps_max"] = float(steps.mean()), int(steps.max())
+        out["cases"][f"{case}_{save}"] = row
+        print(case, save, {k: (v["best_s"] if isinstance(v, dict) else v)
+                           for k, v in row.items()}, flush=True)
+    return out
+
+
+def _uneven_report(res: dict) -> str:
+    from _format import fmt_r, fmt_s
+
+    lines = [f"{res['members']:,} Lorenz members (Tsit5, rtol {res['tolerances']['rtol']:g}, "
+             f"atol {res['tolerances']['atol']:g}, {res['dtype']}, min_bucket "
+             f"{res['min_bucket']}) on "
+             f"{res['device']}; uneven: 1 in 100 members to t = {res['long_span']:g}, the "
+             "others to t = 1; even: all to t = 1. Best of repeats, the contenders taking "
+             "turns; compile = first call after jax.clear_caches() - second call. "
+             "speed-up = vmap time / solve_ensemble time.", "",
+             "| case | steps mean / max | contender | time | speed-up vs vmap | compile "
+             "| max abs diff vs vmap | steps equal |", "|---|---|---|---|---|---|---|---|"]
+    for case, row in res["cases"].items():
+        for name, r in row.items():
+            if not isinstance(r, dict):
+                continue
+            label = "jit(vmap(solve))" if name == "vmap" else \
+                f"solve_ensemble, chunk_steps={name.split('_')[1]}"
+            lines.append(
+                f"| {case} | {row['steps_mean']:.0f} / {row['steps_max']} | {label} "
+                f"| {fmt_s(r['best_s'])} | {fmt_r(r.get('speedup_vs_vmap', 1.0))} "
+                f"| {fmt_s(r['compile_s'])} | {r.get('max_abs_diff_vs_vmap', 0.0):.1e} "
+                f"| {r.get('steps_equal_vmap', '-')} |")
+    return "\n".join(lines)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -182,7 +298,17 @@ def main() -> int:
     ap.add_argument("--no-two-process", action="store_true")
     ap.add_argument("--skewed", action="store_true",
                     help="also time an ensemble whose members need ~10x different steps")
-    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "scale.json"))
+    ap.add_argument("--uneven", action="store_true",
+                    help="only the uneven-ensemble part: vmap against solve_ensemble")
+    ap.add_argument("--long-span", type=float, default=10.0,
+                    help="--uneven: t1 of the long members (1 in 100)")
+    ap.add_argument("--chunks", type=int, nargs="+", default=[16, 32, 64, 128],
+                    help="--uneven: chunk_steps values of solve_ensemble")
+    ap.add_argument("--min-bucket", type=int, default=64, help="--uneven: min_bucket")
+    ap.add_argument("--float32", action="store_true",
+                    help="--uneven: float32 state, rtol 1e-5, atol 1e-7 (accelerators)")
+    ap.add_argument("--json", help="results file (default benchmarks/results/scale.json, "
+                    "with --uneven scale_uneven.json)")
     ap.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--process", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--coordinator", help=argparse.SUPPRESS)
@@ -196,6 +322,19 @@ def main() -> int:
     if args._child:
         print("RESULT " + json.dumps(child(args)), flush=True)
         return 0
+    if args.json is None:
+        args.json = str(ROOT / "benchmarks" / "results"
+                        / ("scale_uneven.json" if args.uneven else "scale.json"))
+    if args.uneven:
+        import jax
+        from _format import finish, simlib_commit
+
+        t_start = time.perf_counter()
+        res = uneven(args)
+        results = dict(date=time.strftime("%Y-%m-%d %H:%M:%S"), jax=jax.__version__,
+                       simlib=simlib_commit(ROOT), cpus=os.cpu_count(), repeats=args.repeats,
+                       **res, wall_s=time.perf_counter() - t_start)
+        return finish(results, _uneven_report(res), args.json)
 
     import jax
     from _format import finish, fmt_r, fmt_s, simlib_commit

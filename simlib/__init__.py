@@ -9,6 +9,7 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 from . import particles, systems
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
 from ._brownian import BrownianPath, split_keys
+from ._compact import solve_ensemble
 from ._cpu_loops import fast_cpu_loops
 from ._distributed import ProcessInfo, init_distributed
 from ._ensemble import ensemble, ensemble_mesh
@@ -135,6 +136,7 @@ __all__ = [
     "plot",
     "raise_solver_errors",
     "solve",
+    "solve_ensemble",
     "split_keys",
     "systems",
     "trajectory_residuals",

@@ -72,6 +72,7 @@ PUBLIC = [
     "plot",
     "raise_solver_errors",
     "solve",
+    "solve_ensemble",
     "split_keys",
     "systems",
     "trajectory_residuals",

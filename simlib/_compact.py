@@ -1,0 +1,450 @@
+"""``solve_ensemble()``: an adaptive ensemble advanced in chunks, finished members dropped.
+
+Under ``jax.vmap`` an adaptive ``solve`` is one batched ``while_loop`` that runs until its
+slowest member is done: every member pays for the longest one. Here the members advance
+in chunks of at most ``chunk_steps`` step attempts, each chunk one compiled call over
+the members still running; between chunks the host reads which members are done (t1
+reached, or failed), and once the live ones fit a smaller power-of-two bucket it packs
+them into it (finished members' outputs go to their place in the result). Only the
+bucket sizes ``n, 2^k, 2^(k-1), ..., min_bucket`` are ever compiled.
+
+Each member takes exactly the step attempts of the adaptive driver (``_adaptive.py``'s
+``_attempt``, the same initial step, controller and failure codes), so the results are
+those of ``solve`` per member. See docs/ensembles.md ("Uneven ensembles") and
+docs/design.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._adaptive import (
+    _adaptive_init,
+    _Attempt,
+    _attempt,
+    _k_exponent,
+    _not_done,
+    _placeholder_dense,
+    _stats_of,
+)
+from ._errors import Result, SolverError, result_message
+from ._solution import SaveAt, Solution, assemble_solution
+from ._solve import (
+    _SAVE_T1,
+    DEFAULT_MAX_STEPS,
+    _as_array_tree,
+    _CastToState,
+    _check_finite_scalar,
+    _describe,
+    _tolerances,
+)
+from ._solver._base import AbstractSolver, PyTree, VectorField
+from ._solver._sde import AbstractSDESolver
+from ._util import buffer, inside_trace, is_tracer, time_dtype, tree_where
+
+__all__ = ["solve_ensemble"]
+
+_KEYWORDS = ("solver", "rtol", "atol", "dt", "args", "args_axes", "saveat", "max_steps",
+             "throw", "chunk_steps", "min_bucket")
+
+
+class _Member(NamedTuple):
+    """One member's whole state between chunks (batched along a leading member axis)."""
+    c: _Attempt          # the adaptive driver's carry: t, y, h, controller, solver state, stats
+    t1: jax.Array
+    direction: jax.Array
+    last: Any            # ts mode: (t, y, h, y1, dense) of the last accepted step; else None
+    saved: Any           # ts mode: the values at the save times (nan until reached)
+    n_saved: Any         # ts mode: how many save times are filled
+    args: Any            # the member's own (batched) leaves of ``args``
+
+
+class _Plan(NamedTuple):
+    """Everything static about a run (hashable: it keys the compiled chunks)."""
+    f: Any
+    solver: Any
+    mode: str
+    n_save: int
+    args_tree: Any       # treedef of ``args``
+    args_batched: tuple  # per leaf of ``args``: batched over members?
+    has_dt0: bool
+
+
+def _merge_args(plan: _Plan, batched, shared):
+    it_b, it_s = iter(batched), iter(shared)
+    leaves = [next(it_b) if b else next(it_s) for b in plan.args_batched]
+    return jax.tree_util.tree_unflatten(plan.args_tree, leaves)
+
+
+# ---- per member (vmapped below)
+
+def _init_member(plan: _Plan, y0, t0, t1, batched, shared, dt0, rtol, atol):
+    args = _merge_args(plan, batched, shared)
+    c, t0, t1, direction = _adaptive_init(plan.f, plan.solver, y0, t0, t1, dt0, rtol, atol,
+                                          args)
+    last = saved = n_saved = None
+    if plan.mode == "ts":
+        last = (t0, y0, jnp.zeros_like(t0), y0, _placeholder_dense(plan.f, plan.solver, c, args))
+        saved = buffer(y0, plan.n_save, jnp.nan)
+        n_saved = jnp.array(0, jnp.int32)
+    return _Member(c, t1, direction, last, saved, n_saved, batched)
+
+
+def _advance_member(plan: _Plan, m: _Member, shared, ts, rtol, atol, budget, max_steps):
+    """At most ``budget`` attempts of the adaptive driver for one member,
+    filling the save times they cover (ts mode) as ``_adaptive_forward`` does."""
+    f, solver = plan.f, plan.solver
+    args = _merge_args(plan, m.args, shared)
+    t1, direction = m.t1, m.direction
+    k_exp = _k_exponent(solver)
+
+    def live(c):
+        return _not_done(c, t1, direction, max_steps)
+
+    def attempt(c):
+        return _attempt(f, solver, k_exp, c, t1, direction, rtol, atol, args)
+
+    c, k = m.c, jnp.array(0, jnp.int32)
+    last, saved, n_saved = m.last, m.saved, m.n_saved
+    if plan.mode == "ts":
+        def follow(s):
+            c, last, k = s
+            new, (t, y, h, accept, y1, dense) = attempt(c)
+            return new, tree_where(accept, (t, y, h, y1, dense), last), k + 1
+
+        def save(s, inputs):
+            t_save, old, j = inputs
+            s = lax.while_loop(
+                lambda s: live(s[0]) & (direction * (t_save - s[0].t) > 0) & (s[2] < budget),
+                follow, s)
+            c, last, _ = s
+            t, y, h, y1, dense = last
+            theta = (t_save - t) / jnp.where(h == 0, 1.0, h)
+            value = solver.interpolate(f, args, t, y, h, y1, dense, theta)
+            fresh = (j >= n_saved) & (direction * (t_save - c.t) <= 0)
+            return s, tree_where(fresh, value, old)
+
+        # the run's end as one more save time: the attempts after the last save time run
+        # in the same loop (the step is traced once), its value is dropped
+        t_ext = jnp.concatenate([ts, t1[None]])
+        old_ext = jax.tree_util.tree_map(lambda b: jnp.concatenate([b, b[-1:]]), saved)
+        (c, last, k), saved = lax.scan(
+            save, (c, last, k), (t_ext, old_ext, jnp.arange(plan.n_save + 1, dtype=jnp.int32)))
+        saved = jax.tree_util.tree_map(lambda b: b[:-1], saved)
+        n_saved = jnp.sum(direction * (ts - c.t) <= 0).astype(jnp.int32)
+    else:
+        c, _ = lax.while_loop(lambda s: live(s[0]) & (s[1] < budget),
+                              lambda s: (attempt(s[0])[0], s[1] + 1), (c, k))
+    return m._replace(c=c, last=last, saved=saved, n_saved=n_saved), live(c)
+
+
+def _outputs(plan: _Plan, m: _Member):
+    """What the result needs of a member: its end, saved values and statistics."""
+    n_steps, n_acc, result, state_fevals = _stats_of(m.c, plan.solver)
+    return (m.c.t, m.c.y, m.saved, n_steps, n_acc, result, state_fevals)
+
+
+# ---- compiled calls (one per bucket size)
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init(plan, y0s, t0s, t1s, batched, shared, dt0, rtol, atol):
+    init = jax.vmap(functools.partial(_init_member, plan),
+                    in_axes=(0, 0, 0, 0, None, None, None, None))
+    members = init(y0s, t0s, t1s, batched, shared, dt0, rtol, atol)
+    return members, jax.vmap(functools.partial(_outputs, plan))(members)
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
+def _chunk(plan, members, shared, ts, rtol, atol, budget, max_steps):
+    return jax.vmap(functools.partial(_advance_member, plan),
+                    in_axes=(0, None, None, None, None, None, None))(
+        members, shared, ts, rtol, atol, budget, max_steps)
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=(1,))
+def _repack(plan, out, members, slots, keep):
+    """Write every member of the bucket to its place in ``out`` (slots past the end are
+    padding and dropped), then gather the members at ``keep`` into the next bucket."""
+    now = jax.vmap(functools.partial(_outputs, plan))(members)
+    out = jax.tree_util.tree_map(lambda o, x: o.at[slots].set(x, mode="drop"), out, now)
+    return out, jax.tree_util.tree_map(lambda x: x[keep], members)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _finish(plan, save_t0, max_steps, out, y0s, t0s, t1s, ts):
+    """The batched :class:`Solution`, assembled per member as ``_adaptive_run`` does."""
+    solver = plan.solver
+    init_fevals = solver.init_fevals if plan.has_dt0 else 2
+
+    def one(o, y0, t0, t1):
+        t_end, y_end, saved, n_steps, n_acc, result, state_fevals = o
+        direction = jnp.where(t1 >= t0, 1.0, -1.0)
+        unfinished = (result == 0) & (direction * (t1 - t_end) > 0)
+        result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
+        n_fevals = solver.num_fevals(n_steps, n_acc) + state_fevals + init_fevals
+        return assemble_solution(plan.mode, save_t0, t0, y0, t_end, y_end, ts, saved,
+                                 (None, None), (n_steps, n_acc, n_fevals, t_end), result,
+                                 False, t1, max_steps)
+
+    return jax.vmap(one)(out, y0s, t0s, t1s)
+
+
+def _bucket(live: int, size: int, min_bucket: int) -> int:
+    """The bucket for ``live`` members: the smallest power of two holding them (at least
+    ``min_bucket``), never larger than the current ``size``."""
+    return min(size, max(min_bucket, 1 << max(0, live - 1).bit_length()))
+
+
+# ---- the entry point
+
+def solve_ensemble(
+    f: VectorField,
+    y0s: PyTree,
+    t0: Any,
+    t1: Any,
+    *,
+    solver: AbstractSolver,
+    rtol: float | None = None,
+    atol: float | None = None,
+    dt: float | None = None,
+    args: Any = None,
+    args_axes: Any = None,
+    saveat: SaveAt = _SAVE_T1,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    throw: bool = True,
+    chunk_steps: int = 64,
+    min_bucket: int = 64,
+    **unknown: Any,
+) -> Solution:
+    """An adaptive :func:`solve` of every member of an ensemble, finished members dropped
+    as the others go on.
+
+    The result equals ``jax.vmap`` of :func:`solve` over the members (the same step
+    attempts, statistics and status codes per member; values to round-off), but a member
+    stops costing anything once it is done. Under ``vmap`` an adaptive solve is one
+    batched loop that runs every member until the slowest one finishes; here the members
+    advance in chunks of at most ``chunk_steps`` step attempts, each chunk one compiled
+    call over the members still running. Between chunks the host counts the live
+    members, and when they fit a smaller power-of-two bucket it packs them into it, so
+    only ``log2(n)`` bucket sizes ever compile. Worth it when step counts differ widely
+    (a few long members among many short ones); on an even ensemble it costs a little
+    (docs/ensembles.md, "Uneven ensembles", has the measured figures).
+
+    Eager only: the host decides between chunks, so it cannot run under ``jax.jit``,
+    ``jax.vmap`` or ``jax.grad`` (use ``jax.vmap(solve)`` or :func:`ensemble` there).
+    It runs on JAX's default device.
+
+    Args:
+        f: Vector field ``f(t, y, args)``, as for :func:`solve`.
+        y0s: The members' initial states: a pytree whose leaves have a leading member
+            axis of length ``n``.
+        t0, t1: Start and end times: scalars shared by all members, or arrays of shape
+            ``(n,)``, one per member.
+        solver: An adaptive solver instance, e.g. ``simlib.Tsit5()``.
+        rtol, atol: Tolerances, shared by all members (one stands in for the other when
+            missing; at least one is needed).
+        dt: The first step, shared by all members (default: chosen per member, as in
+            :func:`solve`).
+        args: Parameters passed to ``f``.
+        args_axes: Which leaves of ``args`` are per member, like ``jax.vmap``'s
+            ``in_axes``: ``None`` (default: ``args`` shared), ``0`` (every leaf has a
+            leading member axis), or a pytree prefix of ``args`` of ``0`` and ``None``.
+        saveat: ``SaveAt(t1=True)`` (default) or ``SaveAt(ts=...)`` (times shared by all
+            members, within every member's span), optionally with ``t0=True``.
+            ``SaveAt(steps=True)`` is not supported.
+        max_steps: Bound on each member's step attempts, as for :func:`solve`.
+        throw: Raise :class:`SolverError` naming the first failing member (default).
+            With ``False`` every member's code is in ``Solution.result``.
+        chunk_steps: Step attempts per chunk (per member). Smaller chunks drop finished
+            members sooner but pay a host round trip per chunk.
+        min_bucket: The smallest bucket; fewer live members than this run in it padded.
+
+    Returns:
+        A :class:`Solution` batched over the members, in their original order: what
+        ``jax.vmap(solve)`` returns (``ts``/``ys`` with a leading member axis, each
+        ``stats`` entry and ``result`` of shape ``(n,)``).
+
+    Example:
+        >>> import jax.numpy as jnp, simlib as sl
+        >>> decay = lambda t, y, k: -k * y
+        >>> sol = sl.solve_ensemble(decay, jnp.ones((4, 1)), 0.0, jnp.array([1.0, 1.0, 1.0, 8.0]),
+        ...                         solver=sl.Tsit5(), rtol=1e-8, atol=1e-10, args=0.5)
+        >>> round(float(sol.ys[3, -1, 0]), 6)  # exp(-4)
+        0.018316
+    """
+    if unknown:
+        bad = next(iter(unknown))
+        close = difflib.get_close_matches(bad, _KEYWORDS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise TypeError(f"solve_ensemble() got an unknown keyword argument {bad!r}{hint} "
+                        f"(valid keywords: {', '.join(_KEYWORDS)})")
+    if isinstance(solver, type):
+        raise TypeError(f"solver must be an instance, e.g. {solver.__name__}(), not the class")
+    if not isinstance(solver, AbstractSolver) or isinstance(solver, AbstractSDESolver):
+        raise TypeError("solver must be an adaptive simlib ODE solver instance such as "
+                        f"simlib.Tsit5(), got {solver!r}")
+    if not solver.adaptive:
+        raise ValueError(f"solve_ensemble needs an adaptive solver (an embedded error "
+                         f"estimate), and {type(solver).__name__} has none; use Tsit5, "
+                         "Dopri5, ... or jax.vmap(solve) for fixed steps")
+    if not callable(f):
+        raise TypeError(f"f must be callable as f(t, y, args), got {f!r}")
+    if rtol is None and atol is None:
+        raise ValueError("solve_ensemble is adaptive: give rtol and/or atol")
+    if is_tracer((y0s, t0, t1, rtol, atol, dt, args, saveat.ts if isinstance(saveat, SaveAt)
+                  else None)) or inside_trace():
+        raise TypeError("solve_ensemble runs eagerly (the host drops finished members between "
+                        "compiled chunks), so it cannot be traced by jax.jit, jax.vmap or "
+                        "jax.grad; call it outside them, or use jax.vmap(solve) there")
+    rtol, atol = _tolerances(rtol, atol)
+    if not isinstance(saveat, SaveAt):
+        raise TypeError(f"saveat must be a simlib.SaveAt, got {saveat!r}")
+    mode = saveat.mode()
+    if mode == "steps":
+        raise ValueError("saveat: solve_ensemble supports SaveAt(t1=True) and SaveAt(ts=...), "
+                         "not SaveAt(steps=True) (max_steps rows per member)")
+    for name, value in (("max_steps", max_steps), ("chunk_steps", chunk_steps),
+                        ("min_bucket", min_bucket)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    max_steps, chunk_steps, min_bucket = int(max_steps), int(chunk_steps), int(min_bucket)
+    _check_finite_scalar(dt, "dt")
+    if dt is not None and float(dt) == 0.0:
+        raise ValueError("dt must be nonzero, got 0.0")
+
+    # members
+    y0s = _as_array_tree(y0s, "y0s")
+    leaves = jax.tree_util.tree_leaves(y0s)
+    if any(leaf.ndim == 0 for leaf in leaves):
+        raise ValueError(f"y0s needs a leading member axis on every leaf, got {_describe(y0s)}")
+    sizes = {leaf.shape[0] for leaf in leaves}
+    if len(sizes) != 1:
+        raise ValueError(f"y0s's leaves disagree on the number of members: {_describe(y0s)}")
+    n = sizes.pop()
+    if n == 0:
+        raise ValueError(f"y0s has no members (leading axis of length 0): {_describe(y0s)}")
+    for leaf in leaves:
+        if not np.all(np.isfinite(np.asarray(leaf))):
+            raise ValueError("y0s must be finite, but it contains nan or inf")
+    tdtype = time_dtype(y0s)
+    spans = []
+    for name, t in (("t0", t0), ("t1", t1)):
+        arr = np.asarray(t, np.float64)
+        if arr.ndim == 0:
+            arr = np.full((n,), float(arr))
+        if arr.shape != (n,):
+            raise ValueError(f"{name} must be a scalar or have shape ({n},) (one per member), "
+                             f"got shape {arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} must be finite, but it contains nan or inf")
+        spans.append(arr)
+    t0_np, t1_np = spans
+    direction = np.where(t1_np >= t0_np, 1.0, -1.0)
+    if dt is not None and float(dt) < 0 and np.any(direction > 0):
+        raise ValueError(f"dt={float(dt)!r} is negative but some members' spans run forward; "
+                         "give a positive dt")
+    if mode == "ts":
+        ts_np = np.asarray(saveat.ts, np.float64)
+        if ts_np.ndim != 1 or ts_np.shape[0] == 0:
+            raise ValueError(f"saveat.ts must be a non-empty 1-D array, got shape {ts_np.shape}")
+        lo, hi = np.minimum(t0_np, t1_np), np.maximum(t0_np, t1_np)
+        if np.any(ts_np.min() < lo) or np.any(ts_np.max() > hi):
+            bad = int(np.flatnonzero((ts_np.min() < lo) | (ts_np.max() > hi))[0])
+            raise ValueError(f"saveat.ts must lie within every member's [t0, t1]; member {bad} "
+                             f"spans [{lo[bad]}, {hi[bad]}], ts runs from {ts_np.min()} to "
+                             f"{ts_np.max()}")
+        if len(ts_np) > 1 and np.any(direction[:, None] * np.diff(ts_np)[None, :] < 0):
+            raise ValueError("saveat.ts must be ordered in every member's direction of "
+                             "integration")
+        ts = jnp.asarray(ts_np, tdtype)
+        n_save = int(ts_np.shape[0])
+    else:
+        ts, n_save = None, 0
+
+    # args: which leaves are per member
+    args_leaves, args_tree = jax.tree_util.tree_flatten(args)
+    try:
+        axes = jax.tree_util.tree_map(
+            lambda ax, sub: jax.tree_util.tree_map(lambda _: ax, sub), args_axes, args,
+            is_leaf=lambda x: x is None)
+        axes_leaves = jax.tree_util.tree_structure(args).flatten_up_to(axes)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"args_axes must be None, 0 or a pytree prefix of args of 0 and "
+                         f"None, got {args_axes!r}: {err}") from err
+    if any(ax not in (0, None) for ax in axes_leaves):
+        raise ValueError(f"args_axes entries must be 0 (per member) or None (shared), got "
+                         f"{args_axes!r}")
+    batched_flags = tuple(ax == 0 for ax in axes_leaves)
+    batched, shared = [], []
+    for leaf, b in zip(args_leaves, batched_flags, strict=True):
+        if b:
+            leaf = jnp.asarray(leaf)
+            if leaf.ndim == 0 or leaf.shape[0] != n:
+                raise ValueError(f"args_axes marks a leaf of args as per member, but its shape "
+                                 f"is {leaf.shape}, not ({n}, ...)")
+            batched.append(leaf)
+        else:
+            shared.append(leaf)
+
+    # the vector field must map one member's state onto itself
+    one_y = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), y0s)
+    one_args = _merge_args(
+        _Plan(None, None, None, 0, args_tree, batched_flags, False),
+        [jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in batched], shared)
+    try:
+        out = jax.eval_shape(f, jax.ShapeDtypeStruct((), tdtype), one_y, one_args)
+    except Exception as err:  # noqa: BLE001 - re-raised with context
+        raise TypeError(f"calling f(t0, y0, args) for one member failed: {err}") from err
+    if jax.tree_util.tree_structure(out) != jax.tree_util.tree_structure(one_y) or any(
+            a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(one_y),
+                                               jax.tree_util.tree_leaves(out), strict=True)):
+        raise ValueError(f"f must return a pytree shaped like one member's state: y0 is "
+                         f"{_describe(one_y)}, f returned {_describe(out)}")
+    if any(a.dtype != b.dtype for a, b in zip(jax.tree_util.tree_leaves(one_y),
+                                               jax.tree_util.tree_leaves(out), strict=True)):
+        f = _CastToState(f)
+
+    plan = _Plan(f, solver, mode, n_save, args_tree, batched_flags, dt is not None)
+    t0s, t1s = jnp.asarray(t0_np, tdtype), jnp.asarray(t1_np, tdtype)
+    rtol_a, atol_a = jnp.asarray(rtol, tdtype), jnp.asarray(atol, tdtype)
+    dt0 = None if dt is None else jnp.asarray(dt, tdtype)
+    # traced: changing the chunk length or the step budget compiles nothing
+    budget, limit = jnp.asarray(chunk_steps, jnp.int32), jnp.asarray(max_steps, jnp.int32)
+    members, out = _init(plan, y0s, t0s, t1s, batched, shared, dt0, rtol_a, atol_a)
+    slots = np.arange(n, dtype=np.int32)   # the original index of each bucket slot (n: pad)
+    while True:
+        members, live = _chunk(plan, members, shared, ts, rtol_a, atol_a, budget, limit)
+        live = np.asarray(live)
+        n_live = int(live.sum())
+        size = len(slots)
+        new_size = _bucket(n_live, size, min_bucket) if n_live else 0
+        if new_size == size:
+            continue
+        keep = np.flatnonzero(live)
+        if new_size:  # pad with finished members (they do nothing), dropped when written
+            keep = np.concatenate([keep, np.flatnonzero(~live)[:new_size - n_live]])
+        else:
+            keep = keep[:0]
+        out, members = _repack(plan, out, members, jnp.asarray(slots), jnp.asarray(keep))
+        if not new_size:
+            break
+        slots = np.where(np.arange(new_size) < n_live, slots[keep], n).astype(np.int32)
+    sol = _finish(plan, bool(saveat.t0), max_steps, out, y0s, t0s, t1s, ts)
+    if throw:
+        codes = np.asarray(sol.result)
+        bad = np.flatnonzero(codes != 0)
+        if bad.size:
+            i = int(bad[0])
+            message = result_message(int(codes[i]), t=float(sol.stats["t_final"][i]),
+                                     step=int(sol.stats["num_steps"][i]), t1=float(t1_np[i]),
+                                     max_steps=max_steps)
+            raise SolverError(f"solve_ensemble: member {i} (of {bad.size} failing of {n}): "
+                              + message, Result(int(codes[i])), sol)
+    return sol
