@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from ._errors import failure_check_shared_over
 from ._sharding import check_mesh, default_mesh, place, shard_map
 
 __all__ = ["ensemble", "ensemble_mesh"]
@@ -81,7 +82,9 @@ def ensemble(fn: Callable[..., Any], in_axes: int | None | Sequence[int | None] 
     ``in_axes`` None are shared (replicated). Each device runs ``vmap(fn)`` on its slice
     inside :func:`jax.shard_map`, so adaptive members on one device never wait for
     another device's slow members, and ``throw=True`` checks each device's slice on that
-    device. Parameter sweeps batch ``args``, initial-condition sweeps batch ``y0``.
+    device, then gathers one candidate per device, so that every process raises the
+    ensemble's first failing member. Parameter sweeps batch ``args``, initial-condition
+    sweeps batch ``y0``.
 
     Args:
         fn: The per-member function.
@@ -139,7 +142,10 @@ def _run(fn, in_axes, mesh: Mesh, gather: bool, n: int, *args):
         leaves = [place(x if ax is None else _pad(x, n_pad), mesh, spec) for x in leaves]
         padded.append(jax.tree_util.tree_unflatten(tree, leaves))
     per_device = shard_map(jax.vmap(fn, in_axes=in_axes), mesh, in_specs, member)
-    out = per_device(*padded)
+    # each device's failure candidate is shared over the mesh, so that every process
+    # raises (not only the one holding the failing member, leaving the others blocked)
+    with failure_check_shared_over(mesh):
+        out = per_device(*padded)
     if n_pad:  # an uneven count cannot stay sharded: gather, then drop the padding
         return jax.tree_util.tree_map(lambda x: place(x, mesh, P())[:n], out)
     return jax.tree_util.tree_map(lambda x: place(x, mesh, P() if gather else member), out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import math
 from collections.abc import Iterator
@@ -263,6 +264,41 @@ def _pick_first_failure(result, t, step, t1, batched):
     return tuple(out)
 
 
+# Set by sl.ensemble while it traces its shard_map body: the mesh axes over which the
+# in-graph check shares its candidate, and the positions (in the mesh's device order) of
+# the one device per process that raises. Every process then raises the same, first,
+# failure, instead of only those holding a failing member (the others would go on to
+# their next collective and wait there for a process that has died); one device per
+# process, since every further raise in a process resurfaces when it exits.
+_SHARED_OVER: contextvars.ContextVar[tuple[tuple[str, ...], tuple[int, ...]] | None] = (
+    contextvars.ContextVar("simlib_failure_check_sharing", default=None))
+
+
+@contextlib.contextmanager
+def failure_check_shared_over(mesh) -> Iterator[None]:
+    """While tracing a ``shard_map`` body over all axes of ``mesh``, make the in-graph
+    failure check gather each device's candidate (one member's four scalars) over the
+    mesh and raise it on the first device of each process."""
+    first: dict[int, int] = {}
+    for position, device in enumerate(mesh.devices.flat):
+        first.setdefault(device.process_index, position)
+    token = _SHARED_OVER.set((tuple(mesh.axis_names), tuple(sorted(first.values()))))
+    try:
+        yield
+    finally:
+        _SHARED_OVER.reset(token)
+
+
+def _share_candidate(picked, sharing):
+    """The first failure among the devices' candidates (device order is member order),
+    with its code kept only on the devices that raise."""
+    axes, raisers = sharing
+    gathered = tuple(lax.all_gather(x, axes, tiled=False) for x in picked)
+    result, t, step, t1 = _pick_first_failure(*gathered, (True,) * 4)
+    here = jnp.isin(lax.axis_index(axes), jnp.asarray(raisers, jnp.int32))
+    return jnp.where(here, result, jnp.zeros_like(result)), t, step, t1
+
+
 def _in_graph_check(caller: str, max_steps):
     """A ``custom_vmap`` function ``check(result, t, step, t1)`` whose host callback
     raises :class:`SolverError` for the first failure; it returns an int32 zero.
@@ -286,7 +322,11 @@ def _in_graph_check(caller: str, max_steps):
         del axis_size
         if not any(in_batched):
             return check(result, t, step, t1), False
-        return check(*_pick_first_failure(result, t, step, t1, tuple(in_batched))), False
+        picked = _pick_first_failure(result, t, step, t1, tuple(in_batched))
+        sharing = _SHARED_OVER.get()
+        if sharing is not None:
+            picked = _share_candidate(picked, sharing)
+        return check(*picked), False
 
     # Nothing to differentiate (the inputs are stop_gradient-ed, the output is an integer
     # zero); a custom JVP keeps autodiff away from custom_vmap, which some JAX versions

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -51,20 +52,44 @@ WORKER = textwrap.dedent(r"""
 """).format(N=N, T1=T1)
 
 
+# A member held by process 1 (member 11 of 16, y' = y^2 from 4.0: non-finite near
+# t = 0.25) fails; process 0 holds no failing member and must raise all the same, instead
+# of going on to its next collective and waiting there for a process that has died.
+WORKER_FAIL = textwrap.dedent(r"""
+    import sys
+    import jax, jax.numpy as jnp
+    jax.config.update("jax_enable_x64", True)
+    import simlib as sl
+
+    sl.init_distributed(sys.argv[1], 2, int(sys.argv[2]), timeout=120)
+
+    def blow(y0):
+        return sl.solve(lambda t, y, a: y * y, y0, 0.0, 0.5, solver=sl.RK4(), dt=0.01).ys[-1]
+
+    try:
+        with sl.raise_solver_errors():   # JAX wraps a callback's exception; unwrap it
+            jax.block_until_ready(sl.ensemble(blow, gather=True)(
+                jnp.full((16, 1), 0.5).at[11, 0].set(4.0)))
+        print("RESULT no error", flush=True)
+    except sl.SolverError as err:
+        print("RESULT raised " + str(err).splitlines()[0], flush=True)
+""")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _launch(timeout: float = 300.0):
+def _launch(timeout: float = 300.0, worker: str = WORKER):
     """Both processes' (returncode, stdout, stderr); kills both on a timeout."""
     address = f"127.0.0.1:{_free_port()}"
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
     for name in ("SIMLIB_COORDINATOR", "SIMLIB_NUM_PROCESSES", "SIMLIB_PROCESS_ID"):
         env.pop(name, None)
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, address, str(i)], env=env,
+    procs = [subprocess.Popen([sys.executable, "-c", worker, address, str(i)], env=env,
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for i in range(2)]
     results = []
@@ -127,6 +152,22 @@ def test_two_processes_give_the_one_process_ensemble():
     for p in (p0, p1):
         for (a, b), local in zip(p["rows"], p["local"], strict=True):
             np.testing.assert_allclose(np.asarray(local), one[a:b], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_a_failing_member_raises_on_every_process():
+    """Both processes raise the same SolverError (their exit status is not checked: the
+    callback's error stays in JAX's effect tokens, and at exit JAX's distributed service
+    then ends the processes with an abort, after they have reported)."""
+    results = _launch(timeout=200.0, worker=WORKER_FAIL)
+    if any("ddress already in use" in err for _, _, err in results):
+        results = _launch(timeout=200.0, worker=WORKER_FAIL)
+    for i, (code, out, err) in enumerate(results):
+        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        assert lines, f"process {i} (exit {code}):\n{out[-2000:]}\n{err[-4000:]}"
+        assert lines[-1].startswith("RESULT raised "), (i, lines[-1])
+        t = float(re.search(r"at t=([0-9.e+-]+)", lines[-1]).group(1))
+        assert 0.25 <= t < 0.3, (i, lines[-1])
 
 
 def test_init_distributed_names_bad_arguments(monkeypatch):
