@@ -23,12 +23,16 @@
 // whose index is not in [0, n) reads particle i's own coordinates instead and is masked
 // out; no index is ever derived from a position. Sizes are checked against n first
 // (mismatches are FFI errors, i.e. Python exceptions). NaN, infinite or huge positions
-// give NaN/inf energies and forces, never a stray access; two atoms at the same place give
-// r = 0 and so a non-finite energy and forces (0 * inf), as the pure-JAX kernel does:
-// simulate's checks report them. A pair at r^2 = 0 is never skipped or clamped here.
+// give non-finite results, never a stray access: a particle with a listed neighbour at a
+// non-finite displacement gets a NaN force (all three components, where JAX's
+// where(mask, c, 0) * dx makes only the affected components NaN) and that pair's energy is
+// masked to 0, as in JAX; two atoms at the same place give r = 0 and so a non-finite
+// energy and forces (0 * inf), as the pure-JAX kernel does: simulate's checks report
+// them. A pair at r^2 = 0 is never skipped or clamped here.
 #include <cmath>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -62,14 +66,14 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
     for (int64_t i = 0; i < n; ++i) {
       xs[i] = x[3 * i]; ys[i] = x[3 * i + 1]; zs[i] = x[3 * i + 2];
     }
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 64)
     for (int64_t i = 0; i < n; ++i) {
       const int32_t* row = idx + i * cap;
       const int32_t self = static_cast<int32_t>(i);
       const T xi = xs[i], yi = ys[i], zi = zs[i];
       const T si = Mixed ? sig[i] : sig0, ei = Mixed ? eps[i] : eps0;
-      T fx = 0, fy = 0, fz = 0, u = 0;
-#pragma omp simd reduction(+ : fx, fy, fz, u)
+      T fx = 0, fy = 0, fz = 0, u = 0, bad = 0;
+#pragma omp simd reduction(+ : fx, fy, fz, u, bad)
       for (int64_t s = 0; s < cap; ++s) {
         const int32_t j = row[s];
         const bool valid = static_cast<uint32_t>(j) < static_cast<uint32_t>(n32);
@@ -89,7 +93,8 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
           const T c2 = sg * sg * inv_rc2, c6 = c2 * c2 * c2;
           sh = shift ? T(4) * ep * (c6 * c6 - c6) : T(0);
         }
-        const T inv2 = T(1) / r2;                // r = 0: inf, and NaN below, as in JAX
+        const T inv2 = T(1) / r2;                // r = 0: inf, then NaN (selected out
+                                                 // for padding slots, which read i)
         const T s2 = sg * sg * inv2;
         const T s6 = s2 * s2 * s2;
         const T pu = T(4) * ep * (s6 * s6 - s6) - sh;
@@ -98,10 +103,15 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
         fy += in ? c * dy : T(0);
         fz += in ? c * dz : T(0);
         u += in ? pu : T(0);
+        // A neighbour at a non-finite displacement is outside the cutoff (r2 is NaN or
+        // inf), so the selects drop it, where JAX's where(mask, c, 0) * dx is NaN: count
+        // them, and the row's force is NaN (its pair energy stays masked to 0, as in JAX).
+        bad += (std::isfinite(dx) & std::isfinite(dy) & std::isfinite(dz)) ? T(0) : T(1);
       }
-      f[3 * i] = fx;
-      f[3 * i + 1] = fy;
-      f[3 * i + 2] = fz;
+      constexpr T nan = std::numeric_limits<T>::quiet_NaN();
+      f[3 * i] = bad == T(0) ? fx : nan;
+      f[3 * i + 1] = bad == T(0) ? fy : nan;
+      f[3 * i + 2] = bad == T(0) ? fz : nan;
       total += static_cast<double>(u);
     }
   }

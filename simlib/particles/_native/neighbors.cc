@@ -23,6 +23,7 @@
 #include <exception>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -168,7 +169,7 @@ static ffi::Error Build(ffi::Buffer<DT> positions, ffi::Buffer<DT> geometry,
 #pragma omp parallel reduction(max : max_count)
     {
       std::vector<int32_t> found(n + 1);        // candidate slots within reach, per thread
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 64)
       for (int64_t si = 0; si < n; ++si) {      // particles in cell order: neighbouring
         const int64_t i = members[si];          // rows read the same cells
         int64_t ci[3];
@@ -177,32 +178,45 @@ static ffi::Error Build(ffi::Buffer<DT> positions, ffi::Buffer<DT> geometry,
           ci[k] = rest % fine[k];
           rest /= fine[k];
         }
-        // The distinct cells to scan along each axis: ci - R .. ci + R, wrapped in a
-        // periodic box (every cell once when the box has fewer than 2R + 1), clipped to
-        // the grid in free space. Sorted, so the last axis merges into runs.
+        // The distinct cells to scan along each axis: ci - R .. ci + R, clipped to the grid
+        // in free space; in a periodic box wrapped, with the shift that brings the
+        // wrapped cell's particles to their image next to particle i (so no minimum-image
+        // correction per pair), or every cell once with minimum images when the box has
+        // fewer than 2R + 1 cells along the axis. Sorted, so the last axis merges into runs.
         int64_t cells[3][5];
+        T shift[3][5];
         int64_t n_along[3];
+        bool min_image = false;
         for (int64_t k = 0; k < 3; ++k) {
           int64_t m = 0;
           if (fine[k] == 1) {
-            cells[k][m++] = 0;
+            cells[k][0] = 0;
+            shift[k][0] = T(0);
+            m = 1;
+            min_image = min_image || periodic;   // a 1-cell periodic axis: any image
           } else if (periodic && fine[k] < 2 * R + 1) {
-            for (int64_t c = 0; c < fine[k]; ++c) cells[k][m++] = c;
+            for (int64_t c = 0; c < fine[k]; ++c) {
+              cells[k][m] = c;
+              shift[k][m++] = T(0);
+            }
+            min_image = true;
           } else {
             for (int64_t o = -R; o <= R; ++o) {
               int64_t c = ci[k] + o;
+              T sh = T(0);
               if (periodic) {
-                c = (c + fine[k]) % fine[k];
+                if (c < 0) { c += fine[k]; sh = box[k]; }
+                if (c >= fine[k]) { c -= fine[k]; sh = -box[k]; }
               } else if (c < 0 || c >= fine[k]) {
                 continue;
               }
-              cells[k][m++] = c;
+              cells[k][m] = c;
+              shift[k][m++] = sh;
             }
-            for (int64_t a = 1; a < m; ++a)     // insertion sort of at most 5 cells
-              for (int64_t b = a; b > 0 && cells[k][b - 1] > cells[k][b]; --b) {
-                const int64_t t = cells[k][b];
-                cells[k][b] = cells[k][b - 1];
-                cells[k][b - 1] = t;
+            for (int64_t p = 1; p < m; ++p)     // insertion sort of at most 5 cells
+              for (int64_t q = p; q > 0 && cells[k][q - 1] > cells[k][q]; --q) {
+                std::swap(cells[k][q], cells[k][q - 1]);
+                std::swap(shift[k][q], shift[k][q - 1]);
               }
           }
           n_along[k] = m;
@@ -210,30 +224,43 @@ static ffi::Error Build(ffi::Buffer<DT> positions, ffi::Buffer<DT> geometry,
         const T xi = sx[si], yi = sy[si], zi = sz[si];
         int32_t count = 0;
         int32_t* buf = found.data();
+        const int32_t self = static_cast<int32_t>(si);
         for (int64_t a = 0; a < n_along[0]; ++a)
           for (int64_t b = 0; b < n_along[1]; ++b) {
             const int64_t base = (cells[0][a] * fine[1] + cells[1][b]) * fine[2];
             int64_t e = 0;
             while (e < n_along[2]) {
               int64_t f = e;
-              while (f + 1 < n_along[2] && cells[2][f + 1] == cells[2][f] + 1) ++f;
+              while (f + 1 < n_along[2] && cells[2][f + 1] == cells[2][f] + 1 &&
+                     shift[2][f + 1] == shift[2][f]) {
+                ++f;
+              }
               const int32_t s0 = start[base + cells[2][e]];
               const int32_t s1 = start[base + cells[2][f] + 1];
-              e = f + 1;
-              for (int32_t s = s0; s < s1; ++s) {
-                T dx = xi - sx[s], dy = yi - sy[s], dz = zi - sz[s];
-                if (periodic) {   // |dk| < box: one correction gives the minimum image
+              if (min_image) {
+                for (int32_t s = s0; s < s1; ++s) {
+                  T dx = xi - sx[s], dy = yi - sy[s], dz = zi - sz[s];
+                  // |dk| < box: one correction gives the minimum image
                   dx -= dx > T(0.5) * box[0] ? box[0] : T(0);
                   dx += dx < T(-0.5) * box[0] ? box[0] : T(0);
                   dy -= dy > T(0.5) * box[1] ? box[1] : T(0);
                   dy += dy < T(-0.5) * box[1] ? box[1] : T(0);
                   dz -= dz > T(0.5) * box[2] ? box[2] : T(0);
                   dz += dz < T(-0.5) * box[2] ? box[2] : T(0);
+                  const T r2 = dx * dx + dy * dy + dz * dz;
+                  buf[count] = s;               // branch-free: kept only when within
+                  count += (r2 < reach2) & (s != self);   // false for NaN distances
                 }
-                const T r2 = dx * dx + dy * dy + dz * dz;
-                buf[count] = s;                 // branch-free: kept only when within
-                count += (r2 < reach2) & (s != si);   // false for NaN distances
+              } else {
+                const T xa = xi + shift[0][a], ya = yi + shift[1][b], za = zi + shift[2][e];
+                for (int32_t s = s0; s < s1; ++s) {
+                  const T dx = xa - sx[s], dy = ya - sy[s], dz = za - sz[s];
+                  const T r2 = dx * dx + dy * dy + dz * dz;
+                  buf[count] = s;
+                  count += (r2 < reach2) & (s != self);
+                }
               }
+              e = f + 1;
             }
           }
         int32_t* row = out + i * capacity;
