@@ -468,9 +468,10 @@ def _listed(idx, n):
     return listed[:, :n]
 
 
-def _lj_system(dtype, periodic, mixed):
-    """A perturbed fcc block (500 atoms): in a periodic box, or the same atoms in free space."""
-    x, box = sp.lattice(5, 0.8442, dtype=dtype)
+def _lj_system(dtype, periodic, mixed, cells=5):
+    """A perturbed fcc block (4 cells^3 atoms): in a periodic box, or the same atoms in free
+    space."""
+    x, box = sp.lattice(cells, 0.8442, dtype=dtype)
     x = x + jnp.asarray(np.random.default_rng(7).normal(scale=0.08, size=x.shape), dtype)
     space = sp.periodic(box) if periodic else sp.free()
     n = x.shape[0]
@@ -531,7 +532,7 @@ def test_native_lj_is_used_only_where_it_gives_the_pure_result():
 def test_native_lj_derivatives_equal_the_pure_jax_ones(periodic):
     """custom_jvp: forward and reverse mode come from the pure-JAX kernel, and the gradient
     of the native energy is minus the numpy forces."""
-    x, box, space, params = _lj_system(jnp.float64, periodic, True)
+    x, box, space, params = _lj_system(jnp.float64, periodic, True, cells=4)
     energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5, shift=True)
     nbrs = sp.neighbor_list(space, x, r_cut=2.5, skin=0.3)
 
@@ -548,8 +549,16 @@ def test_native_lj_derivatives_equal_the_pure_jax_ones(periodic):
     for a, b in zip(jax.tree_util.tree_leaves((g_nat, t_nat)),
                     jax.tree_util.tree_leaves((g_jax, t_jax)), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9 * np.max(np.abs(b)))
+
+
+@native
+def test_native_lj_energy_gradient_is_minus_the_numpy_forces():
+    x, box, space, params = _lj_system(jnp.float64, True, True, cells=4)
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5, shift=True)
+    nbrs = sp.neighbor_list(space, x, r_cut=2.5, skin=0.3)
+    assert energy._native_lj(x, params, nbrs)
     _, f_np = _numpy_lj(x, ~np.eye(x.shape[0], dtype=bool), 2.5, params["sigma"],
-                        params["epsilon"], True, box=float(box) if periodic else None)
+                        params["epsilon"], True, box=float(box))
     grad_e = jax.grad(lambda x: energy.energy_and_forces(x, params, nbrs)[0])(x)
     np.testing.assert_allclose(-np.asarray(grad_e), f_np, atol=1e-10 * np.max(np.abs(f_np)))
 
