@@ -59,8 +59,11 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
   T* xs = soa.data();
   T* ys = xs + n;
   T* zs = ys + n;
-  double total = 0.0;
-#pragma omp parallel reduction(+ : total)
+  // Row energies, summed in row order afterwards: the same bits whatever thread ran which
+  // rows (an OpenMP reduction adds the threads' partial sums in an unspecified order, and
+  // a checkpointed run must resume bit-identically).
+  std::vector<double> row_energy(n);
+#pragma omp parallel
   {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
@@ -112,9 +115,11 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
       f[3 * i] = bad == T(0) ? fx : nan;
       f[3 * i + 1] = bad == T(0) ? fy : nan;
       f[3 * i + 2] = bad == T(0) ? fz : nan;
-      total += static_cast<double>(u);
+      row_energy[i] = static_cast<double>(u);
     }
   }
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += row_energy[i];
   energy_out = 0.5 * total;
 }
 
