@@ -26,6 +26,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__AVX512F__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#endif
+
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -65,6 +69,86 @@ int64_t CellCoordinate(double u, int64_t g, bool periodic) {
   }
   return c < 0 ? 0 : (c >= g ? g - 1 : c);
 }
+
+// Appends to buf[count...] the slots s in [s0, s1) whose point (sx, sy, sz)[s] lies within
+// reach2 (squared) of (xa, ya, za), except `self`; returns the new count. With AVX-512 a
+// vector of candidates is tested at once and the hits packed with a register compress and
+// written with one full-width store (buf needs kSlack entries of room past the last hit;
+// on Zen 4 a compress straight to memory is microcoded and slow). NaN distances compare
+// false either way.
+constexpr int32_t kSlack = 16;
+
+template <typename T>
+int32_t AppendWithinScalar(const T* sx, const T* sy, const T* sz, int32_t s0, int32_t s1,
+                           T xa, T ya, T za, T reach2, int32_t self, int32_t* buf,
+                           int32_t count) {
+  for (int32_t s = s0; s < s1; ++s) {
+    const T dx = xa - sx[s], dy = ya - sy[s], dz = za - sz[s];
+    const T r2 = dx * dx + dy * dy + dz * dz;
+    buf[count] = s;                             // branch-free: kept only when within
+    count += (r2 < reach2) & (s != self);
+  }
+  return count;
+}
+
+template <typename T>
+int32_t AppendWithin(const T* sx, const T* sy, const T* sz, int32_t s0, int32_t s1, T xa,
+                     T ya, T za, T reach2, int32_t self, int32_t* buf, int32_t count) {
+  return AppendWithinScalar(sx, sy, sz, s0, s1, xa, ya, za, reach2, self, buf, count);
+}
+
+#if defined(__AVX512F__) && defined(__AVX512VL__)
+template <>
+int32_t AppendWithin<float>(const float* sx, const float* sy, const float* sz, int32_t s0,
+                            int32_t s1, float xa, float ya, float za, float reach2,
+                            int32_t self, int32_t* buf, int32_t count) {
+  const __m512 vx = _mm512_set1_ps(xa), vy = _mm512_set1_ps(ya), vz = _mm512_set1_ps(za);
+  const __m512 vr = _mm512_set1_ps(reach2);
+  const __m512i vself = _mm512_set1_epi32(self);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int32_t s = s0; s < s1; s += 16) {
+    const int32_t left = s1 - s;
+    const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
+    const __m512 dx = _mm512_sub_ps(vx, _mm512_maskz_loadu_ps(m, sx + s));
+    const __m512 dy = _mm512_sub_ps(vy, _mm512_maskz_loadu_ps(m, sy + s));
+    const __m512 dz = _mm512_sub_ps(vz, _mm512_maskz_loadu_ps(m, sz + s));
+    const __m512 r2 = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(dx, dx), _mm512_mul_ps(dy, dy)),
+                                    _mm512_mul_ps(dz, dz));
+    const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(s), lane);
+    const __mmask16 hit = _mm512_mask_cmp_ps_mask(m, r2, vr, _CMP_LT_OQ) &
+                          _mm512_cmpneq_epi32_mask(idx, vself);
+    _mm512_storeu_si512(buf + count, _mm512_maskz_compress_epi32(hit, idx));
+    count += _mm_popcnt_u32(hit);
+  }
+  return count;
+}
+
+template <>
+int32_t AppendWithin<double>(const double* sx, const double* sy, const double* sz, int32_t s0,
+                             int32_t s1, double xa, double ya, double za, double reach2,
+                             int32_t self, int32_t* buf, int32_t count) {
+  const __m512d vx = _mm512_set1_pd(xa), vy = _mm512_set1_pd(ya), vz = _mm512_set1_pd(za);
+  const __m512d vr = _mm512_set1_pd(reach2);
+  const __m256i vself = _mm256_set1_epi32(self);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int32_t s = s0; s < s1; s += 8) {
+    const int32_t left = s1 - s;
+    const __mmask8 m = left >= 8 ? __mmask8(0xFF) : __mmask8((1u << left) - 1u);
+    const __m512d dx = _mm512_sub_pd(vx, _mm512_maskz_loadu_pd(m, sx + s));
+    const __m512d dy = _mm512_sub_pd(vy, _mm512_maskz_loadu_pd(m, sy + s));
+    const __m512d dz = _mm512_sub_pd(vz, _mm512_maskz_loadu_pd(m, sz + s));
+    const __m512d r2 = _mm512_add_pd(_mm512_add_pd(_mm512_mul_pd(dx, dx), _mm512_mul_pd(dy, dy)),
+                                     _mm512_mul_pd(dz, dz));
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(s), lane);
+    const __mmask8 hit = _mm512_mask_cmp_pd_mask(m, r2, vr, _CMP_LT_OQ) &
+                         _mm256_cmpneq_epi32_mask(idx, vself);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf + count),
+                        _mm256_maskz_compress_epi32(hit, idx));
+    count += _mm_popcnt_u32(hit);
+  }
+  return count;
+}
+#endif
 
 }  // namespace
 
@@ -168,7 +252,7 @@ static ffi::Error Build(ffi::Buffer<DT> positions, ffi::Buffer<DT> geometry,
     const int64_t R = F;
 #pragma omp parallel reduction(max : max_count)
     {
-      std::vector<int32_t> found(n + 1);        // candidate slots within reach, per thread
+      std::vector<int32_t> found(n + kSlack);   // candidate slots within reach, per thread
 #pragma omp for schedule(dynamic, 64)
       for (int64_t si = 0; si < n; ++si) {      // particles in cell order: neighbouring
         const int64_t i = members[si];          // rows read the same cells
@@ -252,13 +336,9 @@ static ffi::Error Build(ffi::Buffer<DT> positions, ffi::Buffer<DT> geometry,
                   count += (r2 < reach2) & (s != self);   // false for NaN distances
                 }
               } else {
-                const T xa = xi + shift[0][a], ya = yi + shift[1][b], za = zi + shift[2][e];
-                for (int32_t s = s0; s < s1; ++s) {
-                  const T dx = xa - sx[s], dy = ya - sy[s], dz = za - sz[s];
-                  const T r2 = dx * dx + dy * dy + dz * dz;
-                  buf[count] = s;
-                  count += (r2 < reach2) & (s != self);
-                }
+                count = AppendWithin<T>(sx, sy, sz, s0, s1, xi + shift[0][a],
+                                        yi + shift[1][b], zi + shift[2][e], reach2, self, buf,
+                                        count);
               }
               e = f + 1;
             }
