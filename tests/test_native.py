@@ -189,10 +189,22 @@ _KERNEL_SCRIPT = textwrap.dedent("""
         forces, e = jax.jit(call)(x, np.asarray(c["masses"]), np.asarray(c["constants"]))
         return dict(forces=np.asarray(forces), energy=float(e))
 
+    def lj(c):
+        x = np.asarray(c["x"])
+        name = "simlib_lj_f32" if x.dtype == np.float32 else "simlib_lj_f64"
+        call = jax.ffi.ffi_call(name, (jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                       jax.ShapeDtypeStruct((), x.dtype)))
+        forces, e = jax.jit(lambda *a: call(*a, r_cut=c["r_cut"], shift=int(c["shift"]),
+                                            periodic=int(c["periodic"])))(
+            x, np.asarray(c["idx"], np.int32), np.asarray(c["sigma"], x.dtype),
+            np.asarray(c["epsilon"], x.dtype), np.asarray(c["box"], x.dtype))
+        return dict(forces=np.asarray(forces), energy=float(e))
+
+    kernels = dict(neighbors=neighbors, gravity=gravity, lj=lj)
     for name, c in cases.items():
         print("case", name, flush=True)           # the last one printed is the one that died
         try:
-            out[name] = (neighbors if c["kernel"] == "neighbors" else gravity)(c)
+            out[name] = kernels[c["kernel"]](c)
         except Exception as err:                  # an FFI error is fine; a crash is not
             out[name] = dict(error=f"{type(err).__name__}: {err}")
     pickle.dump(out, open(sys.argv[2], "wb"))
@@ -416,3 +428,269 @@ def test_blown_up_lennard_jones_run_does_not_crash_the_process():
                          text=True, timeout=900)
     assert run.returncode == 0, f"exit {run.returncode}\n{run.stderr[-3000:]}"
     assert "survived" in run.stdout
+
+
+# --- Lennard-Jones over a neighbour list ---------------------------------------------------
+
+def _numpy_lj(x, listed, r_cut, sigma, epsilon, shift, box=None):
+    """Energy and forces of the pairs ``listed[i, j]`` within ``r_cut`` (numpy, float64):
+    Lorentz-Berthelot for per-particle ``sigma``/``epsilon``, minimum image when ``box``.
+    As a masked sum: a pair's energy counts only inside the cutoff, its force term is
+    ``where(inside, c, 0) * d`` (so a NaN neighbour makes the force NaN, as in JAX)."""
+    x = np.asarray(x, np.float64)
+    n = len(x)
+    sig = np.broadcast_to(np.asarray(sigma, np.float64), (n,))
+    eps = np.broadcast_to(np.asarray(epsilon, np.float64), (n,))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        d = x[:, None, :] - x[None, :, :]
+        if box is not None:
+            d = d - box * np.round(d / box)
+        r2 = np.sum(d * d, axis=-1)
+        s_ij = 0.5 * (sig[:, None] + sig[None, :])
+        e_ij = np.sqrt(eps[:, None] * eps[None, :])
+        inside = listed & (r2 < r_cut**2)
+        s6 = (s_ij**2 / r2) ** 3
+        u = 4 * e_ij * (s6 * s6 - s6)
+        if shift:
+            c6 = (s_ij / r_cut) ** 6
+            u = u - 4 * e_ij * (c6 * c6 - c6)
+        c = 24 * e_ij * (2 * s6 * s6 - s6) / r2
+        energy = 0.5 * np.sum(np.where(inside, u, 0.0))
+        forces = np.sum(np.where(inside, c, 0.0)[:, :, None] * d, axis=1)
+    return energy, forces
+
+
+def _listed(idx, n):
+    """The ``(n, n)`` matrix of the pairs a neighbour index ``(n, capacity)`` lists."""
+    idx = np.asarray(idx)
+    listed = np.zeros((n, n + 1), bool)
+    listed[np.arange(n)[:, None], np.where((idx >= 0) & (idx < n), idx, n)] = True
+    return listed[:, :n]
+
+
+def _lj_system(dtype, periodic, mixed, cells=5):
+    """A perturbed fcc block (4 cells^3 atoms): in a periodic box, or the same atoms in free
+    space."""
+    x, box = sp.lattice(cells, 0.8442, dtype=dtype)
+    x = x + jnp.asarray(np.random.default_rng(7).normal(scale=0.08, size=x.shape), dtype)
+    space = sp.periodic(box) if periodic else sp.free()
+    n = x.shape[0]
+    if mixed:                                      # two species, mixed by Lorentz-Berthelot
+        kind = np.arange(n) % 3 == 0
+        params = dict(sigma=jnp.asarray(np.where(kind, 1.1, 0.95), dtype),
+                      epsilon=jnp.asarray(np.where(kind, 0.7, 1.2), dtype))
+    else:
+        params = dict(sigma=1.05, epsilon=0.9)
+    return x, box, space, params
+
+
+@native
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("periodic,shift,mixed", [(True, False, False), (True, True, True),
+                                                  (False, True, False), (False, False, True)])
+def test_native_lj_matches_numpy_and_pure_jax(dtype, periodic, shift, mixed):
+    x, box, space, params = _lj_system(dtype, periodic, mixed)
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5, shift=shift)
+    nbrs = sp.neighbor_list(space, x, r_cut=2.5, skin=0.3)
+    assert energy._native_lj(x, params, nbrs)
+    e_nat, f_nat = jax.jit(energy.energy_and_forces)(x, params, nbrs)
+    e_jax, f_jax = jax.jit(energy._energy_and_forces)(x, params, nbrs)
+    assert e_nat.dtype == f_nat.dtype == dtype
+    n = x.shape[0]
+    e_np, f_np = _numpy_lj(x, ~np.eye(n, dtype=bool), 2.5, params["sigma"], params["epsilon"],
+                           shift, box=float(box) if periodic else None)
+    tol = 2e-5 if dtype == jnp.float32 else 1e-11
+    scale = np.max(np.abs(f_np))
+    assert abs(float(e_nat) - e_np) < tol * abs(e_np)
+    assert np.max(np.abs(np.asarray(f_nat, np.float64) - f_np)) < tol * scale
+    assert np.max(np.abs(np.asarray(f_nat, np.float64) - np.asarray(f_jax, np.float64))) \
+        < tol * scale
+    assert abs(float(e_nat) - float(e_jax)) < tol * abs(e_np)
+
+
+@native
+def test_native_lj_is_used_only_where_it_gives_the_pure_result():
+    x, box, space, params = _lj_system(jnp.float32, True, False)
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
+    nbrs = sp.neighbor_list(space, x, r_cut=2.5, skin=0.3)
+    assert energy._native_lj(x, params, nbrs)
+    assert not energy._native_lj(x, params, None)                   # all pairs: pure JAX
+    if jax.config.jax_enable_x64:                                   # float64 params promote
+        assert not energy._native_lj(x, dict(sigma=jnp.float64(1.0), epsilon=1.0), nbrs)
+    table = dict(sigma=jnp.ones((2, 2)), epsilon=jnp.ones((2, 2)),
+                 species=jnp.zeros(x.shape[0], jnp.int32))
+    assert not energy._native_lj(x, table, nbrs)                    # species tables
+    other = sp.pair_energy(sp.wca, space, r_cut=2.5)
+    assert not other._native_lj(x, params, nbrs)
+    custom = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5,
+                            mixing=dict(sigma=lambda a, b: jnp.maximum(a, b)))
+    assert not custom._native_lj(x, params, nbrs)
+
+
+@native
+@pytest.mark.parametrize("periodic", [True, False])
+def test_native_lj_derivatives_equal_the_pure_jax_ones(periodic):
+    """custom_jvp: forward and reverse mode come from the pure-JAX kernel, and the gradient
+    of the native energy is minus the numpy forces."""
+    x, box, space, params = _lj_system(jnp.float64, periodic, True, cells=4)
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5, shift=True)
+    nbrs = sp.neighbor_list(space, x, r_cut=2.5, skin=0.3)
+
+    def loss(fn):
+        return lambda x, p: fn(x, p, nbrs)[0] + jnp.sum(jnp.sin(fn(x, p, nbrs)[1]))
+
+    # (sin of the forces: the loss's cotangents see the primal forces, which differ between
+    # the kernels by round-off, ~1e-13 of forces of order 1e3)
+    g_nat = jax.jit(jax.grad(loss(energy.energy_and_forces), argnums=(0, 1)))(x, params)
+    g_jax = jax.jit(jax.grad(loss(energy._energy_and_forces), argnums=(0, 1)))(x, params)
+    v = jnp.asarray(np.random.default_rng(1).normal(size=x.shape))
+    t_nat = jax.jvp(lambda x: energy.energy_and_forces(x, params, nbrs), (x,), (v,))
+    t_jax = jax.jvp(lambda x: energy._energy_and_forces(x, params, nbrs), (x,), (v,))
+    for a, b in zip(jax.tree_util.tree_leaves((g_nat, t_nat)),
+                    jax.tree_util.tree_leaves((g_jax, t_jax)), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9 * np.max(np.abs(b)))
+
+
+@native
+def test_native_lj_energy_gradient_is_minus_the_numpy_forces():
+    x, box, space, params = _lj_system(jnp.float64, True, True, cells=4)
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5, shift=True)
+    nbrs = sp.neighbor_list(space, x, r_cut=2.5, skin=0.3)
+    assert energy._native_lj(x, params, nbrs)
+    _, f_np = _numpy_lj(x, ~np.eye(x.shape[0], dtype=bool), 2.5, params["sigma"],
+                        params["epsilon"], True, box=float(box))
+    grad_e = jax.grad(lambda x: energy.energy_and_forces(x, params, nbrs)[0])(x)
+    np.testing.assert_allclose(-np.asarray(grad_e), f_np, atol=1e-10 * np.max(np.abs(f_np)))
+
+
+def _lj_case(x, dtype, idx, *, box=8.0, periodic=True, r_cut=2.5, shift=True, sigma=None,
+             epsilon=None):
+    x = np.asarray(x, dtype)
+    n = len(x)
+    return dict(kernel="lj", x=x, idx=np.asarray(idx, np.int32), r_cut=r_cut, shift=shift,
+                periodic=periodic, box=np.full(3, box if periodic else 0.0),
+                sigma=np.ones(1) if sigma is None else np.asarray(sigma),
+                epsilon=np.ones(1) if epsilon is None else np.asarray(epsilon),
+                n=n)
+
+
+@native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_native_lj_kernel_survives_extreme_inputs(tmp_path, dtype):
+    """Overlapping atoms, NaN/inf/huge positions and neighbour indices outside [0, n): no
+    crash; finite entries agree with numpy, non-finite ones are non-finite where numpy's
+    are; bad shapes are errors."""
+    rng = np.random.default_rng(3)
+    n = 40
+    x = rng.uniform(0, 8.0, (n, 3))
+    full = np.array([[j for j in range(n) if j != i] for i in range(n)])    # all pairs
+    overlap, nan_x, inf_x, huge_x = x.copy(), x.copy(), x.copy(), x.copy()
+    overlap[1] = overlap[0]
+    nan_x[4, 1] = np.nan
+    inf_x[5, 0] = np.inf
+    huge_x[6] = [1e30, -1e30, 1e30] if dtype == np.float64 else [1e18, -1e18, 1e18]
+    junk = full.copy()                          # indices outside [0, n) are skipped
+    junk[:, ::5] = np.array([-1, -7, n, n + 5, 2**31 - 1, -(2**31)])[
+        np.arange(n)[:, None] % 6 + np.zeros((1, junk[:, ::5].shape[1]), int)]
+    sig = np.linspace(0.9, 1.1, n)
+    cases = dict(
+        normal=_lj_case(x, dtype, full), overlap=_lj_case(overlap, dtype, full),
+        nan=_lj_case(nan_x, dtype, full), inf=_lj_case(inf_x, dtype, full),
+        huge_free=_lj_case(huge_x, dtype, full, periodic=False),
+        huge_periodic=_lj_case(huge_x, dtype, full),
+        junk_indices=_lj_case(x, dtype, junk),
+        mixed_nan=_lj_case(nan_x, dtype, full, sigma=sig, epsilon=sig[::-1]),
+        self_listed=_lj_case(x, dtype, np.arange(n)[:, None]),
+        n0=_lj_case(np.zeros((0, 3)), dtype, np.zeros((0, 4))),
+        capacity0=_lj_case(x, dtype, np.zeros((n, 0))),
+        sigma_too_short=_lj_case(x, dtype, full, sigma=sig[:-1], epsilon=sig[:-1]),
+        idx_wrong_rows=_lj_case(x, dtype, full[:-1]),
+        r_cut_nan=_lj_case(x, dtype, full, r_cut=float("nan")),
+    )
+    out = _run_kernels(tmp_path, cases)
+    assert "need sigma and epsilon" in out["sigma_too_short"].get("error", "")
+    assert "shape (n, capacity)" in out["idx_wrong_rows"].get("error", "")
+    assert "r_cut" in out["r_cut_nan"].get("error", "")
+    assert out["n0"]["forces"].shape == (0, 3) and out["n0"]["energy"] == 0.0
+    assert np.all(out["capacity0"]["forces"] == 0.0) and out["capacity0"]["energy"] == 0.0
+    # Overlapping atoms and an atom listed as its own neighbour: r = 0 is not hidden.
+    assert not np.isfinite(out["overlap"]["energy"])
+    assert not np.all(np.isfinite(out["overlap"]["forces"][:2]))
+    assert not np.isfinite(out["self_listed"]["energy"])
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    # huge_periodic: x - 1e30 rounds to -1e30, whose minimum image is 0, so atom 6 sits on
+    # every atom (r = 0): non-finite forces everywhere, as in numpy.
+    for name in ("normal", "overlap", "nan", "inf", "huge_free", "huge_periodic",
+                 "junk_indices", "mixed_nan"):
+        c = cases[name]
+        xc = np.asarray(c["x"], np.float64)
+        s, e = (c["sigma"], c["epsilon"]) if len(c["sigma"]) > 1 else (1.0, 1.0)
+        e_np, f_np = _numpy_lj(xc, _listed(c["idx"], n), 2.5, s, e, True,
+                               box=8.0 if c["periodic"] else None)
+        f = out[name]["forces"].astype(np.float64)
+        # The kernel marks whole rows: a force with a non-finite component in numpy is
+        # NaN in all three components here; every other row agrees with numpy.
+        ok = np.all(np.isfinite(f_np), axis=1)
+        np.testing.assert_array_equal(np.all(np.isfinite(f), axis=1), ok, err_msg=name)
+        assert not np.any(np.isfinite(f[~ok])), name
+        assert np.isfinite(out[name]["energy"]) == np.isfinite(e_np), name
+        scale = np.max(np.abs(f_np[ok]), initial=1.0)
+        assert np.max(np.abs(f[ok] - f_np[ok]), initial=0.0) <= tol * scale, name
+        if np.isfinite(e_np):
+            assert abs(out[name]["energy"] - e_np) <= tol * max(abs(e_np), 1.0), name
+
+
+_FALLBACK_SCRIPT = textwrap.dedent("""
+    import sys
+    import jax, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    from simlib import particles as sp
+    from simlib.particles import _native
+    x, box = sp.lattice(5, 0.8442)
+    x = x + np.random.default_rng(7).normal(scale=0.05, size=x.shape)
+    space = sp.periodic(box)
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5, shift=True)
+    nb = sp.neighbor_list(space, x, r_cut=2.5, skin=0.3)
+    sigma = np.where(np.arange(len(x)) % 2 == 0, 1.0, 0.9)
+    params = dict(sigma=sigma, epsilon=1.0)
+    e, f = energy.energy_and_forces(x, params, nb)
+    v = sp.maxwell_boltzmann(1.0, 1.0, key=jax.random.key(0), n=len(x))
+    traj = sp.simulate(energy, sp.State(x, v, 1.0), params, space=space, dt=0.002,
+                       n_steps=50, save_every=50, neighbors=nb)
+    np.savez(sys.argv[1], e=float(e), f=np.asarray(f), native=_native.load() is not None,
+             final=np.asarray(traj.final.positions), pe=np.asarray(traj.potential_energy))
+""")
+
+
+@native
+def test_native_lj_and_simulate_equal_the_simlib_native_0_fallback(tmp_path):
+    """The same energy, forces and 50-step trajectory with SIMLIB_NATIVE=1 and =0."""
+    out = {}
+    for flag in ("1", "0"):
+        path = tmp_path / f"native{flag}.npz"
+        run = subprocess.run([sys.executable, "-c", _FALLBACK_SCRIPT, str(path)],
+                             env=dict(os.environ, SIMLIB_NATIVE=flag), capture_output=True,
+                             text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        out[flag] = np.load(path)
+    assert bool(out["1"]["native"]) and not bool(out["0"]["native"])
+    a, b = out["1"], out["0"]
+    np.testing.assert_allclose(a["e"], b["e"], rtol=1e-12)
+    np.testing.assert_allclose(a["f"], b["f"], atol=1e-10 * np.max(np.abs(b["f"])))
+    np.testing.assert_allclose(a["final"], b["final"], atol=1e-9)
+    np.testing.assert_allclose(a["pe"], b["pe"], rtol=1e-10)
+
+
+@native
+def test_native_lj_results_are_bit_identical_between_calls():
+    """Rows go to threads dynamically; the energy is still summed in row order, so repeated
+    calls (a checkpointed run resumed) give the same bits."""
+    x, _, space, params = _lj_system(jnp.float64, True, False)
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
+    nbrs = sp.neighbor_list(space, x, r_cut=2.5, skin=0.3)
+    call = jax.jit(energy.energy_and_forces)
+    e0, f0 = call(x, params, nbrs)
+    for _ in range(20):
+        e, f = call(x, params, nbrs)
+        assert float(e) == float(e0)
+        np.testing.assert_array_equal(np.asarray(f), np.asarray(f0))

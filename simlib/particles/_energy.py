@@ -16,7 +16,9 @@ grows as ``n * tile`` rather than ``n**2``; each tile is recomputed in reverse m
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +26,8 @@ from jax import lax
 
 from . import _native
 from ._mixing import MIXING_RULES, PairParams
-from ._potentials import gravity, is_long_range
-from ._space import Space
+from ._potentials import gravity, is_long_range, lennard_jones
+from ._space import Space, free
 
 
 class Energy:
@@ -208,7 +210,33 @@ class PairEnergy(Energy):
             if _native.load() is not None:
                 return _gravity_native(positions, params, self)
             return _gravity_direct(self, positions, *_gravity_arguments(positions, params))
+        if self._native_lj(positions, params, neighbors):
+            return _lj_native(positions, params, neighbors, self)
         return self._energy_and_forces(positions, params, neighbors)
+
+    def _native_lj(self, positions, params, neighbors):
+        """Whether the native Lennard-Jones kernel over a neighbour list serves this call:
+        3D, float32/64, ``sigma`` and ``epsilon`` scalars or one per particle with the
+        default (Lorentz-Berthelot) mixing, and no parameter that promotes the dtype."""
+        if not (self.potential is lennard_jones and neighbors is not None
+                and self.r_cut is not None and positions.ndim == 2
+                and positions.shape[1] == 3
+                and positions.dtype in (jnp.float32, jnp.float64)
+                and getattr(neighbors.idx, "dtype", None) == jnp.int32
+                and isinstance(params, Mapping) and "sigma" in params
+                and "epsilon" in params
+                and self.rules["sigma"] is MIXING_RULES["sigma"]
+                and self.rules["epsilon"] is MIXING_RULES["epsilon"]):
+            return False
+        n = positions.shape[0]
+        values = (params["sigma"], params["epsilon"])
+        try:
+            shapes = [jnp.shape(v) for v in values]
+            promoted = jnp.result_type(positions.dtype, *values)
+        except TypeError:
+            return False
+        return (all(s in ((), (n,)) for s in shapes) and promoted == positions.dtype
+                and _native.load() is not None)
 
     def _direct_gravity(self, positions, params, neighbors):
         """Whether this call is plain direct-sum gravity, which the dedicated kernels serve
@@ -334,6 +362,66 @@ def _gravity_kernel_bwd(res, cotangent):
 
 
 _gravity_kernel.defvjp(_gravity_kernel_fwd, _gravity_kernel_bwd)
+
+
+class _Rows(NamedTuple):
+    """The part of a neighbour list the pair kernel reads."""
+
+    idx: jax.Array
+
+
+def _lj_native(positions, params, neighbors, energy: PairEnergy):
+    """Native Lennard-Jones over a neighbour list (``_native/lj.cc``); derivatives from
+    the pure-JAX kernel (``custom_jvp``, so forward and reverse mode both work)."""
+    dtype = positions.dtype
+    d = positions.shape[1]
+    box = (energy.space.box_vector(d, dtype) if energy.space.periodic
+           else jnp.zeros(d, dtype))
+    config = (energy.r_cut, energy.shift, energy.space.periodic, energy.tile)
+    return _lj_kernel(config, positions, neighbors.idx, jnp.asarray(params["sigma"], dtype),
+                      jnp.asarray(params["epsilon"], dtype), box)
+
+
+def _lj_pure(config, positions, idx, sigma, epsilon, box):
+    r_cut, shift, periodic, tile = config
+    space = Space(box, True) if periodic else free()
+    energy = PairEnergy(lennard_jones, space, r_cut, shift, None, tile)
+    return energy._energy_and_forces(positions, dict(sigma=sigma, epsilon=epsilon), _Rows(idx))
+
+
+def _lj_ffi(config, positions, idx, sigma, epsilon, box):
+    r_cut, shift, periodic, _ = config
+    n = positions.shape[0]
+    if sigma.ndim == 0 and epsilon.ndim == 0:      # the pair values, as PairParams mixes them
+        sigma = MIXING_RULES["sigma"](sigma, sigma)[None]
+        epsilon = MIXING_RULES["epsilon"](epsilon, epsilon)[None]
+    else:                                          # Lorentz-Berthelot in the kernel
+        sigma, epsilon = jnp.broadcast_to(sigma, (n,)), jnp.broadcast_to(epsilon, (n,))
+    name = "simlib_lj_f32" if positions.dtype == jnp.float32 else "simlib_lj_f64"
+    call = jax.ffi.ffi_call(
+        name, (jax.ShapeDtypeStruct(positions.shape, positions.dtype),
+               jax.ShapeDtypeStruct((), positions.dtype)), vmap_method="sequential")
+    forces, e = call(positions, idx, sigma, epsilon, box, r_cut=float(r_cut),
+                     shift=int(shift), periodic=int(periodic))
+    return e, forces
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _lj_kernel(config, positions, idx, sigma, epsilon, box):
+    return lax.platform_dependent(
+        positions, idx, sigma, epsilon, box,
+        cpu=lambda *a: _lj_ffi(config, *a),
+        default=lambda *a: _lj_pure(config, *a))
+
+
+@_lj_kernel.defjvp
+def _lj_kernel_jvp(config, primals, tangents):
+    positions, idx, sigma, epsilon, box = primals
+    tx, _, ts, te, tb = tangents
+    out = _lj_kernel(config, *primals)
+    _, t_out = jax.jvp(lambda x, s, e, b: _lj_pure(config, x, idx, s, e, b),
+                       (positions, sigma, epsilon, box), (tx, ts, te, tb))
+    return out, t_out
 
 
 def pair_energy(potential: Callable, space: Space, r_cut: float | None = None, *,

@@ -1,6 +1,7 @@
 """Optional native CPU kernels, compiled on first use and called through ``jax.ffi``.
 
-The C++ sources sit next to this file (direct-sum gravity, cell-list neighbour build). On
+The C++ sources sit next to this file (direct-sum gravity, cell-list neighbour build,
+Lennard-Jones forces over a neighbour list). On
 first use in a process, :func:`load` compiles them with the system's C++ compiler into a
 per-user cache, loads the library with ``ctypes`` and registers its XLA FFI targets for
 the CPU. If anything fails, :func:`load` returns ``None`` (once per process, with a
@@ -58,9 +59,9 @@ from pathlib import Path
 import jax
 import jaxlib
 
-_SOURCES = ("gravity.cc", "neighbors.cc")
+_SOURCES = ("gravity.cc", "neighbors.cc", "lj.cc")
 _TARGETS = ("simlib_gravity_f32", "simlib_gravity_f64", "simlib_neighbors_f32",
-            "simlib_neighbors_f64")
+            "simlib_neighbors_f64", "simlib_lj_f32", "simlib_lj_f64")
 _LIBRARY = "libsimlib_native.so"
 # Not -ffast-math: linking with it (or -Ofast, -funsafe-math-optimizations) pulls in
 # crtfastmath.o, which turns on flush-to-zero for the whole process when the library loads.
