@@ -48,11 +48,12 @@ from ._solve import (
 from ._solver._base import AbstractSolver, PyTree, VectorField
 from ._solver._sde import AbstractSDESolver
 from ._util import buffer, inside_trace, is_tracer, time_dtype, tree_where
+from .progress import bar as progress_bar
 
 __all__ = ["solve_ensemble"]
 
 _KEYWORDS = ("solver", "rtol", "atol", "dt", "args", "args_axes", "saveat", "max_steps",
-             "throw", "chunk_steps", "min_bucket")
+             "throw", "chunk_steps", "min_bucket", "progress")
 
 
 class _Member(NamedTuple):
@@ -221,6 +222,7 @@ def solve_ensemble(
     throw: bool = True,
     chunk_steps: int = 64,
     min_bucket: int = 64,
+    progress: bool = False,
     **unknown: Any,
 ) -> Solution:
     """An adaptive :func:`solve` of every member of an ensemble, finished members dropped
@@ -265,6 +267,8 @@ def solve_ensemble(
         chunk_steps: Step attempts per chunk (per member). Smaller chunks drop finished
             members sooner but pay a host round trip per chunk.
         min_bucket: The smallest bucket; fewer live members than this run in it padded.
+        progress: Show the members finished so far, updated between chunks (a tqdm bar
+            on a terminal, plain lines otherwise; see :mod:`simlib.progress`).
 
     Returns:
         A :class:`Solution` batched over the members, in their original order: what
@@ -419,23 +423,25 @@ def solve_ensemble(
     budget, limit = jnp.asarray(chunk_steps, jnp.int32), jnp.asarray(max_steps, jnp.int32)
     members, out = _init(plan, y0s, t0s, t1s, batched, shared, dt0, rtol_a, atol_a)
     slots = np.arange(n, dtype=np.int32)   # the original index of each bucket slot (n: pad)
-    while True:
-        members, live = _chunk(plan, members, shared, ts, rtol_a, atol_a, budget, limit)
-        live = np.asarray(live)
-        n_live = int(live.sum())
-        size = len(slots)
-        new_size = _bucket(n_live, size, min_bucket) if n_live else 0
-        if new_size == size:
-            continue
-        keep = np.flatnonzero(live)
-        if new_size:  # pad with finished members (they do nothing), dropped when written
-            keep = np.concatenate([keep, np.flatnonzero(~live)[:new_size - n_live]])
-        else:
-            keep = keep[:0]
-        out, members = _repack(plan, out, members, jnp.asarray(slots), jnp.asarray(keep))
-        if not new_size:
-            break
-        slots = np.where(np.arange(new_size) < n_live, slots[keep], n).astype(np.int32)
+    with progress_bar(progress, n, "solve_ensemble", unit="member") as shown:
+        while True:
+            members, live = _chunk(plan, members, shared, ts, rtol_a, atol_a, budget, limit)
+            live = np.asarray(live)
+            n_live = int(live.sum())
+            shown.set(n - n_live)
+            size = len(slots)
+            new_size = _bucket(n_live, size, min_bucket) if n_live else 0
+            if new_size == size:
+                continue
+            keep = np.flatnonzero(live)
+            if new_size:  # pad with finished members (they do nothing), dropped when written
+                keep = np.concatenate([keep, np.flatnonzero(~live)[:new_size - n_live]])
+            else:
+                keep = keep[:0]
+            out, members = _repack(plan, out, members, jnp.asarray(slots), jnp.asarray(keep))
+            if not new_size:
+                break
+            slots = np.where(np.arange(new_size) < n_live, slots[keep], n).astype(np.int32)
     sol = _finish(plan, bool(saveat.t0), max_steps, out, y0s, t0s, t1s, ts)
     if throw:
         codes = np.asarray(sol.result)

@@ -149,3 +149,19 @@ def test_sde_solve_progress_is_bit_identical_and_reports(brownian, plain):
     lines = plain.getvalue().splitlines()
     assert lines[-1].startswith("solve: 100%") and lines[-1].endswith("(done)")
     assert len(lines) >= 50
+
+
+def test_solve_ensemble_progress_counts_finished_members(plain):
+    """solve_ensemble(progress=True): the same bits as without, right against the closed
+    form y0 exp(-k t1), and a bar that counts members up to all of them."""
+    t1 = jnp.where(jnp.arange(8) == 5, 8.0, 1.0)
+    kw = dict(solver=sl.Tsit5(), rtol=1e-10, atol=1e-12, args=0.5, chunk_steps=8,
+              min_bucket=1)
+    quiet = sl.solve_ensemble(decay, jnp.ones((8, 1)), 0.0, t1, **kw)
+    shown = sl.solve_ensemble(decay, jnp.ones((8, 1)), 0.0, t1, progress=True, **kw)
+    assert _same(quiet, shown)
+    np.testing.assert_allclose(np.asarray(shown.ys[:, -1, 0]), np.exp(-0.5 * np.asarray(t1)),
+                               rtol=1e-8)
+    lines = plain.getvalue().splitlines()
+    assert lines[-1].startswith("solve_ensemble: 100%") and lines[-1].endswith("(done)")
+    assert "8/8 member" in lines[-1] and any("7/8 member" in ln for ln in lines)
