@@ -194,7 +194,9 @@ def published(name: str) -> np.ndarray:
 
 
 def e5_invariant(y) -> float:
-    """``y2 - y3 - y4`` of a float64 E5 state, summed exactly."""
+    """``y2 - y3 - y4`` of a float64 E5 state, summed exactly (nan if not finite)."""
+    if not np.all(np.isfinite(y)):
+        return float("nan")
     y1, y2, y3, y4 = (Fraction(float(v)) for v in np.asarray(y))
     return float(y2 - y3 - y4)
 
