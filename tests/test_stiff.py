@@ -284,3 +284,11 @@ def test_stiff_guide_runs_as_written():
                     atol=1e-16, args=(ROBERTSON_K,), jac=robertson_jac).y[:, -1]
     for r in runs:
         np.testing.assert_allclose(np.asarray(r.ys[-1]), ref, rtol=1e-6, atol=1e-13)
+    # the E5 block: the figures of its table against e5.f's published y2 + y3
+    total = 0.8867655517642120e-22 + 0.8854814626268838e-22
+    drifts, errors = {}, {}
+    for name, sol in ns["e5_runs"].items():
+        y = np.asarray(sol.ys[-1])
+        drifts[name], errors[name] = abs(y[1] - y[2] - y[3]), abs(y[1] + y[2] - total) / total
+    assert drifts["Rodas5"] <= 9.7e-25 and errors["Rodas5"] <= 1e-5
+    assert drifts["Rodas5P"] <= 2e-23 and errors["Rodas5P"] <= 2e-3
