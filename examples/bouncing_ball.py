@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         cli.save_result(args.out, dict(g=g, restitution=e, solver=args.solver,
                                        rtol=args.rtol), ts=ts, ys=ys, impact_times=got,
-                        closed_form=ref[:n])
+                        closed_form=ref[:n], quiet=args.quiet)
     if args.plot:
         import matplotlib
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         ax.set_ylabel("height [m]")
         ax.legend()
         fig.tight_layout()
-        cli.save_figure(fig, args.plot)
+        cli.save_figure(fig, args.plot, quiet=args.quiet)
     cli.summary(f"bouncing_ball: {n} bounces, {args.solver} rtol {args.rtol:g}, events",
                 compile_s=compile_s, run_s=run_s,
                 result=f"impact times vs closed form: max |error| {err:.1e} s")

@@ -20,6 +20,8 @@ from simlib import cli
 from simlib import particles as sp
 
 R_CUT = 2.5
+SKIN = 0.3  # of the neighbour list of the melting run
+DENSITY = 0.8  # atoms per sigma^3
 
 
 def numpy_lj_forces(x: np.ndarray, box: float, sigma: float, epsilon: float) -> np.ndarray:
@@ -38,18 +40,22 @@ def numpy_lj_forces(x: np.ndarray, box: float, sigma: float, epsilon: float) -> 
 def parse(argv):
     p = cli.ExampleParser(__doc__)
     p.add_argument("--cells", type=cli.positive_int, default=4,
-                   help="fcc cells per side (4 n^3 atoms; >= 3)")
+                   help="fcc cells per side (4 n^3 atoms); the box, cells x 1.71 sigma, must "
+                   f"be at least 2 (r_cut + skin) = {2 * (R_CUT + SKIN):g}")
     p.add_argument("--frames", type=cli.positive_int, default=4, help="configurations used")
     p.add_argument("--sigma", type=cli.positive_float, default=1.05, help="true sigma")
     p.add_argument("--epsilon", type=cli.positive_float, default=0.85, help="true epsilon")
     p.add_argument("--noise", type=cli.positive_float, default=0.05,
                    help="force noise, as a fraction of the force's RMS")
-    p.add_argument("--seed", type=int, default=0, help="PRNG seed")
+    p.add_argument("--seed", type=cli.seed, default=0, help="PRNG seed")
     p.add_argument("--steps", type=cli.positive_int, default=50, help="maximum L-BFGS steps")
     cli.add_output_options(p)
     args = p.parse_args(argv)
-    if args.cells < 3:
-        p.error(f"argument --cells: must be at least 3, got {args.cells}")
+    box = args.cells * (4.0 / DENSITY) ** (1.0 / 3.0) * args.sigma
+    if R_CUT + SKIN > box / 2:   # minimum images (simlib's and numpy_lj_forces') need this
+        p.error(f"argument --cells: the box, {box:.3f} for --cells {args.cells} and --sigma "
+                f"{args.sigma:g}, must be at least 2 (r_cut + skin) = {2 * (R_CUT + SKIN):g}; "
+                "use more --cells")
     return args
 
 
@@ -60,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
 
     jax.config.update("jax_enable_x64", True)
     key = jax.random.key(args.seed)
-    positions, box = sp.lattice(args.cells, 0.8, dtype=jnp.float64)
+    positions, box = sp.lattice(args.cells, DENSITY, dtype=jnp.float64)
     box_scaled = box * args.sigma
     positions = positions * args.sigma
     space = sp.periodic(box_scaled)
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     true = dict(sigma=args.sigma, epsilon=args.epsilon)
 
     # Liquid configurations: melt the lattice with Langevin dynamics at kT = 1.5 epsilon.
-    nbrs = sp.neighbor_list(space, positions, r_cut=R_CUT, skin=0.3)
+    nbrs = sp.neighbor_list(space, positions, r_cut=R_CUT, skin=SKIN)
     v = sp.maxwell_boltzmann(1.0, 1.5 * args.epsilon, key=key, n=len(positions))
     traj = sp.simulate(energy, sp.State(positions, v, 1.0), true, space=space, dt=0.004,
                        n_steps=200 * (args.frames + 1), save_every=200, neighbors=nbrs,
@@ -112,7 +118,8 @@ def main(argv: list[str] | None = None) -> None:
                         sigma_stderr=float(res.stderr["sigma"]),
                         epsilon_stderr=float(res.stderr["epsilon"]),
                         history=np.asarray(res.history), frames=np.asarray(frames),
-                        observed_forces=np.asarray(observed), box=float(box_scaled))
+                        observed_forces=np.asarray(observed), box=float(box_scaled),
+                        quiet=args.quiet)
     if args.plot:
         import matplotlib
 
@@ -129,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         axes[1].semilogy(np.asarray(res.history), lw=1)
         axes[1].set(xlabel="L-BFGS step", ylabel="loss (1 = noise level)", title="fit history")
         fig.tight_layout()
-        cli.save_figure(fig, args.plot)
+        cli.save_figure(fig, args.plot, quiet=args.quiet)
     cli.summary(f"fit_lj: {len(positions)} atoms x {args.frames} frames, L-BFGS",
                 compile_s=res.compile_time, run_s=res.run_time,
                 result=", ".join(f"{k} {float(res.params[k]):.5f}±{float(res.stderr[k]):.1e} "

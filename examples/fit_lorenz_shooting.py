@@ -33,7 +33,7 @@ def parse(argv):
                    help="observation interval")
     p.add_argument("--noise", type=cli.positive_float, default=0.1,
                    help="noise standard deviation")
-    p.add_argument("--seed", type=int, default=1, help="PRNG seed of the noise")
+    p.add_argument("--seed", type=cli.seed, default=1, help="PRNG seed of the noise")
     p.add_argument("--segment", type=cli.positive_float, default=0.5,
                    help="segment length for multiple shooting")
     p.add_argument("--guess", type=cli.positive_float, nargs=3, default=[8.0, 22.0, 2.0],
@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     guess = jnp.asarray(args.guess)
 
     results = {}
+    say = cli.printer(args.quiet)
     for label, k, steps in (("single shooting", 1, args.single_steps),
                             ("multiple shooting", segments, args.steps)):
         ms = multiple_shooting(lorenz, ts, obs, segments=k, sigma=args.noise,
@@ -79,18 +80,16 @@ def main(argv: list[str] | None = None) -> None:
                   progress=not args.quiet)
         results[label] = (ms, res)
         est = np.asarray(res.params["args"])
-        if args.quiet:
-            continue
-        print(f"{label} ({k} segment{'s' if k > 1 else ''} of {args.t1 / k:g} time units, "
-              f"{3 * (k + 1)} parameters): {res.message}")
-        print(f"  loss {res.history[0]:.4g} -> {res.loss:.5g} (weighted misfit; ~1 at the "
-              f"noise level); compile {res.compile_time:.1f} s, run {res.run_time:.1f} s")
+        say(f"{label} ({k} segment{'s' if k > 1 else ''} of {args.t1 / k:g} time units, "
+            f"{3 * (k + 1)} parameters): {res.message}")
+        say(f"  loss {res.history[0]:.4g} -> {res.loss:.5g} (weighted misfit; ~1 at the "
+            f"noise level); compile {res.compile_time:.1f} s, run {res.run_time:.1f} s")
         for name, t, g, e in zip(NAMES, TRUE, args.guess, est, strict=True):
-            print(f"  {name:5s} true {t:7.4f}  start {g:7.4f}  estimate {e:9.5f}  "
-                  f"error {(e - t) / t:+8.3%}")
-        if k > 1:
+            say(f"  {name:5s} true {t:7.4f}  start {g:7.4f}  estimate {e:9.5f}  "
+                f"error {(e - t) / t:+8.3%}")
+        if k > 1 and not args.quiet:
             gap = float(jnp.max(jnp.abs(ms.defects(res.params))))
-            print(f"  largest continuity defect {gap:.3g}")
+            say(f"  largest continuity defect {gap:.3g}")
 
     if args.out:
         ms, res = results["multiple shooting"]
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
                         ts=ts, observed=np.asarray(obs),
                         single=np.asarray(results["single shooting"][1].params["args"]),
                         multiple=np.asarray(res.params["args"]),
-                        segment_starts=np.asarray(res.params["y0s"]))
+                        segment_starts=np.asarray(res.params["y0s"]), quiet=args.quiet)
     if args.plot:
         import matplotlib
 
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
             axes[1, col].semilogy(res.history)
             axes[1, col].set(xlabel="L-BFGS step", ylabel="loss", title=f"{label}: loss")
         fig.tight_layout()
-        cli.save_figure(fig, args.plot)
+        cli.save_figure(fig, args.plot, quiet=args.quiet)
     single, multi = (results[k][1] for k in ("single shooting", "multiple shooting"))
     err = {k: float(np.max(np.abs(np.asarray(results[k][1].params["args"]) / TRUE - 1)))
            for k in results}

@@ -95,7 +95,7 @@ def parse(argv):
     p.add_argument("--noise", type=cli.positive_float, default=0.01,
                    help="relative noise level: of the synthetic data, and the observation "
                    "error assumed by the weighted fit")
-    p.add_argument("--seed", type=int, default=0, help="PRNG seed of the synthetic noise")
+    p.add_argument("--seed", type=cli.seed, default=0, help="PRNG seed of the synthetic noise")
     p.add_argument("--perturb", type=cli.positive_float, nargs=4, default=[1.25, 0.8, 0.75, 1.2],
                    metavar="F", help="initial guess as multiples of (1.5, 1, 3, 1)")
     p.add_argument("--optimizer", choices=["lm", "lbfgs", "adam"], default="lm",
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
                                        noise=args.noise, names=",".join(names)),
                         params=est, stderr=se, correlation=np.asarray(res.correlation),
                         history=np.asarray(res.history), ts=ts_np, observed=obs,
-                        fitted=np.asarray(predict(jnp.asarray(est))))
+                        fitted=np.asarray(predict(jnp.asarray(est))), quiet=args.quiet)
     if args.plot:
         import matplotlib
 
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         ax1.set(xlabel="optimiser step", ylabel="weighted MSE",
                 title=f"loss ({args.optimizer}); final {res.loss:.4g}")
         fig.tight_layout()
-        cli.save_figure(fig, args.plot)
+        cli.save_figure(fig, args.plot, quiet=args.quiet)
     fitted_txt = ", ".join(f"{n} {e:.4g}±{s:.2g}" for n, e, s in zip(names, est, se,
                                                                          strict=True))
     cli.summary(f"fit_lotka_volterra: {args.optimizer}, {source}", compile_s=res.compile_time,

@@ -33,7 +33,7 @@ def parse(argv):
     p.add_argument("--points", type=cli.positive_int, default=101,
                    help="number of angle readings (>= 3)")
     p.add_argument("--noise", type=cli.positive_float, default=0.01, help="angle noise [rad]")
-    p.add_argument("--seed", type=int, default=2, help="PRNG seed of the noise")
+    p.add_argument("--seed", type=cli.seed, default=2, help="PRNG seed of the noise")
     p.add_argument("--guess", type=cli.positive_float, nargs=2, default=[1.2, 0.4],
                    metavar=("L0", "GAMMA0"), help="initial guess")
     p.add_argument("--steps", type=cli.positive_int, default=3000, help="maximum adam steps")
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
                         L=float(res.params["L"]), gamma=float(res.params["gamma"]),
                         L_stderr=float(res.stderr["L"]),
                         gamma_stderr=float(res.stderr["gamma"]), ts=np.asarray(ts),
-                        observed=np.asarray(obs), history=np.asarray(res.history))
+                        observed=np.asarray(obs), history=np.asarray(res.history), quiet=args.quiet)
     if args.plot:
         import matplotlib
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         ax1.semilogy(res.history)
         ax1.set(xlabel="adam step", ylabel="weighted MSE", title="loss")
         fig.tight_layout()
-        cli.save_figure(fig, args.plot)
+        cli.save_figure(fig, args.plot, quiet=args.quiet)
     cli.summary(f"fit_pendulum: {args.points} angle readings, adam", compile_s=res.compile_time,
                 run_s=res.run_time,
                 result=f"L {float(res.params['L']):.4f}±{float(res.stderr['L']):.1e} m "

@@ -55,7 +55,7 @@ def parse(argv):
                    help="Plummer softening length (default 0 for figure8, 0.01 for plummer)")
     p.add_argument("--save-every", type=cli.positive_int, default=20,
                    help="steps between saved frames (must divide --steps)")
-    p.add_argument("--seed", type=int, default=0, help="PRNG seed for the Plummer sphere")
+    p.add_argument("--seed", type=cli.seed, default=0, help="PRNG seed for the Plummer sphere")
     cli.add_output_options(p, x64=True)
     args = p.parse_args(argv)
     for name, value in DEFAULTS[args.system].items():
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
                         trajectory=traj,
                         times=np.asarray(traj.times), positions=np.asarray(traj.positions),
                         velocities=np.asarray(traj.velocities), masses=np.asarray(m),
-                        total_energy=e)
+                        total_energy=e, quiet=args.quiet)
     if args.plot:
         import matplotlib
 
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         ax1.set(xlabel="t", ylabel="|E(t) - E(0)| / |E(0)|",
                 title=f"Energy error, velocity Verlet, dt = {args.dt}, {x.dtype}")
         fig.tight_layout()
-        cli.save_figure(fig, args.plot)
+        cli.save_figure(fig, args.plot, quiet=args.quiet)
     cli.summary(f"gravity: {args.system}, {n} bodies, {args.steps} velocity-Verlet steps, "
                 f"{x.dtype}", compile_s=compile_s, run_s=seconds,
                 result=f"max |dE/E| {rel.max():.1e}, momentum change "

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -61,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--brownian", choices=("tree", "steps"), default="tree",
                         help="how the noise is drawn: 'tree' (the same path whatever --dt) or "
                         "'steps' (one normal per step: faster, the path changes with --dt)")
-    parser.add_argument("--seed", type=cli.nonnegative_int, default=0, help="PRNG seed")
+    parser.add_argument("--seed", type=cli.seed, default=0, help="PRNG seed")
     cli.add_output_options(parser, x64=False)
     return parser
 
@@ -132,6 +131,7 @@ def run(opts) -> dict:
     compiled = jax.jit(segment).lower(key, x, args).compile()
     compile_s = time.perf_counter() - t
 
+    say = cli.printer(opts.quiet)
     first = np.full(opts.n, np.inf)
     shown_t, shown_x = [np.zeros(1)], [np.full((1, min(SHOWN, opts.n)), X0)]
     t = time.perf_counter()
@@ -149,9 +149,8 @@ def run(opts) -> dict:
         first[hit] = i * span + save_ts[np.argmax(over, axis=0)[hit]]
         shown_t.append(i * span + save_ts)
         shown_x.append(ys[:, :SHOWN])
-        if not opts.quiet:
-            print(f"segment {i + 1}/{n_seg}: t = {(i + 1) * span:.0f}, escaped "
-                  f"{int(np.isfinite(first).sum())}/{opts.n}", flush=True)
+        say(f"segment {i + 1}/{n_seg}: t = {(i + 1) * span:.0f}, escaped "
+            f"{int(np.isfinite(first).sum())}/{opts.n}", flush=True)
     run_s = time.perf_counter() - t
 
     escaped = np.isfinite(first)
@@ -203,8 +202,7 @@ def plot(res, opts, path):
     b.set_title(f"fitted rate {res['rate']:.3g} +- {res['se']:.2g}", fontsize=9)
     b.legend(fontsize=8)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    cli.save_figure(fig, path, dpi=110, quiet=opts.quiet)
     plt.close(fig)
 
 
@@ -218,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
                                        method=opts.method, x64=opts.x64),
                         escape_times=res["times"], rate=res["rate"], rate_se=res["se"],
                         k_kramers=res["k_kramers"], k_exact=res["k_exact"],
-                        t_max=res["t_max"], paths_t=res["paths_t"], paths_x=res["paths_x"])
+                        t_max=res["t_max"], paths_t=res["paths_t"], paths_x=res["paths_x"],
+                        quiet=opts.quiet)
     if opts.plot:
         plot(res, opts, opts.plot)
     z = (res["rate"] - res["k_exact"]) / res["se"]

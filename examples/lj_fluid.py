@@ -7,15 +7,22 @@ energy drift, mean temperature and pressure, neighbour-list statistics and the s
 plots the energies and g(r). Reduced Lennard-Jones units: lengths in sigma, energies in
 epsilon (k_B = 1, so kT too), time in tau = sigma sqrt(m / epsilon).
 
+With ``--checkpoint PATH`` the production run is checkpointed, with the options that
+shape it; ``--resume`` continues it (the file must exist and match the options: both are
+checked before the equilibration, which a resumed run repeats to rebuild its start state),
+``--resume-if-exists`` too, starting the run when there is no file yet (docs/cli.md).
+
     python examples/lj_fluid.py --n-cells 6 --steps 4000 --plot out/lj_fluid.png
     simlib run lj_fluid --x64 --out out/lj_fluid.npz
+    simlib run lj_fluid --steps 100000 --checkpoint out/lj.ckpt.npz            # Ctrl-C, then
+    simlib run lj_fluid --steps 100000 --checkpoint out/lj.ckpt.npz --resume   # goes on
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
+import sys
 import time
 
 import jax
@@ -65,21 +72,26 @@ def parse(argv):
                    help="steps between saved frames")
     p.add_argument("--debug", action="store_true",
                    help="check the neighbour list against all pairs at every step (slow)")
-    p.add_argument("--seed", type=int, default=0, help="PRNG seed")
-    p.add_argument("--checkpoint", metavar="PATH",
+    p.add_argument("--seed", type=cli.seed, default=0, help="PRNG seed")
+    p.add_argument("--checkpoint", type=cli.checkpoint_path, metavar="PATH",
                    help="write the production run's state to PATH (.npz) every "
                    "--checkpoint-every chunks, and on Ctrl-C or SIGTERM")
     p.add_argument("--checkpoint-every", type=cli.positive_int, default=1,
                    help="chunks (of up to 1,000 steps) between checkpoints")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the production run from --checkpoint when the file exists "
-                   "(the result is bit-identical to an uninterrupted run)")
+    resume = p.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_true",
+                        help="continue the production run from --checkpoint, which must exist "
+                        "and have been written with the same options (the result is "
+                        "bit-identical to an uninterrupted run)")
+    resume.add_argument("--resume-if-exists", action="store_true",
+                        help="--resume if the checkpoint exists, else start the run (saying "
+                        "so on stderr): for a job script that passes the same options to "
+                        "its first and every later submission")
     cli.add_output_options(p, x64=False)
     args = p.parse_args(argv)
-    if args.resume and not args.checkpoint:
-        p.error("argument --resume: needs --checkpoint PATH")
-    if args.checkpoint and not args.checkpoint.endswith(".npz"):
-        p.error(f"argument --checkpoint: must end in .npz, got {args.checkpoint}")
+    option = "--resume" if args.resume else "--resume-if-exists"
+    if (args.resume or args.resume_if_exists) and not args.checkpoint:
+        p.error(f"argument {option}: needs --checkpoint PATH")
     if args.n is not None:
         args.n_cells = math.ceil((args.n / 4) ** (1 / 3) - 1e-9)
     if args.equil_steps % args.save_every or args.steps % args.save_every:
@@ -89,12 +101,53 @@ def parse(argv):
     if args.r_cut + args.skin > box / 2:
         p.error(f"argument --r-cut: --r-cut + --skin = {args.r_cut + args.skin:g} exceeds half "
                 f"the box ({box / 2:.3f}); use more --n-cells")
-    return args
+    # The checkpoint is checked now, before the equilibration that leads up to it.
+    args.resumed_at = None  # the steps the resumed run had done
+    if args.resume or args.resume_if_exists:
+        try:
+            info = sp.checkpoint_info(args.checkpoint)
+        except FileNotFoundError:
+            if args.resume:  # a mistyped path must not restart a long run
+                p.error(f"argument --resume: no checkpoint at {args.checkpoint} (leave out "
+                        "--resume to start the run; a job script that passes the same options "
+                        "to every submission can use --resume-if-exists)")
+            print(f"{p.prog}: no checkpoint at {args.checkpoint}: starting the run from step 0 "
+                  "(--resume-if-exists)", file=sys.stderr, flush=True)
+        except sp.CheckpointError as err:
+            p.error(f"argument {option}: {err}")
+        else:
+            differs = settings_mismatch(info["metadata"], settings(args))
+            if differs:
+                p.error(f"argument {option}: the checkpoint {args.checkpoint} {differs}; "
+                        "resume with the options of the run that wrote it")
+            args.resumed_at = info["steps_done"]
+    return p, args
+
+
+RUN_OPTIONS = ("n_cells", "density", "kT", "gamma", "equil_steps", "steps", "dt", "r_cut",
+               "shift", "skin", "save_every", "debug", "seed", "x64")  # a resume must match
+
+
+def settings(args) -> dict:
+    """The options that shape the production run and the state it starts from, by name:
+    stored in the checkpoint, and checked before a resumed run repeats the equilibration."""
+    return {"example": "lj_fluid", **{"--" + k.replace("_", "-"): getattr(args, k)
+                                      for k in RUN_OPTIONS}}
+
+
+def settings_mismatch(saved: dict | None, now: dict) -> str | None:
+    """How the checkpoint's settings differ from this run's, in words, or ``None``."""
+    if not saved or saved.get("example") != now["example"]:
+        return "was not written by this example (it holds no lj_fluid settings)"
+    for key, value in now.items():
+        if saved.get(key) != value:
+            return f"was written with {key} {saved.get(key)}, this run has {key} {value}"
+    return None
 
 
 @cli.script
 def main(argv: list[str] | None = None) -> None:
-    args = parse(argv)
+    parser, args = parse(argv)
     say = cli.printer(args.quiet)
     if args.x64:
         jax.config.update("jax_enable_x64", True)
@@ -142,11 +195,28 @@ def main(argv: list[str] | None = None) -> None:
           f"(with compilation)")
 
     builds0 = int(nbrs.n_builds)
+    resumed = args.resumed_at is not None
+    steps_run = args.steps - (args.resumed_at or 0)  # a resumed run does only the rest
+    if resumed:
+        say(f"resuming the production run from {args.checkpoint} at step {args.resumed_at} "
+            f"of {args.steps}")
     start = time.perf_counter()
-    traj = sp.simulate(energy, state, params, n_steps=args.steps, neighbors=nbrs,
-                       chunk_steps=chunk, progress=not args.quiet, checkpoint=args.checkpoint,
-                       checkpoint_every=args.checkpoint_every,
-                       resume=args.resume and os.path.exists(args.checkpoint), **common)
+    try:
+        traj = sp.simulate(energy, state, params, n_steps=args.steps, neighbors=nbrs,
+                           chunk_steps=chunk, progress=not args.quiet,
+                           checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                           resume=resumed, checkpoint_metadata=settings(args)
+                           if args.checkpoint else None, **common)
+    except sp.CheckpointError as err:
+        option = "--resume" if args.resume else "--resume-if-exists"
+        if "start_state" not in str(err):
+            parser.error(f"argument {option}: {err}")
+        # The options matched (checked in parse), but the start state the equilibration made
+        # does not: another simlib or JAX version, or another machine's arithmetic.
+        parser.error(f"argument {option}: the checkpoint {args.checkpoint} started from "
+                     "another state than the equilibration made now with the same options "
+                     "(another simlib or JAX version, or another machine?); run without "
+                     f"{option} to start afresh")
     jax.block_until_ready(traj.positions)
     seconds = time.perf_counter() - start
 
@@ -202,8 +272,12 @@ def main(argv: list[str] | None = None) -> None:
           f"per rebuild), {int(traj.stats['n_reallocations'])} reallocations, capacity "
           f"{traj.neighbors.capacity}, most neighbours seen {int(traj.neighbors.max_neighbors)}"
           + (f", missed pairs {int(traj.neighbors.missed_pairs)}" if args.debug else ""))
-    say(f"  {seconds:.2f} s: {n * args.steps / seconds:,.0f} atom-steps/s "
-          f"({args.steps / seconds:,.0f} steps/s)")
+    if steps_run:
+        say(f"  {steps_run} steps in {seconds:.2f} s: {n * steps_run / seconds:,.0f} "
+            f"atom-steps/s ({steps_run / seconds:,.0f} steps/s)"
+            + (f"; steps 0-{args.resumed_at} came from the checkpoint" if resumed else ""))
+    else:
+        say(f"  no steps run: the checkpoint held the finished run ({seconds:.2f} s to load)")
 
     # g(r) from at most 50 frames of the production run.
     stride = max(1, len(traj.times) // 50)
@@ -219,7 +293,8 @@ def main(argv: list[str] | None = None) -> None:
                         trajectory=traj, box=space, times=times,
                         positions=np.asarray(traj.positions),
                         velocities=np.asarray(traj.velocities), total_energy=e_total,
-                        potential_energy=u_per_atom * n, pressure=p_frames, r=r, g=g)
+                        potential_energy=u_per_atom * n, pressure=p_frames, r=r, g=g,
+                        quiet=args.quiet)
     if args.plot:
         import matplotlib
 
@@ -244,12 +319,14 @@ def main(argv: list[str] | None = None) -> None:
         ax2.set(xlabel="r [σ]", ylabel="g(r)",
                 title=f"Radial distribution, density {args.density}, kT ~ {temps.mean():.3f}")
         fig.tight_layout()
-        cli.save_figure(fig, args.plot)
+        cli.save_figure(fig, args.plot, quiet=args.quiet)
     # the settling call compiled the chunk that production reuses: its time less the
     # production rate for its steps estimates the compile time
-    compile_s = max(0.0, settle_s - chunk * seconds / args.steps)
-    cli.summary(f"lj_fluid: {n} atoms, {args.equil_steps} Langevin + {args.steps} NVE steps, "
-                f"{traj.positions.dtype}", compile_s=compile_s, run_s=seconds,
+    compile_s = max(0.0, settle_s - chunk * seconds / steps_run) if steps_run else None
+    cli.summary(f"lj_fluid: {n} atoms, {args.equil_steps} Langevin + {args.steps} NVE steps"
+                + (f" ({steps_run} run now, resumed at step {args.resumed_at})"
+                   if resumed else "") + f", {traj.positions.dtype}",
+                compile_s=compile_s, run_s=seconds,
                 result=f"NVE energy drift max |dE|/N {drift_max:.1e}, kT {temps.mean():.3f}, "
                 f"P {p_frames.mean() + p_tail:.3f}")
 

@@ -33,7 +33,7 @@ def parse(argv):
     p.add_argument("--saves", type=cli.positive_int, default=3001, help="saved times")
     p.add_argument("--max-steps", type=cli.positive_int, default=100_000,
                    help="step budget per member")
-    p.add_argument("--seed", type=int, default=0, help="PRNG seed for the perturbations")
+    p.add_argument("--seed", type=cli.seed, default=0, help="PRNG seed for the perturbations")
     cli.add_output_options(p)
     args = p.parse_args(argv)
     if args.rtol >= 1:
@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         cli.save_result(args.out, dict(system="lorenz", solver="Tsit5", rtol=args.rtol,
                                        seed=args.seed, params=PARAMS),
-                        ts=ts, ys=ys, y0=np.asarray(y0s), num_steps=np.asarray(steps))
+                        ts=ts, ys=ys, y0=np.asarray(y0s), num_steps=np.asarray(steps),
+                        quiet=args.quiet)
     if args.plot:
         import matplotlib
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         ax1.set(xlabel="t", ylabel="max distance from member 0",
                 title="Separation of nearby trajectories (chaos)")
         fig.tight_layout()
-        cli.save_figure(fig, args.plot)
+        cli.save_figure(fig, args.plot, quiet=args.quiet)
     cli.summary(f"lorenz: {args.members} members, Tsit5 rtol {args.rtol:g}, t1 = {args.t1:g}",
                 compile_s=compile_s, run_s=run_s,
                 result=f"{int(steps.min())}-{int(steps.max())} steps per member; members "

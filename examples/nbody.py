@@ -33,7 +33,7 @@ def parse(argv):
                    help="Plummer softening length")
     p.add_argument("--save-every", type=cli.positive_int, default=20,
                    help="steps between saved frames (must divide --steps)")
-    p.add_argument("--seed", type=int, default=0, help="PRNG seed of the Plummer sphere")
+    p.add_argument("--seed", type=cli.seed, default=0, help="PRNG seed of the Plummer sphere")
     cli.add_output_options(p, x64=True)
     args = p.parse_args(argv)
     if args.n < 2:
@@ -80,22 +80,21 @@ def main(argv: list[str] | None = None) -> None:
     virial = 2 * kin / np.abs(pot)
     radii = lagrangian_radii(xs, mm)
     t = np.asarray(traj.times)
-    if not args.quiet:
-        print(f"Plummer sphere: {args.n} bodies, softening {args.softening:g}, {x.dtype}; "
-              f"{args.steps} steps of dt = {args.dt:g} (t = {args.steps * args.dt:g})")
-        print(f"  energy E0 = {e[0]:.8f}; relative error max {rel.max():.2e}, "
-              f"final {rel[-1]:.2e}")
-        print(f"  momentum change {np.abs(p_tot - p_tot[0]).max():.1e}, angular momentum "
-              f"change {np.abs(ang - ang[0]).max():.1e}")
-        print(f"  2K/|U| {virial[0]:.3f} -> {virial[-1]:.3f}; half-mass radius "
-              f"{radii[0, 1]:.3f} -> {radii[-1, 1]:.3f}")
+    say = cli.printer(args.quiet)
+    say(f"Plummer sphere: {args.n} bodies, softening {args.softening:g}, {x.dtype}; "
+        f"{args.steps} steps of dt = {args.dt:g} (t = {args.steps * args.dt:g})")
+    say(f"  energy E0 = {e[0]:.8f}; relative error max {rel.max():.2e}, final {rel[-1]:.2e}")
+    say(f"  momentum change {np.abs(p_tot - p_tot[0]).max():.1e}, angular momentum "
+        f"change {np.abs(ang - ang[0]).max():.1e}")
+    say(f"  2K/|U| {virial[0]:.3f} -> {virial[-1]:.3f}; half-mass radius "
+        f"{radii[0, 1]:.3f} -> {radii[-1, 1]:.3f}")
     if args.out:
         cli.save_result(args.out, dict(system="plummer", n=args.n, G=1.0, dt=args.dt,
                                        softening=args.softening, seed=args.seed,
                                        integrator="VelocityVerlet", x64=args.x64),
                         trajectory=traj,
                         times=t, positions=xs, velocities=np.asarray(traj.velocities),
-                        masses=mm, kinetic_energy=kin, potential_energy=pot)
+                        masses=mm, kinetic_energy=kin, potential_energy=pot, quiet=args.quiet)
     if args.plot:
         import matplotlib
 
@@ -121,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         axes[2].set(xlabel="t [(a³/GM)^½]", ylabel="|E(t) - E(0)| / |E(0)|",
                     title=f"Energy error, velocity Verlet, dt = {args.dt:g}")
         fig.tight_layout()
-        cli.save_figure(fig, args.plot)
+        cli.save_figure(fig, args.plot, quiet=args.quiet)
     cli.summary(f"nbody: Plummer, {args.n} bodies, {args.steps} velocity-Verlet steps, "
                 f"{x.dtype}", compile_s=compile_s, run_s=run_s,
                 result=f"max |dE/E| {rel.max():.1e}, 2K/|U| {virial[-1]:.3f}, "

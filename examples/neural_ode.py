@@ -82,7 +82,7 @@ def parse(argv):
     p.add_argument("--dt", type=cli.positive_float, default=0.05, help="RK4 step")
     p.add_argument("--every", type=cli.positive_int, default=2,
                    help="observe every this many steps")
-    p.add_argument("--seed", type=int, default=0, help="PRNG seed of the initial weights")
+    p.add_argument("--seed", type=cli.seed, default=0, help="PRNG seed of the initial weights")
     cli.add_output_options(p)
     args = p.parse_args(argv)
     if not args.t_train < args.t_end:
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     n_train, n_end = args.n_train, args.n_end
     jax.config.update("jax_enable_x64", True)
-    say = (lambda *a: None) if args.quiet else print
+    say = cli.printer(args.quiet)
     y0_all = np.concatenate([Y0S, Y0_HELD_OUT])  # training trajectories first
     n_fit = len(Y0S)
     # the observation times stay numpy (concrete): solve then knows its save grid statically
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         params, state, value = update(params, state, y0, data, horizon)
         history.append(value)
         if not args.quiet and (step + 1) % max(1, args.steps // 10) == 0:
-            print(f"  step {step + 1:6d}  loss {float(value):.3e}")
+            say(f"  step {step + 1:6d}  loss {float(value):.3e}")
     history = np.asarray(jax.device_get(history), dtype=float)
     train_s = time.perf_counter() - start
 
@@ -171,15 +171,15 @@ def main(argv: list[str] | None = None) -> None:
     regions = {f"fitted, inside [0, {args.t_train:g}]": (inside, slice(0, n_fit)),
                f"fitted, outside ({args.t_train:g}, {args.t_end:g}]": (outside, slice(0, n_fit)),
                f"held out, [0, {args.t_end:g}]": (slice(None), slice(n_fit, None))}
-    print(f"trained {args.steps} adam steps in {train_s:.1f} s ({args.steps / train_s:.0f} "
-          f"steps/s) + {compile_s:.1f} s compile; loss {history[0]:.3e} -> {history[-1]:.3e}")
-    print("scaled RMS error against the true system (Dopri8, rtol 1e-12):")
-    print(f"  {'trajectories, times':34s} {'untrained':>10s} {'trained':>10s} {'improvement':>12s}")
+    say(f"trained {args.steps} adam steps in {train_s:.1f} s ({args.steps / train_s:.0f} "
+        f"steps/s) + {compile_s:.1f} s compile; loss {history[0]:.3e} -> {history[-1]:.3e}")
+    say("scaled RMS error against the true system (Dopri8, rtol 1e-12):")
+    say(f"  {'trajectories, times':34s} {'untrained':>10s} {'trained':>10s} {'improvement':>12s}")
     summary_errors = []
     for name, (times, rows) in regions.items():
         e0, e1 = rms(pred0, times, rows), rms(pred, times, rows)
         summary_errors.append((name.split(" [")[0].split(" (")[0].rstrip(","), e1))
-        print(f"  {name:34s} {e0:10.3e} {e1:10.3e} {e0 / e1:11.0f}x")
+        say(f"  {name:34s} {e0:10.3e} {e1:10.3e} {e0 / e1:11.0f}x")
 
     if args.out:
         cli.save_result(args.out, dict(model="mlp", width=args.width, seed=args.seed),
@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> None:
                         truth=truth, trained=pred, untrained=pred0, history=history,
                         centre=CENTRE, scale=SCALE,
                         **{f"w{i}": np.asarray(w) for i, (w, _) in enumerate(params)},
-                        **{f"b{i}": np.asarray(b) for i, (_, b) in enumerate(params)})
+                        **{f"b{i}": np.asarray(b) for i, (_, b) in enumerate(params)},
+                        quiet=args.quiet)
     if args.plot:
         import matplotlib
 
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         ax2.semilogy(np.arange(1, len(history) + 1), history)
         ax2.set(xlabel="adam step", ylabel="loss (scaled MSE)", title="loss history")
         fig.tight_layout()
-        cli.save_figure(fig, args.plot)
+        cli.save_figure(fig, args.plot, quiet=args.quiet)
     cli.summary(f"neural_ode: MLP width {args.width}, {args.steps} adam steps through RK4",
                 compile_s=compile_s, run_s=train_s,
                 result=f"loss {history[0]:.2e} -> {history[-1]:.2e}; scaled RMS error "

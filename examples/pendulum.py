@@ -104,16 +104,15 @@ def main(argv: list[str] | None = None) -> None:
     omegas = ys[: args.n, :, 1]
     distinct = np.array([len(np.unique(np.round(w, 3))) for w in omegas])
     n_chaotic = int(np.sum(distinct > 16))
-    if not args.quiet:
-        for label, lo, hi in (("period 1", 1, 1), ("period 2", 2, 2), ("period 3-16", 3, 16)):
-            print(f"{label:12s} {int(np.sum((distinct >= lo) & (distinct <= hi))):5d} "
-                  "amplitudes")
-        print(f"{'chaotic':12s} {n_chaotic:5d} amplitudes (more than 16 distinct points)")
+    say = cli.printer(args.quiet)
+    for label, lo, hi in (("period 1", 1, 1), ("period 2", 2, 2), ("period 3-16", 3, 16)):
+        say(f"{label:12s} {int(np.sum((distinct >= lo) & (distinct <= hi))):5d} amplitudes")
+    say(f"{'chaotic':12s} {n_chaotic:5d} amplitudes (more than 16 distinct points)")
     if args.out:
         cli.save_result(args.out, dict(system="damped_driven_pendulum", gamma=GAMMA,
                                        Omega=OMEGA, dt=dt, solver="RK4"),
                         amplitudes=amplitudes[: args.n], strobe_times=strobe,
-                        poincare=ys[: args.n], portrait_t=fine, portrait=portrait)
+                        poincare=ys[: args.n], portrait_t=fine, portrait=portrait, quiet=args.quiet)
     if args.plot:
         import matplotlib
 
@@ -143,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         fig.suptitle(r"$\ddot\theta = -\sin\theta - \gamma\dot\theta + A\cos\Omega t$, "
                      rf"$\gamma$ = {GAMMA}, $\Omega$ = 2/3, RK4 dt = T/{args.steps_per_period}")
         fig.tight_layout()
-        cli.save_figure(fig, args.plot)
+        cli.save_figure(fig, args.plot, quiet=args.quiet)
     cli.summary(f"pendulum: {args.n} amplitudes in [{args.a_min:g}, {args.a_max:g}], RK4 "
                 f"{total * args.steps_per_period} steps each", compile_s=compile_s,
                 run_s=run_s, result=f"{n_chaotic} chaotic; A = {args.check_amplitude:g} vs "

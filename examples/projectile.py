@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         cli.save_result(args.out, dict(drag=args.drag, dt=args.dt, g=G),
                         speed=speed, angle=angle, target=np.asarray(target),
-                        simlib_miss=miss, scipy_hit=hit)
+                        simlib_miss=miss, scipy_hit=hit, quiet=args.quiet)
     if args.plot:
         import matplotlib
 
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                title=f"speed {speed:.3f} m/s, angle {np.degrees(angle):.3f} deg, k = {args.drag}/m")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        cli.save_figure(fig, args.plot)
+        cli.save_figure(fig, args.plot, quiet=args.quiet)
     cli.summary(f"projectile: aim at {args.distance:g} m in {args.time:g} s, k = {args.drag:g}/m, "
                 "L-BFGS through RK4", compile_s=res.compile_time, run_s=res.run_time,
                 result=f"{speed:.4f} m/s at {np.degrees(angle):.4f} deg; miss flown by scipy "

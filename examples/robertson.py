@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         "(|y - ref| / (atol + rtol |ref|))")
     if args.out:
         cli.save_result(args.out, dict(system="robertson", solver=args.solver, rtol=args.rtol,
-                                       atol=atol, result=int(result)), ts=ts, ys=ys)
+                                       atol=atol, result=int(result)), ts=ts, ys=ys,
+                                       quiet=args.quiet)
     if args.plot:
         import matplotlib
 
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                title=f"Robertson's kinetics ({args.solver}, rtol {args.rtol:g})")
         ax.legend()
         fig.tight_layout()
-        cli.save_figure(fig, args.plot)
+        cli.save_figure(fig, args.plot, quiet=args.quiet)
     if int(result) != 0:
         prog = cli._prog or os.path.basename(sys.argv[0])
         print(f"{prog}: error: the solve failed: {sl.Result(int(result)).name} "

@@ -37,6 +37,7 @@ from typing import Any
 __all__ = [
     "ExampleParser",
     "add_output_options",
+    "checkpoint_path",
     "finite_float",
     "main",
     "nonnegative_float",
@@ -48,6 +49,7 @@ __all__ = [
     "save_figure",
     "save_result",
     "script",
+    "seed",
     "summary",
     "timed",
 ]
@@ -55,6 +57,8 @@ __all__ = [
 RESULT_SUFFIXES = (".npz", ".h5", ".hdf5")
 _prog: str | None = None  # "simlib run NAME" while `simlib run` runs an example
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
+SEED_MAX = 2**32 - 1  # jax.random.key keeps 32 bits: 2**32 would be the same key as 0
+_unwritten: list[Path] = []  # outputs written elsewhere in this run (the run exits 1)
 
 
 # --------------------------------------------------------------------------------------
@@ -117,10 +121,22 @@ def nonnegative_int(text: str) -> int:
     return value
 
 
-def _path_with_suffix(suffixes: tuple[str, ...], what: str) -> Callable[[str], Path]:
+def seed(text: str) -> int:
+    """A PRNG seed: an integer in [0, 2**32 - 1] (``jax.random.key`` keeps 32 bits, so a
+    larger one would silently be the same key as a smaller one, or overflow)."""
+    value = _number(int, text)
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be in [0, {SEED_MAX}], got {text}")
+    return value
+
+
+def _path_with_suffix(suffixes: tuple[str, ...] | None, what: str) -> Callable[[str], Path]:
+    """An argument type for an output file: its extension and folder checked at once
+    (no side effects); :meth:`ExampleParser.parse_args` then tries to create it."""
+
     def check(text: str) -> Path:
         path = Path(text)
-        if path.suffix.lower() not in suffixes:
+        if suffixes is not None and path.suffix.lower() not in suffixes:
             raise argparse.ArgumentTypeError(
                 f"{what} must end in {', '.join(suffixes)}, got {text!r}")
         if path.is_dir():
@@ -137,11 +153,28 @@ def _path_with_suffix(suffixes: tuple[str, ...], what: str) -> Callable[[str], P
         return path
 
     check.__name__ = what.replace(" ", "_")
+    check.is_output = True  # created and removed again by ExampleParser.parse_args
     return check
 
 
 result_path = _path_with_suffix(RESULT_SUFFIXES, "the result file")
 figure_path = _path_with_suffix(FIGURE_SUFFIXES, "the figure")
+checkpoint_path = _path_with_suffix((".npz",), "the checkpoint")
+checkpoint_path.__doc__ = ("The type of a ``--checkpoint PATH`` option: a ``.npz`` file that "
+                           "can be written (tried before any work).")
+output_path = _path_with_suffix(None, "the output")
+
+
+def _check_writable(path: Path) -> str | None:
+    """Why ``path`` cannot be written, or ``None``: a temporary file beside it (and any
+    missing folders above it) is created and removed again, as the final write will do."""
+    from .particles._checkpoint import check_writable
+
+    try:
+        check_writable(path)
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
 
 
 # --------------------------------------------------------------------------------------
@@ -169,8 +202,19 @@ class ExampleParser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
-    def parse_args(self, args=None, namespace=None):  # noqa: D102 - argparse's
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, then every output file (an option whose type is an output path:
+        ``--out``, ``--plot``, ``--checkpoint``) is tried before any work: a temporary file
+        beside it is created and removed, so a place that cannot be written ends the run
+        now, in one line, rather than after the work."""
         ns = super().parse_args(args, namespace)
+        for action in self._actions:
+            value = getattr(ns, action.dest, None)
+            if getattr(action.type, "is_output", False) and value is not None:
+                why = _check_writable(Path(value))
+                if why is not None:
+                    self.error(f"argument {'/'.join(action.option_strings)}: cannot write "
+                               f"{str(value)!r}: {why}")
         if getattr(ns, "distributed", False):
             # before any JAX work: jax.distributed must start before the backend does
             from ._distributed import init_distributed
@@ -225,7 +269,8 @@ def _one_line(err: BaseException) -> str:
 
 def script(main_fn: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate an example's ``main(argv)``: a failed solve becomes one line on stderr and
-    exit status 1 (``SystemExit(1)``), Ctrl-C exit status 130, instead of a traceback."""
+    exit status 1 (``SystemExit(1)``), Ctrl-C exit status 130, instead of a traceback; a
+    run whose output had to be written elsewhere (:func:`save_result`) exits with 1."""
 
     @functools.wraps(main_fn)
     def wrapped(argv: Sequence[str] | None = None):
@@ -233,7 +278,7 @@ def script(main_fn: Callable[..., Any]) -> Callable[..., Any]:
 
         from simlib import SolverError
 
-        prog = _prog or (Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "example")
+        prog = _program()
         # a SolverError raised in a callback under jit is logged by JAX with its traceback
         # before it is re-raised: the one-line message below is enough
         callback_logs = [logging.getLogger(n) for n in ("jax._src.debugging",
@@ -241,8 +286,12 @@ def script(main_fn: Callable[..., Any]) -> Callable[..., Any]:
         levels = [log.level for log in callback_logs]
         for log in callback_logs:
             log.setLevel(logging.CRITICAL)
+        _unwritten.clear()
         try:
-            return main_fn(argv)
+            status = main_fn(argv)
+            if _unwritten:  # the run finished, but an output went elsewhere: say it failed
+                raise SystemExit(1)
+            return status
         except SolverError as err:
             print(f"{prog}: error: {_one_line(err)}", file=sys.stderr)
             raise SystemExit(1) from None
@@ -297,49 +346,86 @@ def summary(what: str, *, compile_s: float | None = None, run_s: float | None = 
     return line
 
 
+def _program() -> str:
+    return _prog or (Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "example")
+
+
+def _write(path: Path, save: Callable[[Path], Any], what: str, quiet: bool) -> Path:
+    """``save(path)``; if that fails (a folder made read-only during the run, a full disk),
+    ``save`` into a new temporary folder instead, say so in one line on stderr and return
+    that path: a finished run is never lost to its output. :func:`script` then exits 1."""
+    try:
+        save(path)
+    except OSError as err:
+        why = f"{_program()}: error: cannot write {path} ({err.strerror or err})"
+        _unwritten.append(path)
+        try:
+            elsewhere = Path(tempfile.mkdtemp(prefix="simlib-unwritten-")) / path.name
+            save(elsewhere)
+        except OSError as again:
+            print(f"{why}, nor {what} in a temporary folder ({again.strerror or again})",
+                  file=sys.stderr, flush=True)
+            return path
+        print(f"{why}; {what} is in {elsewhere} instead", file=sys.stderr, flush=True)
+        return elsewhere
+    if not quiet:
+        print(f"wrote {path}")
+    return path
+
+
 def save_result(path: str | os.PathLike, meta: dict | None = None, *, trajectory=None,
-                box=None, **arrays: Any) -> Path:
+                box=None, quiet: bool = False, **arrays: Any) -> Path:
     """Write an example's result to ``path``, with ``meta`` (scalar metadata).
 
     ``.npz``: the named ``arrays`` (numpy.savez), metadata as ``meta_*`` entries.
     ``.h5``: with ``trajectory`` (a particle trajectory) an H5MD file written by
     :func:`simlib.io.save` (readable by MDAnalysis and OVITO; ``box``: the periodic space);
     otherwise the arrays as HDF5 datasets, metadata as attributes. Parent folders are
-    created.
+    created, and the file is written to a temporary file beside it, then renamed. Prints
+    ``wrote PATH`` unless ``quiet``. If ``path`` cannot be written, the result goes to a
+    temporary folder instead, named in an error line (and :func:`script` exits 1).
+    Returns the path written.
     """
     import numpy as np
 
+    from .particles._checkpoint import atomic_write
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(meta or {})
     if trajectory is not None and path.suffix.lower() in (".h5", ".h5md"):
         from . import io
 
-        io.save(path, trajectory, metadata=meta, box=box)
-        print(f"wrote {path}")
-        return path
+        return _write(path, lambda p: io.save(p, trajectory, metadata=meta, box=box),
+                      "the result", quiet)
     data = {k: np.asarray(v) for k, v in arrays.items()}
-    if path.suffix.lower() == ".npz":
-        np.savez(path, **data, **{f"meta_{k}": np.asarray(v) for k, v in meta.items()})
-    else:
-        import h5py
 
-        with h5py.File(path, "w") as f:
-            for k, v in data.items():
-                f.create_dataset(k, data=v)
-            for k, v in meta.items():
-                f.attrs[k] = v
-    print(f"wrote {path}")
-    return path
+    def write(tmp):
+        if path.suffix.lower() == ".npz":
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **data, **{f"meta_{k}": np.asarray(v) for k, v in meta.items()})
+        else:
+            import h5py
+
+            with h5py.File(tmp, "w") as f:
+                for k, v in data.items():
+                    f.create_dataset(k, data=v)
+                for k, v in meta.items():
+                    f.attrs[k] = v
+
+    return _write(path, lambda p: atomic_write(p, write), "the result", quiet)
 
 
-def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> Path:
-    """Save a matplotlib figure (format from the extension), creating parent folders."""
+def save_figure(fig, path: str | os.PathLike, dpi: int = 120, *, quiet: bool = False) -> Path:
+    """Save a matplotlib figure (format from the extension), creating parent folders;
+    written and renamed like :func:`save_result`, with the same fallback if ``path``
+    cannot be written. Prints ``wrote PATH`` unless ``quiet``."""
+    from .particles._checkpoint import atomic_write
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    print(f"wrote {path}")
-    return path
+    fmt = path.suffix.lower().lstrip(".")
+    return _write(path, lambda p: atomic_write(p, lambda tmp: fig.savefig(tmp, dpi=dpi,
+                                                                          format=fmt)),
+                  "the figure", quiet)
 
 
 # --------------------------------------------------------------------------------------
@@ -369,7 +455,8 @@ def _clone_root() -> Path | None:
 
 
 def list_examples() -> dict[str, str]:
-    """``{name: first line of its docstring}`` for every example, read without importing."""
+    """``{name: its summary}`` for every example, read without importing: the docstring's
+    first paragraph on one line (a summary wrapped over two lines is not cut)."""
     found = examples_dir()
     if found is None:
         return {}
@@ -381,7 +468,7 @@ def list_examples() -> dict[str, str]:
             doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
         except SyntaxError:
             doc = ""
-        out[path.stem] = doc.strip().splitlines()[0] if doc.strip() else ""
+        out[path.stem] = " ".join(doc.strip().split("\n\n")[0].split())
     return out
 
 
@@ -536,7 +623,7 @@ def _cmd_validate(argv: list[str]) -> int:
                         help="the fast CI subset; report in a temporary folder unless --output")
     parser.add_argument("--parts", default=None, help="comma-separated parts (default: all, "
                         "or the quick subset with --quick)")
-    parser.add_argument("--output", default=None, metavar="PATH",
+    parser.add_argument("--output", type=output_path, default=None, metavar="PATH",
                         help="report path (figures next to it); default validation/report.md, "
                         "or a temporary folder with --quick")
     opts = parser.parse_args(argv)
@@ -561,7 +648,7 @@ def _cmd_validate(argv: list[str]) -> int:
     vrun.PARTS.update({k: _Recorder(k, m) for k, m in original.items()})
     forwarded = (["--quick"] if opts.quick else []) + (
         ["--parts", opts.parts] if opts.parts else []) + (
-        ["--output", opts.output] if opts.output else [])
+        ["--output", str(opts.output)] if opts.output else [])
     try:
         status = vrun.main(forwarded)
     finally:

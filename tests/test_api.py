@@ -196,7 +196,7 @@ PARTICLES_PUBLIC = [
     "lattice", "lennard_jones", "maxwell_boltzmann", "mean_square_displacement", "minimize",
     "missing_pairs", "morse", "neighbor_list", "pair_energy", "periodic", "plummer", "pressure",
     "radial_distribution", "reallocate", "simulate", "temperature", "total_momentum", "wca",
-    "ShardedEnergy", "sharded",
+    "ShardedEnergy", "sharded", "CheckpointError", "checkpoint_info",
 ]
 
 

@@ -163,3 +163,36 @@ def test_killed_subprocess_resumes_bit_identically(reference, tmp_path, sig):
     done = _header(path)["done"]
     assert 0 < done < 24
     _same(run(checkpoint=path, resume=True), reference)
+
+
+def test_metadata_is_stored_checked_and_read_without_running(tmp_path):
+    """checkpoint_metadata rides in the signature: checkpoint_info reads it (and the
+    progress) from the header alone; a resume with other metadata names the key."""
+    path = tmp_path / "run.npz"
+    meta = {"seed": 3, "kT": 0.722, "equilibration": [200, "Langevin"]}
+    run(n_steps=40, checkpoint=path, checkpoint_metadata=meta)
+    info = sp.checkpoint_info(path)
+    assert info["metadata"] == meta and info["signature"]["metadata"] == meta
+    assert (info["steps_done"], info["n_steps"], info["finished"], info["result"]) == \
+        (40, 40, True, 0)
+    run(n_steps=40, checkpoint=path, resume=True, checkpoint_metadata=meta)  # matches
+    with pytest.raises(sp.CheckpointError, match=r"its metadata\['seed'\] is 3, this call "
+                                                 r"has 4"):
+        run(n_steps=40, checkpoint=path, resume=True, checkpoint_metadata={**meta, "seed": 4})
+    with pytest.raises(sp.CheckpointError, match="its metadata is"):
+        run(n_steps=40, checkpoint=path, resume=True)  # the metadata left out
+    with pytest.raises(TypeError, match="checkpoint_metadata must hold JSON values"):
+        run(n_steps=40, checkpoint=path, checkpoint_metadata={"kT": float("nan")})
+    with pytest.raises(ValueError, match="checkpoint_metadata needs checkpoint=PATH"):
+        run(n_steps=40, checkpoint_metadata=meta)
+
+
+def test_checkpoint_info_refuses_what_is_not_a_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        sp.checkpoint_info(tmp_path / "none.npz")
+    (tmp_path / "bad.npz").write_bytes(b"not a zip file")
+    with pytest.raises(sp.CheckpointError, match="cannot be read"):
+        sp.checkpoint_info(tmp_path / "bad.npz")
+    np.savez(tmp_path / "other.npz", x=np.zeros(3))
+    with pytest.raises(sp.CheckpointError, match="is not a simulate"):
+        sp.checkpoint_info(tmp_path / "other.npz")

@@ -14,6 +14,7 @@ Example:
     (11, 256, 3)
 """
 
+from ._checkpoint import CheckpointError, checkpoint_info
 from ._dynamics import NVE, Integrator, Langevin, State
 from ._energy import BondEnergy, Energy, PairEnergy, bond_energy, forces, pair_energy
 from ._initial import lattice, maxwell_boltzmann, plummer
@@ -38,6 +39,7 @@ __all__ = [
     "MIXING_RULES",
     "NVE",
     "BondEnergy",
+    "CheckpointError",
     "Energy",
     "Integrator",
     "Langevin",
@@ -50,6 +52,7 @@ __all__ = [
     "Trajectory",
     "angular_momentum",
     "bond_energy",
+    "checkpoint_info",
     "coulomb",
     "forces",
     "free",

@@ -5,8 +5,10 @@ A checkpoint holds what the host loop needs to go on exactly where it stopped: t
 the step counter), the frames saved so far, the failure record and the reallocation count.
 The PRNG key does not change during a run (step ``k`` draws from ``fold_in(key, k)``), so
 it is part of the signature that the resuming call must match, with ``n_steps``, ``dt``,
-the shapes, the integrator and its parameters, the energy's parameters and the start
-state. Files are written to a temporary file in the same directory, then renamed.
+the shapes, the integrator and its parameters, the energy's parameters, the start state
+and the caller's own ``checkpoint_metadata`` (how the start state was made, which
+simulate cannot see). :func:`checkpoint_info` reads a checkpoint's header without running.
+Files are written to a temporary file in the same directory, then renamed.
 """
 
 from __future__ import annotations
@@ -32,12 +34,19 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read (truncated, corrupt) or does not fit the run."""
 
 
+def _temporary(path: Path) -> str:
+    """A new empty file beside ``path`` (``.NAME.XXXXXXXX.tmp``), for writing then renaming."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return tmp
+
+
 def atomic_write(path: Path, write) -> None:
     """``write(tmp)`` to a temporary file beside ``path``, flushed to disk, then renamed onto
     ``path``: a reader (or a resumed run) sees the old file or the new one, never half."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = _temporary(path)
     try:
         write(tmp)
         with open(tmp, "rb+") as fh:
@@ -47,6 +56,24 @@ def atomic_write(path: Path, write) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def check_writable(path) -> None:
+    """Raise the ``OSError`` that :func:`atomic_write` would meet at ``path``, without
+    writing it: the missing parent folders and a temporary file beside ``path`` are created
+    and removed again. For a long run, to find an unwritable output before the work."""
+    path = Path(path).absolute()
+    created = []
+    try:
+        for folder in reversed(path.parents):
+            if not folder.exists():
+                folder.mkdir()
+                created.append(folder)
+        os.unlink(_temporary(path))
+    finally:
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def digest(tree) -> str:
@@ -65,6 +92,99 @@ def _nbr_static(nbrs) -> dict | None:
     if nbrs is None:
         return None
     return {k: list(v) if isinstance(v, tuple) else v for k, v in nbrs._static().items()}
+
+
+_OPAQUE = ("integrator_parameters", "key", "params", "space", "start_state")  # digests
+
+
+def mismatch(old: dict, new: dict) -> str | None:
+    """The first entry of the signature ``new`` that the checkpoint's ``old`` does not
+    match, in words (``"its n_steps is 40, this call has 60"``); ``None`` if all match."""
+    for name in [*new, *(["metadata"] if "metadata" in old else [])]:
+        was, now = old.get(name), new.get(name)
+        if was == now:
+            continue
+        if name == "metadata" and isinstance(was, dict) and isinstance(now, dict):
+            for key in sorted({*was, *now}):
+                if key not in was or key not in now or was[key] != now[key]:
+                    return (f"its metadata[{key!r}] is {was.get(key, 'absent')!r}, this call "
+                            f"has {now.get(key, 'absent')!r}")
+        if name in _OPAQUE:
+            return f"its {name} is different values from this call's"
+        return f"its {name} is {was!r}, this call has {now!r}"
+    return None
+
+
+def as_metadata(metadata) -> dict:
+    """``checkpoint_metadata`` as stored: a dict of JSON values (checked: a value that JSON
+    cannot hold, or NaN, which never equals itself, is refused with a ``TypeError``)."""
+    if not isinstance(metadata, dict):
+        raise TypeError(f"simulate: checkpoint_metadata must be a dict of JSON values, got "
+                        f"{type(metadata).__name__}")
+    try:
+        return json.loads(json.dumps(metadata, allow_nan=False))
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"simulate: checkpoint_metadata must hold JSON values (str, int, "
+                        f"finite float, bool, None, lists, dicts): {err}") from None
+
+
+def read_header(path) -> dict:
+    """The header of the checkpoint at ``path``, read without its arrays.
+
+    Raises:
+        FileNotFoundError: there is no file at ``path``.
+        CheckpointError: the file cannot be read (truncated, corrupt) or is not a
+            :func:`simulate` checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            text = str(data["__checkpoint__"]) if "__checkpoint__" in data.files else None
+    except Exception as err:  # noqa: BLE001 - any reader failure is a bad file
+        raise CheckpointError(f"the checkpoint {path} cannot be read (truncated or "
+                              f"corrupt?): {type(err).__name__}: {err}") from None
+    try:
+        header = json.loads(text) if text is not None else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a simulate() checkpoint")
+    return header
+
+
+def checkpoint_info(path: str | os.PathLike) -> dict:
+    """What the :func:`simulate` checkpoint at ``path`` holds, read without its arrays and
+    without running anything: to check a checkpoint before the work that resumes it.
+
+    Returns:
+        A dict: ``n_steps`` (of the whole run), ``steps_done`` (so far), ``finished``
+        (``steps_done == n_steps``, or the run failed), ``result`` (the run's
+        :class:`~simlib.Result` code so far, 0 while it succeeds), ``metadata`` (the
+        ``checkpoint_metadata`` it was written with, or ``None``), ``signature`` (every
+        argument a resuming call must match: ``n_steps``, ``save_every``,
+        ``chunk_steps``, ``dt``, ``shape``, ``dtype``, the integrator, digests of the
+        parameters, key, space and start state, the metadata) and ``jax_version``.
+
+    Raises:
+        FileNotFoundError: there is no file at ``path``.
+        CheckpointError: the file cannot be read (truncated, corrupt) or is not a
+            :func:`simulate` checkpoint.
+
+    Example:
+        >>> info = sp.checkpoint_info("out/lj.ckpt.npz")  # doctest: +SKIP
+        >>> info["steps_done"], info["n_steps"], info["metadata"]  # doctest: +SKIP
+        (2000, 4000, {'seed': 0})
+    """
+    header = read_header(path)
+    signature = header["signature"]
+    done = int(header["done"]) * int(signature["save_every"])
+    code = int(header["code"])
+    return dict(n_steps=int(signature["n_steps"]), steps_done=done,
+                finished=done >= int(signature["n_steps"]) or code != 0, result=code,
+                metadata=signature.get("metadata"), signature=signature,
+                jax_version=header.get("jax_version"))
 
 
 class Checkpoint:
@@ -95,25 +215,22 @@ class Checkpoint:
         """``(carry, done, pieces, code, failed_at, failed_atom, reallocations)``, the carry
         rebuilt on ``carry0``'s structure (with the list's size from the file)."""
         try:
+            header = read_header(self.path)
+        except CheckpointError as err:
+            raise CheckpointError(f"simulate: {err}") from None
+        try:
             with np.load(self.path, allow_pickle=False) as data:
-                header = json.loads(str(data["__checkpoint__"]))
                 arrays = {k: data[k] for k in data.files if k != "__checkpoint__"}
         except Exception as err:  # noqa: BLE001 - any reader failure is a bad file
             raise CheckpointError(f"simulate: the checkpoint {self.path} cannot be read "
                                   f"(truncated or corrupt?): {type(err).__name__}: {err}"
                                   ) from None
-        if header.get("format") != FORMAT:
-            raise CheckpointError(f"simulate: {self.path} is not a simulate() checkpoint")
-        old, new = header["signature"], self.signature
-        for name in new:
-            if old.get(name) != new[name]:
-                what = (f"{old.get(name)!r}, this call has {new[name]!r}"
-                        if name not in ("integrator_parameters", "key", "params", "space",
-                                        "start_state") else "different values from this call's")
-                raise ValueError(
-                    f"simulate: the checkpoint {self.path} does not match this call: its "
-                    f"{name} is {what}. Resume with the arguments of the run that wrote it, "
-                    f"or start afresh (resume=False overwrites the file)")
+        differs = mismatch(header["signature"], self.signature)
+        if differs:
+            raise CheckpointError(
+                f"simulate: the checkpoint {self.path} does not match this call: {differs}. "
+                "Resume with the arguments of the run that wrote it, or start afresh "
+                "(resume=False overwrites the file)")
         template = carry0
         if header["neighbors"] is not None:
             static = {k: tuple(v) if isinstance(v, list) else v

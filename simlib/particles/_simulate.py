@@ -370,7 +370,8 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
              neighbors: NeighborList | None = None, key=None, throw: bool = True,
              progress: bool = False, adjoint: AbstractAdjoint | None = None,
              chunk_steps: int = 2000, checkpoint: str | os.PathLike | None = None,
-             checkpoint_every: int = 1, resume: bool = False) -> Trajectory:
+             checkpoint_every: int = 1, resume: bool = False,
+             checkpoint_metadata: dict | None = None) -> Trajectory:
     """Integrate particle dynamics for ``n_steps`` steps of size ``dt``.
 
     Args:
@@ -434,7 +435,12 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
     writes the checkpoint and raises ``KeyboardInterrupt`` (SIGINT)
     or ends the process by SIGTERM. ``resume=True`` continues from ``PATH`` with the same
     arguments (checked: steps, ``dt``, shapes, integrator, key, parameters, start state)
-    to a trajectory bit-identical to an uninterrupted run.
+    to a trajectory bit-identical to an uninterrupted run. ``checkpoint_metadata``, a dict
+    of JSON values, is stored with it and checked on resume like the arguments: what the
+    run depends on but this call cannot see (how the start state was made: an
+    equilibration's seed and settings). :func:`checkpoint_info` reads it back, and the
+    run's progress, without running: a program can check a checkpoint before redoing the
+    work that leads up to the resumed call.
 
     Example:
         >>> import jax
@@ -457,6 +463,9 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
                          f"{checkpoint_every!r}")
     if resume and checkpoint is None:
         raise ValueError("simulate: resume=True needs checkpoint=PATH (the file to resume from)")
+    if checkpoint_metadata is not None and checkpoint is None:
+        raise ValueError("simulate: checkpoint_metadata needs checkpoint=PATH (it is stored "
+                         "in the checkpoint)")
     if resume and not os.path.exists(checkpoint):
         raise FileNotFoundError(f"simulate: resume=True but there is no checkpoint at "
                                 f"{checkpoint}")
@@ -480,9 +489,11 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
                                 save_every, neighbors, adjoint, throw)
     ckpt = None
     if checkpoint is not None:
-        ckpt = _checkpoint.Checkpoint(checkpoint, int(checkpoint_every), resume, _signature(
-            model, integrator, state, masses, params, dt, key, n_frames, save_every,
-            neighbors, chunk_steps))
+        signature = _signature(model, integrator, state, masses, params, dt, key, n_frames,
+                               save_every, neighbors, chunk_steps)
+        if checkpoint_metadata is not None:
+            signature["metadata"] = _checkpoint.as_metadata(checkpoint_metadata)
+        ckpt = _checkpoint.Checkpoint(checkpoint, int(checkpoint_every), resume, signature)
     return _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frames,
                              save_every, neighbors, adjoint, throw, progress, chunk_steps,
                              ckpt)
