@@ -3,7 +3,9 @@
 Built and loaded like every simlib native library (:mod:`simlib._native`); ``load()``
 returns ``None`` (with a warning) where they cannot be built, and the callers then use
 their pure-JAX or host paths. Every FFI call takes a leading batch (``vmap`` passes the
-whole batch to one call, ``vmap_method="broadcast_all"``); the kernels loop over it.
+whole batch to one call, ``vmap_method="expand_dims"``: unbatched operands such as the
+pattern keep a batch of one, and factors shared by a batch of right-hand sides are not
+copied); the kernels loop over it.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def band_lu_native(band, lower: int, upper: int):
         (jax.ShapeDtypeStruct(band.shape, band.dtype),
          jax.ShapeDtypeStruct((*band.shape[:-2], n, lower), band.dtype),
          jax.ShapeDtypeStruct((*band.shape[:-2], n), jnp.int32)),
-        vmap_method="broadcast_all")
+        vmap_method="expand_dims")
     u, mult, piv = call(band, jnp.asarray([lower], jnp.int32))
     return BandLU(u, mult, piv)
 
@@ -72,7 +74,7 @@ def band_solve_native(lu, b, transpose: bool):
     b = b.astype(u.dtype)
     call = jax.ffi.ffi_call(f"simlib_band_solve_{_suffix(u.dtype)}",
                             jax.ShapeDtypeStruct(b.shape, b.dtype),
-                            vmap_method="broadcast_all")
+                            vmap_method="expand_dims")
     return call(u, mult, piv, b, jnp.asarray([lower, int(transpose)], jnp.int32))
 
 
@@ -83,7 +85,7 @@ def sparse_lu_native(values, fp, fi, diag):
         f"simlib_sparse_lu_{_suffix(values.dtype)}",
         (jax.ShapeDtypeStruct(values.shape, values.dtype),
          jax.ShapeDtypeStruct(values.shape[:-1], jnp.int32)),
-        vmap_method="broadcast_all")
+        vmap_method="expand_dims")
     return call(values, fp, fi, diag)
 
 
@@ -92,7 +94,7 @@ def sparse_solve_native(lu, fp, fi, diag, b, transpose: bool):
     b = b.astype(lu.dtype)
     call = jax.ffi.ffi_call(f"simlib_sparse_solve_{_suffix(lu.dtype)}",
                             jax.ShapeDtypeStruct(b.shape, b.dtype),
-                            vmap_method="broadcast_all")
+                            vmap_method="expand_dims")
     return call(lu, fp, fi, diag, b, jnp.asarray([int(transpose)], jnp.int32))
 
 

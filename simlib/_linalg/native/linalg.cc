@@ -141,12 +141,16 @@ ffi::Error BandSolveHandler(ffi::Buffer<DT> u, ffi::Buffer<DT> mult, ffi::Buffer
   const int64_t n = dims[dims.size() - 2], w = dims[dims.size() - 1];
   const int64_t lower = flags.typed_data()[0];
   const bool transpose = flags.typed_data()[1] != 0;
-  const int64_t batch = n * w == 0 ? 0 : static_cast<int64_t>(u.element_count()) / (n * w);
-  if (lower < 0 || lower >= w || b.element_count() != static_cast<size_t>(batch * n) ||
+  // the factors are batched like b, or shared by every right-hand side (a batch of one)
+  const int64_t ub = n * w == 0 ? 0 : static_cast<int64_t>(u.element_count()) / (n * w);
+  const int64_t batch = n == 0 ? 0 : static_cast<int64_t>(b.element_count()) / n;
+  if (lower < 0 || lower >= w || (ub != batch && ub != 1) ||
+      b.element_count() != static_cast<size_t>(batch * n) ||
       x->element_count() != static_cast<size_t>(batch * n) ||
-      mult.element_count() != static_cast<size_t>(batch * n * lower) ||
-      piv.element_count() != static_cast<size_t>(batch * n))
+      mult.element_count() != static_cast<size_t>(ub * n * lower) ||
+      piv.element_count() != static_cast<size_t>(ub * n))
     return ffi::Error::InvalidArgument("simlib_band_solve: shapes");
+  const int64_t us = ub == 1 ? 0 : 1;
   const int32_t* pv = piv.typed_data();
   for (size_t i = 0; i < piv.element_count(); ++i)
     if (pv[i] < 0 || pv[i] > lower)
@@ -154,8 +158,8 @@ ffi::Error BandSolveHandler(ffi::Buffer<DT> u, ffi::Buffer<DT> mult, ffi::Buffer
   try {
 #pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
     for (int64_t k = 0; k < batch; ++k)
-      BandSolve<T>(u.typed_data() + k * n * w, mult.typed_data() + k * n * lower,
-                   pv + k * n, b.typed_data() + k * n, n, lower, w, transpose,
+      BandSolve<T>(u.typed_data() + us * k * n * w, mult.typed_data() + us * k * n * lower,
+                   pv + us * k * n, b.typed_data() + k * n, n, lower, w, transpose,
                    x->typed_data() + k * n);
   } catch (const std::exception& err) {
     return ffi::Error(ffi::ErrorCode::kResourceExhausted, err.what());
@@ -277,15 +281,18 @@ ffi::Error SparseSolveHandler(ffi::Buffer<DT> lu, ffi::Buffer<ffi::S32> fp,
   if (fp.element_count() != static_cast<size_t>(n + 1) || nnz == 0 || n == 0 ||
       lu.element_count() % nnz != 0 || flags.element_count() < 1)
     return ffi::Error::InvalidArgument("simlib_sparse_solve: shapes");
-  const int64_t batch = static_cast<int64_t>(lu.element_count()) / nnz;
-  if (b.element_count() != static_cast<size_t>(batch * n) || x->element_count() != b.element_count())
+  const int64_t lb = static_cast<int64_t>(lu.element_count()) / nnz;
+  const int64_t batch = static_cast<int64_t>(b.element_count()) / n;
+  if ((lb != batch && lb != 1) || b.element_count() != static_cast<size_t>(batch * n) ||
+      x->element_count() != b.element_count())
     return ffi::Error::InvalidArgument("simlib_sparse_solve: b shape");
+  const int64_t ls = lb == 1 ? 0 : 1;  // factors shared by every right-hand side
   ffi::Error check = CheckPattern(fp.typed_data(), fi.typed_data(), diag.typed_data(), n, nnz);
   if (check.failure()) return check;
   const bool transpose = flags.typed_data()[0] != 0;
 #pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
   for (int64_t k = 0; k < batch; ++k)
-    SparseSolve<T>(lu.typed_data() + k * nnz, fp.typed_data(), fi.typed_data(),
+    SparseSolve<T>(lu.typed_data() + ls * k * nnz, fp.typed_data(), fi.typed_data(),
                    diag.typed_data(), n, b.typed_data() + k * n, transpose,
                    x->typed_data() + k * n);
   return ffi::Error::Success();
