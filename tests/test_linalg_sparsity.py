@@ -83,7 +83,8 @@ def brusselator_2d(t, v, n=6):
     u, w = v.reshape(2, n, n)
 
     def lap(a):
-        return jnp.roll(a, 1, 0) + jnp.roll(a, -1, 0) + jnp.roll(a, 1, 1) + jnp.roll(a, -1, 1) - 4 * a
+        return (jnp.roll(a, 1, 0) + jnp.roll(a, -1, 0) + jnp.roll(a, 1, 1)
+                + jnp.roll(a, -1, 1) - 4 * a)
 
     return jnp.stack([1 + u * u * w - 4.4 * u + 0.1 * lap(u),
                       3.4 * u - u * u * w + 0.1 * lap(w)]).ravel()
