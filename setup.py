@@ -12,5 +12,6 @@ setup(
     packages=[*find_packages(include=["simlib", "simlib.*"]), "simlib.examples",
               "simlib.examples.data"],
     package_dir={"simlib.examples": "examples", "simlib.examples.data": "examples/data"},
-    package_data={"simlib.particles._native": ["*.cc"], "simlib.examples.data": ["*.csv"]},
+    package_data={"simlib.particles._native": ["*.cc"], "simlib._linalg": ["native/*.cc"],
+                  "simlib.examples.data": ["*.csv"]},
 )

@@ -1,0 +1,120 @@
+"""The native linear-algebra kernels (``native/linalg.cc``) and their JAX wrappers.
+
+Built and loaded like every simlib native library (:mod:`simlib._native`); ``load()``
+returns ``None`` (with a warning) where they cannot be built, and the callers then use
+their pure-JAX or host paths. Every FFI call takes a leading batch (``vmap`` passes the
+whole batch to one call, ``vmap_method="expand_dims"``: unbatched operands such as the
+pattern keep a batch of one, and factors shared by a batch of right-hand sides are not
+copied); the kernels loop over it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._native import NativeLibrary
+
+_LIBRARY = NativeLibrary(
+    Path(__file__).parent / "native",
+    sources=("linalg.cc",),
+    targets=tuple(f"simlib_{k}_{d}" for k in ("band_lu", "band_solve", "sparse_lu",
+                                               "sparse_solve") for d in ("f32", "f64")),
+    library="libsimlib_linalg.so",
+)
+
+
+def load():
+    """The loaded library (FFI targets registered) or ``None``."""
+    return _LIBRARY.load()
+
+
+def unavailable_reason() -> str | None:
+    return _LIBRARY.unavailable_reason()
+
+
+def _require():
+    if load() is None:
+        raise RuntimeError(f"native linear-algebra kernels unavailable: {unavailable_reason()}")
+
+
+def _suffix(dtype) -> str:
+    _require()
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.float64:
+        return "f64"
+    if dtype == jnp.float32:
+        return "f32"
+    raise TypeError(f"native linear algebra supports float32 and float64, not {dtype}")
+
+
+def band_lu_native(band, lower: int, upper: int):
+    """:func:`simlib._linalg._banded.band_lu_scan` in C++."""
+    from ._banded import BandLU
+
+    n, w = band.shape[-2:]
+    call = jax.ffi.ffi_call(
+        f"simlib_band_lu_{_suffix(band.dtype)}",
+        (jax.ShapeDtypeStruct(band.shape, band.dtype),
+         jax.ShapeDtypeStruct((*band.shape[:-2], n, lower), band.dtype),
+         jax.ShapeDtypeStruct((*band.shape[:-2], n), jnp.int32)),
+        vmap_method="expand_dims")
+    u, mult, piv = call(band, jnp.asarray([lower], jnp.int32))
+    return BandLU(u, mult, piv)
+
+
+def band_solve_native(lu, b, transpose: bool):
+    """:func:`simlib._linalg._banded.band_lu_solve_scan` in C++."""
+    u, mult, piv = lu
+    lower = mult.shape[-1]
+    b = b.astype(u.dtype)
+    call = jax.ffi.ffi_call(f"simlib_band_solve_{_suffix(u.dtype)}",
+                            jax.ShapeDtypeStruct(b.shape, b.dtype),
+                            vmap_method="expand_dims")
+    return call(u, mult, piv, b, jnp.asarray([lower, int(transpose)], jnp.int32))
+
+
+def sparse_lu_native(values, fp, fi, diag):
+    """LU (no pivoting) of the matrix with ``values`` on the closed pattern ``(fp, fi)``:
+    ``(lu values, info)``, ``info = 0`` or one plus the first row with a zero pivot."""
+    call = jax.ffi.ffi_call(
+        f"simlib_sparse_lu_{_suffix(values.dtype)}",
+        (jax.ShapeDtypeStruct(values.shape, values.dtype),
+         jax.ShapeDtypeStruct(values.shape[:-1], jnp.int32)),
+        vmap_method="expand_dims")
+    return call(values, fp, fi, diag)
+
+
+def sparse_solve_native(lu, fp, fi, diag, b, transpose: bool):
+    """``A^-1 b`` (``A^-T b``) from :func:`sparse_lu_native`'s factors."""
+    b = b.astype(lu.dtype)
+    call = jax.ffi.ffi_call(f"simlib_sparse_solve_{_suffix(lu.dtype)}",
+                            jax.ShapeDtypeStruct(b.shape, b.dtype),
+                            vmap_method="expand_dims")
+    return call(lu, fp, fi, diag, b, jnp.asarray([int(transpose)], jnp.int32))
+
+
+def symbolic_fill(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The LU fill pattern (CSR) of a matrix with the symmetric pattern ``(indptr,
+    indices)`` (both triangles and the diagonal), by the elimination tree (C++)."""
+    _require()
+    lib = load()
+    n = indptr.size - 1
+    sp_ = np.ascontiguousarray(indptr, np.int64)
+    si = np.ascontiguousarray(indices, np.int64)
+    fp = np.zeros(n + 1, np.int64)
+    ptr = ctypes.POINTER(ctypes.c_int64)
+    for f in (lib.simlib_symbolic_count, lib.simlib_symbolic_fill):
+        f.restype = ctypes.c_int64
+    nnz = lib.simlib_symbolic_count(ctypes.c_int64(n), sp_.ctypes.data_as(ptr),
+                                    si.ctypes.data_as(ptr), fp.ctypes.data_as(ptr))
+    if nnz < 0:
+        raise ValueError("symbolic factorisation: bad pattern")
+    fi = np.zeros(nnz, np.int64)
+    lib.simlib_symbolic_fill(ctypes.c_int64(n), sp_.ctypes.data_as(ptr), si.ctypes.data_as(ptr),
+                             fp.ctypes.data_as(ptr), fi.ctypes.data_as(ptr))
+    return fp, fi

@@ -1,0 +1,226 @@
+"""Sparse Jacobians (a given or detected pattern, coloured JVPs) and a sparse direct LU.
+
+``J``'s values live on a static CSR pattern (the diagonal always included, since
+``A = M - c J``); they come from one JVP per colour (:mod:`._coloring`). The matrix is
+factorised by one of two kernels:
+
+- ``"native"``: LU without pivoting on a fixed symbolic factorisation (C++,
+  ``native/linalg.cc``), after a fill-reducing symmetric ordering computed once on the
+  host: the elimination tree of the symmetrised pattern gives the fill, the numeric
+  factorisation reuses it for every ``c`` and every state. Static pivoting is safe when
+  ``A`` is close to diagonally dominant, as ``I - c J`` is for the small ``c`` of accurate
+  steps; a zero or non-finite pivot is reported (``Factorisation.ok``), so that a step
+  fails (and is retried smaller) instead of returning a wrong answer.
+- ``"host"``: scipy's SuperLU (``splu``, partial pivoting) through ``jax.pure_callback``.
+  A SuperLU object cannot live in a JAX array, so the factorisation is redone at each
+  solve; under ``vmap`` the callback runs once per member (``vmap_method="sequential"``).
+  The fallback where no compiler is present.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.csgraph as csgraph
+import scipy.sparse.linalg as spla
+
+from ._base import LinearSolver, register_static
+from ._coloring import CompressedPattern
+from ._sparsity import jacobian_sparsity
+
+ORDERINGS = ("mmd", "rcm", "natural")
+
+
+def fill_reducing_order(pattern: CompressedPattern, ordering: str) -> np.ndarray:
+    """A symmetric ordering ``q`` (new index -> old) of the symmetrised pattern:
+    ``"mmd"`` (multiple minimum degree on ``A + A^T``, SuperLU's ``MMD_AT_PLUS_A``, taken
+    from scipy's ``splu`` run once on a diagonally dominant matrix of the pattern),
+    ``"rcm"`` (reverse Cuthill-McKee, scipy) or ``"natural"``."""
+    n = pattern.n
+    if ordering == "natural":
+        return np.arange(n)
+    s = pattern.matrix()
+    s = (s + s.T).tocsr()
+    if ordering == "rcm":
+        return np.asarray(csgraph.reverse_cuthill_mckee(s, symmetric_mode=True), np.int64)
+    if ordering == "mmd":
+        s.data[:] = 1.0
+        dominant = (s + sp.identity(n) * (np.abs(s).sum(axis=1).max() + 1.0)).tocsc()
+        lu = spla.splu(dominant, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
+                       options=dict(SymmetricMode=True))
+        return np.argsort(lu.perm_c).astype(np.int64)
+    raise ValueError(f"ordering must be one of {ORDERINGS}; got {ordering!r}")
+
+
+class SymbolicLU:
+    """The fill pattern ``F`` of ``P A P^T`` (CSR, int32) and where ``A``'s values go."""
+
+    def __init__(self, pattern: CompressedPattern, ordering: str, fill: bool = True):
+        from ._kernels import symbolic_fill
+
+        n = pattern.n
+        q = fill_reducing_order(pattern, ordering)
+        inv = np.empty(n, np.int64)
+        inv[q] = np.arange(n)
+        r, c = inv[pattern.rows], inv[pattern.cols]
+        permuted = sp.csr_matrix((np.ones(r.size), (r, c)), shape=(n, n))
+        if fill:
+            s = (permuted + permuted.T).tocsr()
+            s.sort_indices()
+            fp, fi = symbolic_fill(s.indptr, s.indices)
+        else:  # ILU(0): the pattern itself
+            permuted.sort_indices()
+            fp, fi = permuted.indptr.astype(np.int64), permuted.indices.astype(np.int64)
+        if fp[-1] >= 2 ** 31:
+            raise ValueError(f"sparse LU: {fp[-1]} non-zeros in the factors exceed int32")
+        keys = np.repeat(np.arange(n), np.diff(fp)) * n + fi
+        self.position = np.searchsorted(keys, r * n + c)  # A's value k -> F slot
+        if not np.array_equal(keys[self.position], r * n + c):
+            raise AssertionError("symbolic LU: the fill pattern misses an entry of A")
+        frows = np.repeat(np.arange(n), np.diff(fp))
+        self.fp = fp.astype(np.int32)
+        self.fi = fi.astype(np.int32)
+        self.diag = np.flatnonzero(fi == frows).astype(np.int32)
+        self.order = q
+        self.inverse = inv
+        self.nnz = int(fp[-1])
+
+
+class Sparse(LinearSolver):
+    """``J`` on a static sparsity pattern from one JVP per colour, and a sparse LU of
+    ``A = M - c J``.
+
+    Args:
+        jac_sparsity: The pattern (a boolean ``(n, n)`` array or scipy sparse matrix, as
+            scipy's ``solve_ivp`` takes it), or ``None`` to detect it from the vector
+            field (:meth:`bind`).
+        kernel: ``"auto"`` (native if the library loads, else host), ``"native"``,
+            ``"host"``.
+        ordering: The fill-reducing ordering of the native kernel (``"mmd"``, ``"rcm"``,
+            ``"natural"``).
+        color_order: The greedy colouring's order (``"largest_first"``, ``"natural"``).
+    """
+
+    def __init__(self, jac_sparsity=None, kernel: str = "auto", ordering: str = "mmd",
+                 color_order: str = "largest_first"):
+        if kernel not in ("auto", "native", "host"):
+            raise ValueError(f"kernel must be 'auto', 'native' or 'host'; got {kernel!r}")
+        if ordering not in ORDERINGS:
+            raise ValueError(f"ordering must be one of {ORDERINGS}; got {ordering!r}")
+        self.pattern = (None if jac_sparsity is None
+                        else CompressedPattern(jac_sparsity, color_order)
+                        if not isinstance(jac_sparsity, CompressedPattern) else jac_sparsity)
+        self.kernel = kernel
+        self.ordering = ordering
+        self.color_order = color_order
+
+    def bind(self, g, t, v) -> Sparse:
+        """This solver with its pattern: the given one (checked against ``v``'s size), or
+        the one detected from ``g`` (:func:`~._sparsity.jacobian_sparsity`)."""
+        if self.pattern is not None:
+            if self.pattern.n != v.size:
+                raise ValueError(f"jac_sparsity is for {self.pattern.n} components; the "
+                                 f"state has {v.size}")
+            return self
+        detected = jacobian_sparsity(g, t, v)
+        return Sparse(CompressedPattern(detected, self.color_order), self.kernel,
+                      self.ordering, self.color_order)
+
+    def _pattern(self) -> CompressedPattern:
+        if self.pattern is None:
+            raise ValueError("Sparse() without jac_sparsity: call bind(g, t, v) first (it "
+                             "detects the pattern from the vector field)")
+        return self.pattern
+
+    def _use_native(self) -> bool:
+        if self.kernel == "host":
+            return False
+        from . import _kernels
+
+        if _kernels.load() is not None:
+            return True
+        if self.kernel == "native":
+            raise RuntimeError(f"native linear-algebra kernels unavailable: "
+                               f"{_kernels.unavailable_reason()}")
+        return False
+
+    def symbolic(self) -> SymbolicLU:
+        """The symbolic factorisation (computed once per pattern and ordering)."""
+        pat = self._pattern()
+        cache = pat.__dict__.setdefault("_symbolic", {})
+        if self.ordering not in cache:
+            cache[self.ordering] = SymbolicLU(pat, self.ordering)
+        return cache[self.ordering]
+
+    # ------------------------------------------------------------------ protocol
+    def materialise(self, linear_map, n, dtype):
+        pat = self._pattern()
+        if n != pat.n:
+            raise ValueError(f"jac_sparsity is for {pat.n} components; the map has {n}")
+        return pat.jacobian(linear_map, dtype)
+
+    def operator(self, jac, c, mass):
+        """The values of ``A = M - c J`` on the pattern (``mass``: ``None``, an ``(n,)``
+        diagonal, or values on the pattern)."""
+        pat = self._pattern()
+        a = -c.astype(jac.dtype) * jac
+        diag = jnp.asarray(pat.diag)
+        if mass is None:
+            return a.at[diag].add(1.0)
+        mass = jnp.asarray(mass, jac.dtype)
+        if mass.shape == (pat.n,) and pat.nnz != pat.n:
+            return a.at[diag].add(mass)
+        return a + mass
+
+    def _zero_mass(self, n, dtype):
+        return jnp.zeros((n,), dtype)
+
+    def matvec(self, jac, c, mass, x, *, field=None, transpose=False):
+        pat = self._pattern()
+        vals = self.operator(jac, c, mass)
+        rows, cols = jnp.asarray(pat.rows), jnp.asarray(pat.cols)
+        if transpose:
+            rows, cols = cols, rows
+        return jax.ops.segment_sum(vals * x[cols], rows, num_segments=pat.n)
+
+    def _factor(self, jac, c, mass):
+        a = self.operator(jac, c, mass)
+        if not self._use_native():
+            return a, jnp.all(jnp.isfinite(a))
+        from ._kernels import sparse_lu_native
+
+        sym = self.symbolic()
+        vals = jnp.zeros(a.shape[:-1] + (sym.nnz,), a.dtype).at[..., sym.position].set(a)
+        lu, info = sparse_lu_native(vals, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
+                                    jnp.asarray(sym.diag))
+        return lu, (info == 0) & jnp.all(jnp.isfinite(lu))
+
+    def _solve(self, fac, b, transpose, field):
+        if not self._use_native():
+            return _host_solve(self._pattern(), fac.data, b, transpose)
+        from ._kernels import sparse_solve_native
+
+        sym = self.symbolic()
+        x = sparse_solve_native(fac.data, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
+                                jnp.asarray(sym.diag), b[jnp.asarray(sym.order)], transpose)
+        return x[jnp.asarray(sym.inverse)]
+
+
+def _host_solve(pat: CompressedPattern, values, b, transpose: bool):
+    """``A^-1 b`` by scipy's ``splu`` in a host callback (factorised at every call)."""
+
+    def run(vals, rhs):
+        a = sp.csc_matrix(pat.matrix(np.asarray(vals)))
+        try:
+            x = spla.splu(a).solve(np.asarray(rhs), trans="T" if transpose else "N")
+        except RuntimeError:  # exactly singular: SuperLU refuses
+            x = np.full(rhs.shape, np.nan)
+        return x.astype(rhs.dtype)
+
+    return jax.pure_callback(run, jax.ShapeDtypeStruct(b.shape, b.dtype), values, b,
+                             vmap_method="sequential")
+
+
+register_static(Sparse)

@@ -1,0 +1,402 @@
+// Banded and sparse LU factorisations and solves for the implicit ODE solvers, as XLA FFI
+// custom calls for the CPU (and two host functions for the symbolic sparse analysis,
+// called through ctypes). The pure-JAX code in simlib/_linalg is the reference that tests
+// these kernels; every array index read from data is checked against its bound first.
+//
+// Banded (simlib_band_lu, simlib_band_solve): Gaussian elimination with partial pivoting
+// within the band, as LAPACK's gbtrf/gbtrs (Golub and Van Loan, Matrix Computations, 4th
+// ed., 4.3.5). A is stored by rows, band[i, j] = A[i, i - lower + j], j < w = lower +
+// upper + 1. Outputs: u[k, j] = U[k, k + j] (U's upper bandwidth grows to lower + upper,
+// so w entries a row), mult[k, r] the multiplier of row k + 1 + r, piv[k] the offset of
+// the row swapped with row k.
+//
+// Sparse (simlib_sparse_lu, simlib_sparse_solve): LU without pivoting on a fixed pattern
+// F (CSR, columns sorted, the diagonal in every row), row by row in the IKJ order of
+// Gaussian elimination (Saad, Iterative Methods for Sparse Linear Systems, 2nd ed., 2003,
+// Algorithm 10.3): for each k < i in row i, l_ik = a_ik / u_kk and a_ij -= l_ik u_kj for
+// j > k in row k, where j is in row i's pattern. With F the symbolic fill of A (from
+// simlib_symbolic_*) this is the exact LU; with F = pattern(A) it is ILU(0) (updates
+// outside the pattern are dropped). The fill-reducing ordering is applied outside.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// ------------------------------------------------------------------------------ banded
+template <typename T>
+void BandLU(const T* band, int64_t n, int64_t lower, int64_t w, T* u, T* mult,
+            int32_t* piv) {
+  // active window: rows k .. k + lower, columns k .. k + w - 1
+  std::vector<T> win((lower + 1) * w, T(0));
+  for (int64_t r = 0; r <= lower && r < n; ++r)
+    for (int64_t j = 0; j < w; ++j) {
+      const int64_t src = j - r + lower;  // A[r, j] = band[r, j - r + lower]
+      if (src >= 0 && src < w && j < n) win[r * w + j] = band[r * w + src];
+    }
+  for (int64_t k = 0; k < n; ++k) {
+    int64_t p = 0;
+    T best = std::abs(win[0]);
+    for (int64_t r = 1; r <= lower; ++r)
+      if (std::abs(win[r * w]) > best) { best = std::abs(win[r * w]); p = r; }
+    if (p != 0)
+      for (int64_t j = 0; j < w; ++j) std::swap(win[j], win[p * w + j]);
+    piv[k] = static_cast<int32_t>(p);
+    for (int64_t j = 0; j < w; ++j) u[k * w + j] = win[j];
+    const T pivot = win[0];
+    const T inv = pivot == T(0) ? T(0) : T(1) / pivot;
+    for (int64_t r = 1; r <= lower; ++r) {
+      const T m = pivot == T(0) ? T(0) : win[r * w] * inv;
+      mult[k * lower + r - 1] = m;
+      for (int64_t j = 0; j < w; ++j) win[r * w + j] -= m * win[j];
+    }
+    // shift the window one row down and one column right; row k + lower + 1 enters
+    for (int64_t r = 0; r < lower; ++r) {
+      for (int64_t j = 0; j + 1 < w; ++j) win[r * w + j] = win[(r + 1) * w + j + 1];
+      win[r * w + w - 1] = T(0);
+    }
+    const int64_t in = k + lower + 1;
+    for (int64_t j = 0; j < w; ++j) {
+      const int64_t col = in - lower + j;  // = k + 1 + j
+      win[lower * w + j] = (in < n && col < n) ? band[in * w + j] : T(0);
+    }
+  }
+}
+
+template <typename T>
+void BandSolve(const T* u, const T* mult, const int32_t* piv, const T* b, int64_t n,
+               int64_t lower, int64_t w, bool transpose, T* x) {
+  std::vector<T> y(b, b + n);
+  if (!transpose) {
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t p = k + piv[k];
+      if (piv[k] != 0 && p < n) std::swap(y[k], y[p]);
+      for (int64_t r = 1; r <= lower && k + r < n; ++r) y[k + r] -= mult[k * lower + r - 1] * y[k];
+    }
+    for (int64_t k = n - 1; k >= 0; --k) {
+      T s = y[k];
+      for (int64_t j = 1; j < w && k + j < n; ++j) s -= u[k * w + j] * x[k + j];
+      x[k] = s / u[k * w];
+    }
+    return;
+  }
+  // A^T = U^T L_0^T P_0 ... : U^T z = b, then z <- P_k L_k^-T z for k = n-1 .. 0
+  for (int64_t k = 0; k < n; ++k) {
+    T s = y[k];
+    for (int64_t j = 1; j < w && k - j >= 0; ++j) s -= u[(k - j) * w + j] * y[k - j];
+    y[k] = s / u[k * w];
+  }
+  for (int64_t k = n - 1; k >= 0; --k) {
+    T s = y[k];
+    for (int64_t r = 1; r <= lower && k + r < n; ++r) s -= mult[k * lower + r - 1] * y[k + r];
+    y[k] = s;
+    const int64_t p = k + piv[k];
+    if (piv[k] != 0 && p < n) std::swap(y[k], y[p]);
+  }
+  for (int64_t k = 0; k < n; ++k) x[k] = y[k];
+}
+
+template <ffi::DataType DT>
+ffi::Error BandLUHandler(ffi::Buffer<DT> band, ffi::Buffer<ffi::S32> lower_buf,
+                         ffi::ResultBuffer<DT> u, ffi::ResultBuffer<DT> mult,
+                         ffi::ResultBuffer<ffi::S32> piv) {
+  using T = ffi::NativeType<DT>;
+  const auto dims = band.dimensions();
+  if (dims.size() < 2 || lower_buf.element_count() < 1)
+    return ffi::Error::InvalidArgument("simlib_band_lu: band must be (..., n, w)");
+  const int64_t n = dims[dims.size() - 2], w = dims[dims.size() - 1];
+  const int64_t lower = lower_buf.typed_data()[0];
+  if (lower < 0 || lower >= w) return ffi::Error::InvalidArgument("simlib_band_lu: bad lower");
+  const int64_t batch = n * w == 0 ? 0 : static_cast<int64_t>(band.element_count()) / (n * w);
+  if (u->element_count() != band.element_count() ||
+      mult->element_count() != static_cast<size_t>(batch * n * lower) ||
+      piv->element_count() != static_cast<size_t>(batch * n))
+    return ffi::Error::InvalidArgument("simlib_band_lu: output shapes");
+  try {
+#pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
+    for (int64_t b = 0; b < batch; ++b)
+      BandLU<T>(band.typed_data() + b * n * w, n, lower, w, u->typed_data() + b * n * w,
+                mult->typed_data() + b * n * lower, piv->typed_data() + b * n);
+  } catch (const std::exception& err) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted, err.what());
+  }
+  return ffi::Error::Success();
+}
+
+template <ffi::DataType DT>
+ffi::Error BandSolveHandler(ffi::Buffer<DT> u, ffi::Buffer<DT> mult, ffi::Buffer<ffi::S32> piv,
+                            ffi::Buffer<DT> b, ffi::Buffer<ffi::S32> flags,
+                            ffi::ResultBuffer<DT> x) {
+  using T = ffi::NativeType<DT>;
+  const auto dims = u.dimensions();
+  if (dims.size() < 2 || flags.element_count() < 2)
+    return ffi::Error::InvalidArgument("simlib_band_solve: u must be (..., n, w)");
+  const int64_t n = dims[dims.size() - 2], w = dims[dims.size() - 1];
+  const int64_t lower = flags.typed_data()[0];
+  const bool transpose = flags.typed_data()[1] != 0;
+  // the factors are batched like b, or shared by every right-hand side (a batch of one)
+  const int64_t ub = n * w == 0 ? 0 : static_cast<int64_t>(u.element_count()) / (n * w);
+  const int64_t batch = n == 0 ? 0 : static_cast<int64_t>(b.element_count()) / n;
+  if (lower < 0 || lower >= w || (ub != batch && ub != 1) ||
+      b.element_count() != static_cast<size_t>(batch * n) ||
+      x->element_count() != static_cast<size_t>(batch * n) ||
+      mult.element_count() != static_cast<size_t>(ub * n * lower) ||
+      piv.element_count() != static_cast<size_t>(ub * n))
+    return ffi::Error::InvalidArgument("simlib_band_solve: shapes");
+  const int64_t us = ub == 1 ? 0 : 1;
+  const int32_t* pv = piv.typed_data();
+  for (size_t i = 0; i < piv.element_count(); ++i)
+    if (pv[i] < 0 || pv[i] > lower)
+      return ffi::Error::InvalidArgument("simlib_band_solve: pivot out of range");
+  try {
+#pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
+    for (int64_t k = 0; k < batch; ++k)
+      BandSolve<T>(u.typed_data() + us * k * n * w, mult.typed_data() + us * k * n * lower,
+                   pv + us * k * n, b.typed_data() + k * n, n, lower, w, transpose,
+                   x->typed_data() + k * n);
+  } catch (const std::exception& err) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted, err.what());
+  }
+  return ffi::Error::Success();
+}
+
+// ------------------------------------------------------------------------------ sparse
+template <typename T>
+int32_t SparseLU(const T* a, const int32_t* fp, const int32_t* fi, const int32_t* diag,
+                 int64_t n, T* lu, std::vector<T>& work, std::vector<int64_t>& mark) {
+  int32_t info = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int32_t p = fp[i]; p < fp[i + 1]; ++p) { work[fi[p]] = a[p]; mark[fi[p]] = i; }
+    for (int32_t p = fp[i]; p < diag[i]; ++p) {  // k < i, ascending
+      const int32_t k = fi[p];
+      const T ukk = lu[diag[k]];
+      const T lik = ukk == T(0) ? T(0) : work[k] / ukk;
+      work[k] = lik;
+      if (lik == T(0)) continue;
+      for (int32_t q = diag[k] + 1; q < fp[k + 1]; ++q) {
+        const int32_t j = fi[q];
+        if (mark[j] == i) work[j] -= lik * lu[q];
+      }
+    }
+    for (int32_t p = fp[i]; p < fp[i + 1]; ++p) { lu[p] = work[fi[p]]; work[fi[p]] = T(0); }
+    const T piv = lu[diag[i]];
+    if (info == 0 && (piv == T(0) || !std::isfinite(piv))) info = static_cast<int32_t>(i + 1);
+  }
+  return info;
+}
+
+template <typename T>
+void SparseSolve(const T* lu, const int32_t* fp, const int32_t* fi, const int32_t* diag,
+                 int64_t n, const T* b, bool transpose, T* x) {
+  for (int64_t i = 0; i < n; ++i) x[i] = b[i];
+  if (!transpose) {
+    for (int64_t i = 0; i < n; ++i) {  // L y = b, unit lower
+      T s = x[i];
+      for (int32_t p = fp[i]; p < diag[i]; ++p) s -= lu[p] * x[fi[p]];
+      x[i] = s;
+    }
+    for (int64_t i = n - 1; i >= 0; --i) {  // U x = y
+      T s = x[i];
+      for (int32_t p = diag[i] + 1; p < fp[i + 1]; ++p) s -= lu[p] * x[fi[p]];
+      x[i] = s / lu[diag[i]];
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {  // U^T z = b, by columns of U^T (rows of U)
+    x[i] /= lu[diag[i]];
+    const T zi = x[i];
+    for (int32_t p = diag[i] + 1; p < fp[i + 1]; ++p) x[fi[p]] -= lu[p] * zi;
+  }
+  for (int64_t i = n - 1; i >= 0; --i) {  // L^T x = z
+    const T xi = x[i];
+    for (int32_t p = fp[i]; p < diag[i]; ++p) x[fi[p]] -= lu[p] * xi;
+  }
+}
+
+// the pattern arrays are checked once per call: fp non-decreasing within [0, nnz], column
+// indices in [0, n), diag[i] in row i with fi[diag[i]] == i
+ffi::Error CheckPattern(const int32_t* fp, const int32_t* fi, const int32_t* diag, int64_t n,
+                        int64_t nnz) {
+  if (fp[0] != 0 || fp[n] != nnz) return ffi::Error::InvalidArgument("pattern: fp ends");
+  for (int64_t i = 0; i < n; ++i) {
+    if (fp[i + 1] < fp[i]) return ffi::Error::InvalidArgument("pattern: fp decreasing");
+    if (diag[i] < fp[i] || diag[i] >= fp[i + 1] || fi[diag[i]] != i)
+      return ffi::Error::InvalidArgument("pattern: diagonal missing");
+    for (int32_t p = fp[i]; p < fp[i + 1]; ++p)
+      if (fi[p] < 0 || fi[p] >= n || (p > fp[i] && fi[p] <= fi[p - 1]))
+        return ffi::Error::InvalidArgument("pattern: columns out of range or unsorted");
+  }
+  return ffi::Error::Success();
+}
+
+template <ffi::DataType DT>
+ffi::Error SparseLUHandler(ffi::Buffer<DT> a, ffi::Buffer<ffi::S32> fp,
+                           ffi::Buffer<ffi::S32> fi, ffi::Buffer<ffi::S32> diag,
+                           ffi::ResultBuffer<DT> lu, ffi::ResultBuffer<ffi::S32> info) {
+  using T = ffi::NativeType<DT>;
+  const int64_t n = static_cast<int64_t>(diag.element_count());
+  const int64_t nnz = static_cast<int64_t>(fi.element_count());
+  if (fp.element_count() != static_cast<size_t>(n + 1) || nnz == 0 ||
+      a.element_count() % nnz != 0 || lu->element_count() != a.element_count())
+    return ffi::Error::InvalidArgument("simlib_sparse_lu: shapes");
+  const int64_t batch = static_cast<int64_t>(a.element_count()) / nnz;
+  if (info->element_count() != static_cast<size_t>(batch))
+    return ffi::Error::InvalidArgument("simlib_sparse_lu: info shape");
+  ffi::Error check = CheckPattern(fp.typed_data(), fi.typed_data(), diag.typed_data(), n, nnz);
+  if (check.failure()) return check;
+  try {
+#pragma omp parallel if (batch > 1)
+    {
+      std::vector<T> work(n, T(0));
+      std::vector<int64_t> mark(n, -1);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t k = 0; k < batch; ++k) {
+        std::fill(mark.begin(), mark.end(), -1);
+        info->typed_data()[k] = SparseLU<T>(a.typed_data() + k * nnz, fp.typed_data(),
+                                            fi.typed_data(), diag.typed_data(), n,
+                                            lu->typed_data() + k * nnz, work, mark);
+      }
+    }
+  } catch (const std::exception& err) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted, err.what());
+  }
+  return ffi::Error::Success();
+}
+
+template <ffi::DataType DT>
+ffi::Error SparseSolveHandler(ffi::Buffer<DT> lu, ffi::Buffer<ffi::S32> fp,
+                              ffi::Buffer<ffi::S32> fi, ffi::Buffer<ffi::S32> diag,
+                              ffi::Buffer<DT> b, ffi::Buffer<ffi::S32> flags,
+                              ffi::ResultBuffer<DT> x) {
+  using T = ffi::NativeType<DT>;
+  const int64_t n = static_cast<int64_t>(diag.element_count());
+  const int64_t nnz = static_cast<int64_t>(fi.element_count());
+  if (fp.element_count() != static_cast<size_t>(n + 1) || nnz == 0 || n == 0 ||
+      lu.element_count() % nnz != 0 || flags.element_count() < 1)
+    return ffi::Error::InvalidArgument("simlib_sparse_solve: shapes");
+  const int64_t lb = static_cast<int64_t>(lu.element_count()) / nnz;
+  const int64_t batch = static_cast<int64_t>(b.element_count()) / n;
+  if ((lb != batch && lb != 1) || b.element_count() != static_cast<size_t>(batch * n) ||
+      x->element_count() != b.element_count())
+    return ffi::Error::InvalidArgument("simlib_sparse_solve: b shape");
+  const int64_t ls = lb == 1 ? 0 : 1;  // factors shared by every right-hand side
+  ffi::Error check = CheckPattern(fp.typed_data(), fi.typed_data(), diag.typed_data(), n, nnz);
+  if (check.failure()) return check;
+  const bool transpose = flags.typed_data()[0] != 0;
+#pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
+  for (int64_t k = 0; k < batch; ++k)
+    SparseSolve<T>(lu.typed_data() + ls * k * nnz, fp.typed_data(), fi.typed_data(),
+                   diag.typed_data(), n, b.typed_data() + k * n, transpose,
+                   x->typed_data() + k * n);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ symbolic (host, ctypes)
+// The fill pattern of the LU of a matrix with symmetric pattern S (CSR, both triangles,
+// the diagonal included): L's row i is the set of nodes reached from S's row i (k < i)
+// going up the elimination tree to i (Liu, SIAM J. Matrix Anal. Appl. 11, 1990, 134-172;
+// T. A. Davis, Direct Methods for Sparse Linear Systems, SIAM 2006, ch. 4). U's pattern is
+// L's transposed. simlib_symbolic_count returns nnz(F) and writes the row pointers fp
+// (n + 1); simlib_symbolic_fill writes the sorted columns. -1 on bad input.
+namespace {
+int64_t Symbolic(int64_t n, const int64_t* sp, const int64_t* si, int64_t* fp, int64_t* fi) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t p = sp[i]; p < sp[i + 1]; ++p)
+      if (si[p] < 0 || si[p] >= n) return -1;
+  std::vector<int64_t> parent(n, -1), ancestor(n, -1), mark(n, -1);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t p = sp[i]; p < sp[i + 1]; ++p) {
+      int64_t j = si[p];
+      while (j != -1 && j < i) {
+        const int64_t next = ancestor[j];
+        ancestor[j] = i;
+        if (next == -1) { parent[j] = i; break; }
+        j = next;
+      }
+    }
+  }
+  std::vector<std::vector<int64_t>> lrows(n);
+  std::vector<int64_t> ucount(n, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    mark[i] = i;
+    for (int64_t p = sp[i]; p < sp[i + 1]; ++p) {
+      for (int64_t j = si[p]; j != -1 && j < i && mark[j] != i; j = parent[j]) {
+        mark[j] = i;
+        lrows[i].push_back(j);
+      }
+    }
+    std::sort(lrows[i].begin(), lrows[i].end());
+    for (int64_t j : lrows[i]) ++ucount[j];
+  }
+  fp[0] = 0;
+  for (int64_t i = 0; i < n; ++i) fp[i + 1] = fp[i] + int64_t(lrows[i].size()) + 1 + ucount[i];
+  if (fi != nullptr) {
+    std::vector<int64_t> next(n);
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t q = fp[i];
+      for (int64_t j : lrows[i]) fi[q++] = j;
+      fi[q++] = i;
+      next[i] = q;
+    }
+    for (int64_t i = 0; i < n; ++i)        // U row j gets i for every j in L row i (i > j),
+      for (int64_t j : lrows[i]) fi[next[j]++] = i;  // in increasing i: sorted
+  }
+  return fp[n];
+}
+}  // namespace
+
+extern "C" int64_t simlib_symbolic_count(int64_t n, const int64_t* sp, const int64_t* si,
+                                         int64_t* fp) {
+  try { return Symbolic(n, sp, si, fp, nullptr); } catch (...) { return -1; }
+}
+
+extern "C" int64_t simlib_symbolic_fill(int64_t n, const int64_t* sp, const int64_t* si,
+                                        int64_t* fp, int64_t* fi) {
+  try { return Symbolic(n, sp, si, fp, fi); } catch (...) { return -1; }
+}
+
+#define SIMLIB_LINALG_HANDLERS(SUFFIX, DT)                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(simlib_band_lu_##SUFFIX, BandLUHandler<DT>,           \
+                                ffi::Ffi::Bind()                                        \
+                                    .Arg<ffi::Buffer<DT>>()                             \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
+                                    .Ret<ffi::Buffer<DT>>()                             \
+                                    .Ret<ffi::Buffer<DT>>()                             \
+                                    .Ret<ffi::Buffer<ffi::S32>>());                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(simlib_band_solve_##SUFFIX, BandSolveHandler<DT>,     \
+                                ffi::Ffi::Bind()                                        \
+                                    .Arg<ffi::Buffer<DT>>()                             \
+                                    .Arg<ffi::Buffer<DT>>()                             \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
+                                    .Arg<ffi::Buffer<DT>>()                             \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
+                                    .Ret<ffi::Buffer<DT>>());                           \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(simlib_sparse_lu_##SUFFIX, SparseLUHandler<DT>,       \
+                                ffi::Ffi::Bind()                                        \
+                                    .Arg<ffi::Buffer<DT>>()                             \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
+                                    .Ret<ffi::Buffer<DT>>()                             \
+                                    .Ret<ffi::Buffer<ffi::S32>>());                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(simlib_sparse_solve_##SUFFIX, SparseSolveHandler<DT>, \
+                                ffi::Ffi::Bind()                                        \
+                                    .Arg<ffi::Buffer<DT>>()                             \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
+                                    .Arg<ffi::Buffer<DT>>()                             \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
+                                    .Ret<ffi::Buffer<DT>>());
+
+SIMLIB_LINALG_HANDLERS(f32, ffi::F32)
+SIMLIB_LINALG_HANDLERS(f64, ffi::F64)
