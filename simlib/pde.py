@@ -449,11 +449,15 @@ def divergence(flux: Any, grid: Grid, *, lower: Any = None, upper: Any = None) -
 
 
 def _bool_csr(rows: np.ndarray, cols: np.ndarray, n: int) -> scipy.sparse.csr_array:
-    """The boolean ``(n, n)`` pattern with true entries at ``(rows, cols)`` (repeats merge)."""
-    m = scipy.sparse.coo_array((np.ones(rows.size, np.int8), (rows, cols)), shape=(n, n))
+    """The boolean ``(n, n)`` pattern with true entries at ``(rows, cols)`` (repeats merge),
+    with 32-bit indices where they fit (what SUNDIALS-based and older consumers expect)."""
+    index = np.int32 if max(n, rows.size) < 2**31 - 1 else np.int64
+    m = scipy.sparse.coo_array((np.ones(rows.size, np.int8),
+                                (rows.astype(index), cols.astype(index))), shape=(n, n))
     m = m.tocsr()
     m.sum_duplicates()
-    return scipy.sparse.csr_array((m.data != 0, m.indices, m.indptr), shape=(n, n))
+    return scipy.sparse.csr_array((m.data != 0, m.indices.astype(index, copy=False),
+                                   m.indptr.astype(index, copy=False)), shape=(n, n))
 
 
 def _nonzeros(m: Any) -> tuple[np.ndarray, np.ndarray]:
