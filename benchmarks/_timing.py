@@ -7,7 +7,9 @@ Rules every script states in its report:
   ``jax.jit(fn).lower(*args).compile()``, reported apart from the run time);
 * a run time is the best of ``repeats`` calls after one untimed warm-up call
   (:func:`best_of`); a call whose warm-up took longer than ``slow_s`` seconds is timed once
-  more only, so that one slow contender does not take the whole budget;
+  more only, so that one slow contender does not take the whole budget, and one whose
+  warm-up took longer than ``once_s`` (given for code with nothing to compile or cache)
+  is not run again: its warm-up is its time (``Timing.warmup_only``);
 * contenders compared in one table are timed round-robin, repeat by repeat
   (:func:`round_robin`), so a change in the machine's load hits them alike;
 * the load average is recorded at the start and the end of a run (:func:`load_average`),
@@ -34,6 +36,7 @@ class Timing:
     times: list[float] = field(default_factory=list)
     warmup: float = 0.0
     out: Any = None
+    warmup_only: bool = False
 
 
 def _block(x: Any) -> Any:
@@ -44,13 +47,16 @@ def _block(x: Any) -> Any:
     return jax.block_until_ready(x) if jax is not None else x
 
 
-def best_of(call: Callable[[], Any], repeats: int = 3, slow_s: float = 2.0) -> Timing:
+def best_of(call: Callable[[], Any], repeats: int = 3, slow_s: float = 2.0,
+            once_s: float | None = None) -> Timing:
     """Best wall time of ``call()`` over ``repeats`` calls after an untimed warm-up call (one
-    timed call only when the warm-up took more than ``slow_s`` seconds)."""
-    return round_robin({0: call}, repeats, slow_s)[0]
+    timed call only when the warm-up took more than ``slow_s`` seconds; none, the warm-up
+    being the time, when it took more than ``once_s``)."""
+    return round_robin({0: call}, repeats, slow_s, once_s)[0]
 
 
-def round_robin(calls: dict, repeats: int = 3, slow_s: float = 2.0) -> dict:
+def round_robin(calls: dict, repeats: int = 3, slow_s: float = 2.0,
+                once_s: float | None = None) -> dict:
     """:func:`best_of` for several zero-argument calls, timed in turn repeat by repeat;
     ``{key: Timing}``."""
     if repeats < 1:
@@ -59,10 +65,13 @@ def round_robin(calls: dict, repeats: int = 3, slow_s: float = 2.0) -> dict:
     for key, call in calls.items():
         start = time.perf_counter()
         result = _block(call())
-        out[key] = Timing(best=float("inf"), warmup=time.perf_counter() - start, out=result)
+        secs = time.perf_counter() - start
+        out[key] = Timing(best=float("inf"), warmup=secs, out=result)
+        if once_s is not None and secs > once_s:
+            out[key].times, out[key].warmup_only = [secs], True
     for i in range(repeats):
         for key, call in calls.items():
-            if i > 0 and out[key].warmup > slow_s:
+            if out[key].warmup_only or (i > 0 and out[key].warmup > slow_s):
                 continue
             start = time.perf_counter()
             _block(call())

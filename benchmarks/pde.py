@@ -14,11 +14,13 @@ sparsity patterns from ``simlib.pde`` and the cached references):
 Every contender runs at ``rtol`` in ``--rtols`` with ``atol = rtol`` (the states are O(1)),
 integrating straight across the forcing's switch as a user would. Reported per run: time
 (best of ``--repeats`` after a warm-up; a run slower than 2 s is timed once after its
-warm-up), compile time apart (JAX contenders), accepted steps, evaluations of ``f`` and of
-the Jacobian (where the library reports them), the error at ``t1`` against the cached
-reference (``max_i |y_i - ref_i| / (|ref_i| + atol/rtol)``: tolerance units times rtol),
-and the process's memory: each contender runs in its own Python process, which reports
-its resident memory after set-up (``base``) and its peak (``peak``, ``ru_maxrss``).
+warm-up, and a run slower than 30 s once, without warm-up), compile time apart (JAX
+contenders, compiled ahead of time), accepted steps, evaluations of ``f`` and of the
+Jacobian (as each library counts them: CVODE's exclude the difference-quotient
+Jacobian's), the error at ``t1`` against the cached reference (``max_i |y_i - ref_i| /
+(|ref_i| + atol/rtol)``: tolerance units times rtol), and the process's memory: each
+contender runs in its own Python process, which reports its resident memory after
+set-up (``base``) and its peak (``peak``, ``ru_maxrss``).
 
 Contenders (ratio = contender time / scipy BDF time in the same run, at the same rtol):
 
@@ -79,6 +81,8 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's simlib (and validation.pde_reference)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -96,9 +100,6 @@ from _timing import (  # noqa: E402
 )
 
 import simlib as sl  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # validation.pde_reference: problems and references
 from validation import pde_reference as ref  # noqa: E402
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "pde.json"
@@ -108,6 +109,7 @@ DEFAULT_RTOLS = (1e-4, 1e-6, 1e-8)
 DENSE_MAX_STATES = 4096
 MAX_STEPS = 100_000
 WORKER_TIMEOUT_S = 1800
+ONCE_S = 30.0  # a run longer than this is timed once (its first call after compilation)
 
 SCIPY = ("scipy BDF", "scipy Radau")
 CVODE = ("CVODE band", "CVODE sparse", "CVODE GMRES", "CVODE GMRES+ILU", "CVODE GMRES+FFT")
@@ -121,9 +123,10 @@ SIMLIB: tuple[str, ...] = ()
 CONTENDERS = SCIPY + CVODE + DENSE + SIMLIB
 
 
-def skip_reason(prob: ref.PDEProblem, name: str) -> str | None:
+def skip_reason(prob: ref.PDEProblem, name: str,
+                dense_max: int = DENSE_MAX_STATES) -> str | None:
     """Why ``name`` does not run on ``prob`` (None: it runs)."""
-    if name in DENSE and prob.states > DENSE_MAX_STATES:
+    if name in DENSE and prob.states > dense_max:
         gb = prob.states**2 * 8 / 1e9
         return (f"dense Jacobian: {prob.states:,}^2 x 8 B = {gb:.2g} GB, and an "
                 f"O(n^3) LU per factorisation")
@@ -204,9 +207,9 @@ def cvode_runner(prob, name):
             if not res.success:
                 return dict(y=None, steps=steps, nfev=int(res.nfev), njev=int(res.njev),
                             ok=False, message=str(res.message))
-            t = float(res.t[-1])
+            t = float(np.atleast_1d(res.t)[-1])
             steps += 1
-        return dict(y=np.array(res.y[-1]), steps=steps, nfev=int(res.nfev),
+        return dict(y=np.array(np.atleast_2d(res.y)[-1]), steps=steps, nfev=int(res.nfev),
                     njev=int(res.njev))
     return run
 
@@ -259,7 +262,9 @@ def worker(spec: dict) -> dict:
     else:
         run, compile_s = jax_runner(prob, name)
     base = rss_mb()
-    timing = best_of(lambda: run(rtol), repeats=repeats)
+    # compilation is done (JAX: ahead of time, timed apart): a run over ONCE_S seconds is
+    # timed once, its first call
+    timing = best_of(lambda: run(rtol), repeats=repeats, once_s=ONCE_S)
     out = dict(timing.out)
     y = out.pop("y")
     ok = out.pop("ok", True) and y is not None
@@ -267,7 +272,8 @@ def worker(spec: dict) -> dict:
     if ok and reference is not None:
         error = float(np.max(np.abs(y - reference) / (np.abs(reference) + 1.0)))
     return dict(time=timing.best, times=timing.times, warmup=timing.warmup, compile=compile_s,
-                ok=ok, error=error, rss_base_mb=base, rss_peak_mb=peak_rss_mb(), **out)
+                warmup_only=timing.warmup_only, ok=ok, error=error, rss_base_mb=base,
+                rss_peak_mb=peak_rss_mb(), **out)
 
 
 def run_in_process(spec: dict, single_thread: bool, timeout: float) -> dict:
@@ -337,7 +343,8 @@ def report(results: dict) -> str:
              + ("single-threaded (--single-thread)" if results["single_thread"]
                 else "default threading"),
              "time = best of the timed runs after a warm-up (one timed run when the warm-up "
-             "took over 2 s); compile apart; steps = accepted steps; error = max_i |y_i - "
+             "took over 2 s; * = the first call only, over 30 s); compile apart; "
+             "steps = accepted steps; error = max_i |y_i - "
              "ref_i| / (|ref_i| + 1) at t1 (atol = rtol); mem = resident MB after set-up / "
              "peak, per process; ratio = time / scipy BDF's time at the same rtol", ""]
     rows = results["rows"]
@@ -367,8 +374,9 @@ def report(results: dict) -> str:
                     continue
                 ratio = f"{r['time'] / base['time']:.3g}x" if base else "-"
                 mem = f"{r['rss_base_mb']:.0f}/{r['rss_peak_mb']:.0f}"
+                star = "*" if r.get("warmup_only") else ""
                 lines.append(
-                    f"    {r['contender']:20s} {fmt_s(r['time']):>9s} {ratio:>7s} "
+                    f"    {r['contender']:20s} {fmt_s(r['time']) + star:>9s} {ratio:>7s} "
                     f"{fmt_s(r.get('compile')):>9s} {r.get('steps', 0):>6d} "
                     f"{r.get('nfev', '-')!s:>7s} {r.get('njev', '-')!s:>5s} "
                     f"{_fmt_err(r.get('error')):>8s} {mem:>13s}")
@@ -414,6 +422,9 @@ def main(argv=None) -> int:
                         help="run the ensemble baseline (default: on, except with --sizes)")
     parser.add_argument("--scipy-members", type=int, default=None,
                         help="ensemble members solved by scipy, scaled to 64 (default 8)")
+    parser.add_argument("--dense-max-states", type=int, default=DENSE_MAX_STATES,
+                        help="largest system the dense contenders run on (default "
+                        f"{DENSE_MAX_STATES})")
     parser.add_argument("--timeout", type=float, default=WORKER_TIMEOUT_S,
                         help="seconds per contender process before it is stopped")
     parser.add_argument("--single-thread", action="store_true",
@@ -446,6 +457,7 @@ def main(argv=None) -> int:
                    commit=simlib_commit(ROOT), versions=versions(),
                    cpus=len(os.sched_getaffinity(0)), platform=platform.platform(),
                    single_thread=opts.single_thread, repeats=repeats, rtols=rtols,
+                   dense_max_states=opts.dense_max_states,
                    load_start=load_average(), problems={}, rows=[], targets=[])
     for key in sizes:
         name, n = key.rsplit("_", 1)
@@ -462,7 +474,7 @@ def main(argv=None) -> int:
             for cname in names:
                 row = dict(key=key, problem=name, n=prob.n, states=prob.states,
                            contender=cname, rtol=rtol, atol=rtol)
-                why = skip_reason(prob, cname)
+                why = skip_reason(prob, cname, opts.dense_max_states)
                 if why:
                     row.update(skipped=why, ok=False)
                 else:
