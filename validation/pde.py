@@ -53,6 +53,9 @@ QUICK_BRUSS_SOLVERS = ("BDF",)
 BRUSS_N = 100  # 200 states: dense solvers stay cheap
 QUICK_BRUSS_N = 50
 TOL_UNITS = 10.0
+# agreement of the 2-D reference with an independent method (scipy Radau at 1e-10) and with
+# itself at 1e-11 (its convergence with rtol), relative to |ref| + 1
+REF_AGREEMENT = {"scipy": 3e-8, "CVODE-FFT": 2e-7}
 
 
 def _spatial(ns, checks: Checks) -> tuple[list, list[str]]:
@@ -149,11 +152,13 @@ def _references(checks: Checks) -> list[str]:
     except ImportError as err:
         out.append(f"\nCross-check skipped: {err} (scikit-sundae is a benchmark peer).")
         return out
-    for k, d in diffs.items():
-        checks.add(f"2-D Brusselator 32x32 reference: {k} against scipy Radau 1e-10", d, 1e-8,
-                   "rel", d <= 1e-8)
-    out.append("\nCross-check on the 32 x 32 grid, max |a - b| / (|b| + 1) against scipy "
-               "Radau at 1e-10: " + ", ".join(f"{k} {fmt(v)}" for k, v in diffs.items()))
+    for k, d in diffs.items():  # measured: Radau 8.5e-9 (unsplit run), CVODE 1e-11 6.0e-8
+        bound = REF_AGREEMENT[k.split()[0]]
+        checks.add(f"2-D Brusselator 32x32: cached reference (CVODE-FFT 1e-12) against {k}",
+                   d, bound, "rel", d <= bound)
+    out.append("\nCross-check on the 32 x 32 grid, max |a - b| / (|b| + 1) of the cached "
+               "reference (CVODE-FFT at 1e-12) against: "
+               + ", ".join(f"{k} {fmt(v)}" for k, v in diffs.items()))
     return out
 
 
