@@ -90,6 +90,19 @@ def compile_jit(fn: Callable, *args: Any) -> tuple[Callable, float]:
     return compiled, time.perf_counter() - start
 
 
+def single_thread_if_asked(argv: list[str]) -> bool:
+    """With ``--single-thread`` in ``argv``: XLA, OpenBLAS, OpenMP and MKL on one thread
+    each. Call it before numpy or jax is imported (they read these at load). Returns
+    whether it did."""
+    if "--single-thread" not in argv:
+        return False
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
+                               "=false intra_op_parallelism_threads=1").strip()
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = "1"
+    return True
+
+
 def load_average() -> tuple[float, float, float]:
     """The 1, 5 and 15 minute load averages."""
     return os.getloadavg()

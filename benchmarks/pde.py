@@ -64,11 +64,17 @@ and compare ratios within one run only.
 import os
 import sys
 
-if "--single-thread" in sys.argv:  # before numpy/jax load their thread pools
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
-                               "=false intra_op_parallelism_threads=1").strip()
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = "1"
+from _timing import (  # benchmarks/_timing.py, next to this file; imports no numpy
+    best_of,
+    compile_jit,
+    fmt_load,
+    load_average,
+    peak_rss_mb,
+    rss_mb,
+    single_thread_if_asked,
+)
+
+single_thread_if_asked(sys.argv)  # before numpy/jax load their thread pools
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -90,14 +96,6 @@ import scipy  # noqa: E402
 import scipy.sparse  # noqa: E402
 import scipy.sparse.linalg  # noqa: E402
 from _format import finish, fmt_s, simlib_commit  # noqa: E402  (benchmarks/, next to this file)
-from _timing import (  # noqa: E402
-    best_of,
-    compile_jit,
-    fmt_load,
-    load_average,
-    peak_rss_mb,
-    rss_mb,
-)
 
 import simlib as sl  # noqa: E402
 from validation import pde_reference as ref  # noqa: E402
@@ -182,19 +180,8 @@ def cvode_runner(prob, name):
         options.update(linsolver="gmres",
                        precond=sksundae.cvode.CVODEPrecond(psetup, psolve, side="left"))
     elif name == "CVODE GMRES+FFT":
-        n, alpha = prob.n, args[2]
-        h = 1.0 / (n - 1)
-        k = np.arange(n)
-        lam = -(4 / h**2) * (np.sin(np.pi * k / n)[:, None] ** 2
-                             + np.sin(np.pi * k[: n // 2 + 1] / n)[None, :] ** 2)
-
-        def psolve(t, y, yp, r, z, gamma, delta, lr):
-            spec = np.fft.rfft2(r.reshape(n, n, 2), axes=(0, 1))
-            spec /= (1.0 - gamma * alpha * lam)[:, :, None]
-            z[:] = np.fft.irfft2(spec, s=(n, n), axes=(0, 1)).reshape(-1)
-
-        options.update(linsolver="gmres",
-                       precond=sksundae.cvode.CVODEPrecond(None, psolve, side="left"))
+        options.update(linsolver="gmres", precond=sksundae.cvode.CVODEPrecond(
+            None, ref.fft_preconditioner(prob), side="left"))
     else:
         raise ValueError(name)
 

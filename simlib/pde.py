@@ -36,8 +36,9 @@ Sparsity: :func:`laplacian_pattern`, :func:`gradient_pattern` and
 :func:`divergence_pattern` return the pattern of each operator on the grid points,
 :func:`pattern` combines them with the point-wise coupling of the species into the
 Jacobian pattern of a whole system, in the state's order, and :func:`bandwidth` reads off
-its ``(lower, upper)`` bandwidth. These are what the stiff solvers' ``jac_sparsity`` and
-``jac_bandwidth`` settings take (scipy's ``solve_ivp`` takes the same ``jac_sparsity``).
+its ``(lower, upper)`` bandwidth: the ``jac_sparsity`` and ``jac_bandwidth`` of a stiff
+solve (scipy's ``solve_ivp`` takes the same ``jac_sparsity``; simlib's stiff solvers take
+both with the sparse and banded linear solvers of issue 23).
 
 Reference: R. J. LeVeque, *Finite Difference Methods for Ordinary and Partial
 Differential Equations*, SIAM, 2007 (chapters 1, 2, 3 and 9).

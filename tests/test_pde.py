@@ -519,3 +519,32 @@ def test_patterns_are_what_scipy_takes():
     np.testing.assert_allclose(runs[0].y[:, -1], runs[1].y[:, -1], rtol=1e-4)
     assert abs(runs[0].t.size - runs[1].t.size) <= 1
     assert S.nnz == 8 * n - 4  # u_i: u_{i-1}, u_i, u_{i+1}, v_i (and v_i likewise), less the ends
+
+
+# --------------------------------------------------------------------------------------
+# the benchmark's NumPy fields (validation/pde_reference.py) are simlib's problems
+
+
+def test_numpy_fields_of_the_peers_equal_the_jax_ones():
+    """scipy and SUNDIALS in benchmarks/pde.py solve the same systems as simlib: the
+    vectorised NumPy fields equal the JAX ones (2-D with the forcing off and on), the
+    exact sparse Jacobian equals jacfwd, and the FFT preconditioner inverts I - gamma
+    alpha lap exactly."""
+    from validation import pde_reference as ref
+
+    for prob in (ref.bruss1d_problem(20), ref.bruss2d_problem(16)):
+        y = prob.y0 + 0.1 * RNG.random(prob.states)
+        f = jax.jit(prob.f)
+        for t in (0.5, 2.0):  # the 2-D forcing switches on at t = 1.1
+            np.testing.assert_allclose(prob.f_np(t, y, prob.args), f(t, jnp.asarray(y),
+                                                                     prob.args),
+                                       rtol=1e-12, atol=1e-9)
+    jac = jax.jit(jax.jacfwd(prob.f, argnums=1))(2.0, jnp.asarray(y), prob.args)
+    exact = ref.bruss2d_jac_np(2.0, y, prob.args)
+    np.testing.assert_allclose(exact.toarray(), jac, rtol=1e-12, atol=1e-9)
+    np.testing.assert_array_equal(exact.toarray() != 0, prob.sparsity.toarray())
+    r, z, gamma = RNG.random(prob.states), np.empty(prob.states), 3e-3
+    ref.fft_preconditioner(prob)(0.0, y, None, r, z, gamma, 0.0, 1)
+    diffusion = prob.args[2] * np.kron(ref._laplacian_matrix_2d(16).toarray() * 15**2,
+                                       np.eye(2))
+    np.testing.assert_allclose((np.eye(prob.states) - gamma * diffusion) @ z, r, atol=1e-12)
