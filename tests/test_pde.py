@@ -201,6 +201,7 @@ def test_boundary_treatment_keeps_the_closed_form_eigenvectors(bc, ndim):
                                atol=1e-11 * abs(eig))
 
 
+@pytest.mark.slow  # 11 grids, one compile each; validation --quick measures the heat solve's
 def test_laplacian_converges_at_second_order_on_smooth_functions():
     """Periodic (2-D) and Dirichlet (3-D) everywhere; Neumann at interior points (second
     order) and at the boundary rows (first order: the ghost point's error h^3 u'''/24 over
@@ -242,6 +243,7 @@ def test_laplacian_converges_at_second_order_on_smooth_functions():
     assert abs(order(hs, e_bnd) - 1) < 0.1, e_bnd
 
 
+@pytest.mark.slow
 def test_neumann_problem_converges_at_second_order():
     """The first-order boundary rows still give a second-order solution: solve
     u - u'' = f on [0, 1] with u'(0) = a, u'(1) = b for u = cos(pi x) + x^2 (numpy solve
@@ -261,6 +263,7 @@ def test_neumann_problem_converges_at_second_order():
     assert abs(order(hs, errors) - 2) < 0.1, errors
 
 
+@pytest.mark.slow
 def test_gradient_and_divergence_converge_at_second_order():
     hs, e_grad, e_div = [], [], []
     for n in (16, 32, 64, 128):
@@ -322,7 +325,8 @@ def test_laplacian_equals_a_numpy_loop(bc):
 
 
 @pytest.mark.parametrize("bcs", [("periodic", "periodic"), ("neumann", "neumann"),
-                                 ("periodic", "neumann"), ("neumann", "periodic", "neumann")])
+                                 pytest.param(("periodic", "neumann"), marks=pytest.mark.slow),
+                                 ("neumann", "periodic", "neumann")])
 def test_periodic_and_neumann_laplacian_conserve_mass_and_are_symmetric(bcs):
     shape = (6, 5, 4)[:len(bcs)]
     grid = pde.Grid(shape, (0.3, 0.2, 0.7)[:len(bcs)], list(bcs))
@@ -410,7 +414,8 @@ def pattern_cases(ndim):
     return [[SIDES[(i + k) % len(SIDES)] for k in range(ndim)] for i in range(len(SIDES))]
 
 
-@pytest.mark.parametrize("ndim", [1, 2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("ndim", [1, pytest.param(2, marks=pytest.mark.slow),
+                                  pytest.param(3, marks=pytest.mark.slow)])
 def test_patterns_equal_the_nonzeros_of_a_dense_jacobian(ndim):
     """Every operator, each kind of boundary (mixed sides included) on every axis."""
     shape = (5, 4, 3)[:ndim]
