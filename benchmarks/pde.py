@@ -126,8 +126,8 @@ def skip_reason(prob: ref.PDEProblem, name: str,
     """Why ``name`` does not run on ``prob`` (None: it runs)."""
     if name in DENSE and prob.states > dense_max:
         gb = prob.states**2 * 8 / 1e9
-        return (f"dense Jacobian: {prob.states:,}^2 x 8 B = {gb:.2g} GB, and an "
-                f"O(n^3) LU per factorisation")
+        return (f"over --dense-max-states {dense_max:,}: dense Jacobian {prob.states:,}^2 x "
+                f"8 B = {gb:.2g} GB, an O(n^3) LU per factorisation")
     if name == "CVODE band" and prob.bandwidth[0] + prob.bandwidth[1] + 1 > 64:
         return (f"bandwidth {prob.bandwidth} (periodic 2-D grid): the band is the whole "
                 "matrix")
