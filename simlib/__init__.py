@@ -6,7 +6,7 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 ``jax.config.update("jax_enable_x64", True)`` when you need it.
 """
 
-from . import particles, systems
+from . import particles, pde, systems
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
 from ._brownian import BrownianPath, split_keys
 from ._compact import solve_ensemble
@@ -133,6 +133,7 @@ __all__ = [
     "mse_loss",
     "multiple_shooting",
     "particles",
+    "pde",
     "plot",
     "raise_solver_errors",
     "solve",

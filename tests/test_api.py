@@ -69,6 +69,7 @@ PUBLIC = [
     "mse_loss",
     "multiple_shooting",
     "particles",
+    "pde",
     "plot",
     "raise_solver_errors",
     "solve",

@@ -1,5 +1,5 @@
 """Validation suite for simlib: accuracy, convergence, energy, work-precision, gradients,
-particles, stiff problems, stochastic differential equations.
+particles, stiff problems, stochastic differential equations, PDEs by the method of lines.
 
 Heavier than the unit tests. Run it from the repository root with
 

@@ -34,6 +34,7 @@ from validation import (  # noqa: E402
     energy,
     gradients,
     particles,
+    pde,
     sde,
     stiff,
     work_precision,
@@ -48,6 +49,7 @@ PARTS = {
     "particles": particles,
     "stiff": stiff,
     "sde": sde,
+    "pde": pde,
 }
 
 
@@ -58,8 +60,9 @@ PARTS = {
 # runs) need the full run.
 # The stiff part runs Robertson and Van der Pol at one tolerance (rtol 1e-6). The SDE part
 # runs every check on smaller ensembles (strong and weak orders, OU with its negative control,
-# a 400-path Kramers run).
-QUICK_PARTS = ("convergence", "accuracy", "energy", "gradients", "stiff", "sde")
+# a 400-path Kramers run). The PDE part measures the spatial and temporal orders on the heat
+# equation and runs BDF on a 100-state Brusselator (no cached references, no cross-check).
+QUICK_PARTS = ("convergence", "accuracy", "energy", "gradients", "stiff", "sde", "pde")
 
 
 def _header(quick: bool, parts: list[str], seconds: float) -> str:

@@ -18,6 +18,13 @@ Systems:
       :func:`kepler_exact`, :func:`kepler_elements`, :func:`solve_kepler_equation`)
     * :func:`double_pendulum` (with :func:`double_pendulum_energy`)
 
+Reaction-diffusion PDEs by the method of lines (built on :mod:`simlib.pde`; the state's
+leading axes are the grid, its last axis the species):
+    * :func:`brusselator_1d` (with :func:`brusselator_1d_grid`,
+      :func:`brusselator_1d_initial`): Hairer and Wanner's BRUSS, Dirichlet boundaries
+    * :func:`brusselator_2d` (with :func:`brusselator_2d_grid`,
+      :func:`brusselator_2d_initial`): the SciMLBenchmarks problem, periodic
+
 Stochastic (drift and diffusion for ``simlib.solve(..., diffusion=)``):
     * :func:`ornstein_uhlenbeck_drift`, :func:`ornstein_uhlenbeck_diffusion` (with
       :func:`ornstein_uhlenbeck_moments`)
@@ -54,6 +61,16 @@ from ._mechanics import (
     harmonic_oscillator_energy,
     harmonic_oscillator_exact,
 )
+from ._pde import (
+    BRUSSELATOR_1D_DEFAULT_ARGS,
+    BRUSSELATOR_2D_DEFAULT_ARGS,
+    brusselator_1d,
+    brusselator_1d_grid,
+    brusselator_1d_initial,
+    brusselator_2d,
+    brusselator_2d_grid,
+    brusselator_2d_initial,
+)
 from ._problem import PROBLEMS, Problem, get_problem
 from ._stochastic import (
     GEOMETRIC_BROWNIAN_MOTION_DEFAULT_ARGS,
@@ -68,6 +85,8 @@ from ._stochastic import (
 )
 
 __all__ = [
+    "BRUSSELATOR_1D_DEFAULT_ARGS",
+    "BRUSSELATOR_2D_DEFAULT_ARGS",
     "DAMPED_DRIVEN_PENDULUM_DEFAULT_ARGS",
     "DOUBLE_PENDULUM_DEFAULT_ARGS",
     "GEOMETRIC_BROWNIAN_MOTION_DEFAULT_ARGS",
@@ -81,6 +100,12 @@ __all__ = [
     "VAN_DER_POL_DEFAULT_ARGS",
     "KeplerElements",
     "Problem",
+    "brusselator_1d",
+    "brusselator_1d_grid",
+    "brusselator_1d_initial",
+    "brusselator_2d",
+    "brusselator_2d_grid",
+    "brusselator_2d_initial",
     "damped_driven_pendulum",
     "double_pendulum",
     "double_pendulum_energy",

@@ -1,0 +1,487 @@
+"""Large stiff systems from PDEs (method of lines): the peers, and simlib's place among them.
+
+Problems (float64; ``validation/pde_reference.py`` holds the NumPy right-hand sides, the
+sparsity patterns from ``simlib.pde`` and the cached references):
+
+* ``bruss1d_N``: the 1-D Brusselator of Hairer and Wanner (II, IV.1), ``N`` interior points,
+  ``2N`` states, ``t`` in ``[0, 10]``; banded, bandwidth ``(2, 2)``. Sizes 500 and 5,000
+  (1,000 and 10,000 states).
+* ``bruss2d_N``: the 2-D Brusselator of SciMLBenchmarks.jl (``Bruss.jmd``), periodic
+  ``N x N`` grid, ``2 N^2`` states, ``t`` in ``[0, 11.5]``, forcing from ``t = 1.1``.
+  Sizes 32, 128, 256 (2,048, 32,768 and 131,072 states). Periodic in both directions,
+  so its pattern is not banded.
+
+Every contender runs at ``rtol`` in ``--rtols`` with ``atol = rtol`` (the states are O(1)),
+integrating straight across the forcing's switch as a user would. Reported per run: time
+(best of ``--repeats`` after a warm-up; a run slower than 2 s is timed once after its
+warm-up, and a run slower than 30 s once, without warm-up), compile time apart (JAX
+contenders, compiled ahead of time), accepted steps, evaluations of ``f`` and of the
+Jacobian (as each library counts them: CVODE's exclude the difference-quotient
+Jacobian's), the error at ``t1`` against the cached reference (``max_i |y_i - ref_i| /
+(|ref_i| + atol/rtol)``: tolerance units times rtol), and the process's memory: each
+contender runs in its own Python process, which reports its resident memory after
+set-up (``base``) and its peak (``peak``, ``ru_maxrss``).
+
+Contenders (ratio = contender time / scipy BDF time in the same run, at the same rtol):
+
+* ``scipy BDF``, ``scipy Radau``: ``solve_ivp`` with ``jac_sparsity`` (the Jacobian by
+  grouped finite differences, ``splu`` for the linear systems) and the vectorised NumPy
+  right-hand side.
+* ``CVODE band``, ``CVODE sparse``, ``CVODE GMRES``: SUNDIALS CVODE (BDF) through
+  scikit-sundae with its banded direct solver (finite-difference band Jacobian;
+  ``lband``/``uband`` from ``simlib.pde.bandwidth``, 1-D only), its sparse direct solver
+  (SuperLU_MT, one thread; the Jacobian by scikit-sundae's grouped finite differences over
+  the pattern) and unpreconditioned GMRES (SUNDIALS' defaults: 5 Krylov vectors,
+  difference-quotient Jacobian-vector products). ``CVODE GMRES+ILU``: GMRES with scipy's
+  ``spilu`` of ``I - gamma J`` (exact sparse Jacobian) as the preconditioner, rebuilt when
+  CVODE asks (2-D only; the SciMLBenchmarks' "iLU GMRES"). ``CVODE GMRES+FFT``: GMRES
+  preconditioned by the exact FFT inverse of the diffusion part, ``I - gamma alpha lap``:
+  a problem-specific preconditioner (periodic, constant coefficients), the best case for
+  a Krylov method here, not a general-purpose linear solver.
+* ``diffrax Kvaerno5``: ``PIDController(rtol, atol, pcoeff=0.3, icoeff=0.3)``, dense
+  Jacobian and LU: only up to 4,096 states (a dense Jacobian of 10,000 states is 800 MB
+  and its LU 3e11 flops per factorisation).
+* ``simlib BDF (dense)``: today's simlib ``BDF`` with its dense Jacobian and LU, up to
+  4,096 states: the "before" figure of issue 23.
+* SIMLIB CONTENDERS OF PHASE 2: the sparse, banded and Newton-Krylov linear solvers are
+  added to ``SIMLIB`` below once ``sl.solve`` takes ``jac_sparsity``/``jac_bandwidth``.
+
+Ensemble baseline (``--ensemble``): 64 parameter sets ``(A, B, alpha) x exp(0.1 normal)``
+(numpy ``default_rng(0)``) of ``bruss2d_32`` at rtol 1e-6 with scipy ``BDF`` in a Python
+loop over the first ``--scipy-members`` of them, scaled linearly to 64 (marked as such).
+
+Usage::
+
+    python benchmarks/pde.py --quick            # bruss1d_500, bruss2d_32 at rtol 1e-6
+    python benchmarks/pde.py                    # the default sizes and rtols below
+    python benchmarks/pde.py --sizes bruss2d_128 --rtols 1e-6 --contenders "CVODE GMRES+FFT"
+    python -m validation.pde_reference         # (re)compute the cached references first
+
+On a shared machine use ``--single-thread`` (XLA, OpenBLAS and OpenMP on one thread each)
+and compare ratios within one run only.
+"""
+
+import os
+import sys
+
+from _timing import (  # benchmarks/_timing.py, next to this file; imports no numpy
+    best_of,
+    compile_jit,
+    fmt_load,
+    load_average,
+    peak_rss_mb,
+    rss_mb,
+    single_thread_if_asked,
+)
+
+single_thread_if_asked(sys.argv)  # before numpy/jax load their thread pools
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's simlib (and validation.pde_reference)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import scipy  # noqa: E402
+import scipy.sparse  # noqa: E402
+import scipy.sparse.linalg  # noqa: E402
+from _format import finish, fmt_s, simlib_commit  # noqa: E402  (benchmarks/, next to this file)
+
+import simlib as sl  # noqa: E402
+from validation import pde_reference as ref  # noqa: E402
+
+RESULTS_PATH = Path(__file__).resolve().parent / "results" / "pde.json"
+DEFAULT_SIZES = ("bruss1d_500", "bruss1d_5000", "bruss2d_32", "bruss2d_128", "bruss2d_256")
+QUICK_SIZES = ("bruss1d_500", "bruss2d_32")
+DEFAULT_RTOLS = (1e-4, 1e-6, 1e-8)
+DENSE_MAX_STATES = 4096
+MAX_STEPS = 100_000
+WORKER_TIMEOUT_S = 1800
+ONCE_S = 30.0  # a run longer than this is timed once (its first call after compilation)
+
+SCIPY = ("scipy BDF", "scipy Radau")
+CVODE = ("CVODE band", "CVODE sparse", "CVODE GMRES", "CVODE GMRES+ILU", "CVODE GMRES+FFT")
+DENSE = ("diffrax Kvaerno5", "simlib BDF (dense)")
+# ---- SIMLIB CONTENDERS (phase 2 of issue 23) --------------------------------------------
+# Add simlib's sparse / banded / Krylov runs here, e.g. "simlib BDF (sparse)": solve with
+# jac_sparsity=prob.sparsity; "simlib BDF (banded)": jac_bandwidth=prob.bandwidth, and give
+# each a runner in run_simlib(). Until then only the dense "before" figure runs.
+SIMLIB: tuple[str, ...] = ()
+# -----------------------------------------------------------------------------------------
+CONTENDERS = SCIPY + CVODE + DENSE + SIMLIB
+
+
+def skip_reason(prob: ref.PDEProblem, name: str,
+                dense_max: int = DENSE_MAX_STATES) -> str | None:
+    """Why ``name`` does not run on ``prob`` (None: it runs)."""
+    if name in DENSE and prob.states > dense_max:
+        gb = prob.states**2 * 8 / 1e9
+        return (f"over --dense-max-states {dense_max:,}: dense Jacobian {prob.states:,}^2 x "
+                f"8 B = {gb:.2g} GB, an O(n^3) LU per factorisation")
+    if name == "CVODE band" and prob.bandwidth[0] + prob.bandwidth[1] + 1 > 64:
+        return (f"bandwidth {prob.bandwidth} (periodic 2-D grid): the band is the whole "
+                "matrix")
+    if name in ("CVODE GMRES+ILU", "CVODE GMRES+FFT") and prob.name != "bruss2d":
+        return "2-D problem only (the 1-D one is banded)"
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# contenders (each runs in its own process): (rtol) -> dict(y, steps, nfev, njev, nlu, ...)
+
+
+def scipy_runner(prob, method):
+    def run(rtol):
+        y, info = ref.scipy_solve(prob, method, rtol, rtol)
+        return dict(y=y, **info)
+    return run
+
+
+def cvode_runner(prob, name):
+    import sksundae
+
+    args = prob.args
+
+    def rhs(t, y, yp):
+        yp[:] = prob.f_np(t, y, args)
+
+    options = dict(max_num_steps=MAX_STEPS)
+    if name == "CVODE band":
+        options.update(linsolver="band", lband=prob.bandwidth[0], uband=prob.bandwidth[1])
+    elif name == "CVODE sparse":
+        options.update(linsolver="sparse", sparsity=prob.sparsity)
+    elif name == "CVODE GMRES":
+        options.update(linsolver="gmres")
+    elif name == "CVODE GMRES+ILU":
+        eye = scipy.sparse.eye_array(prob.states, format="csc")
+        cache = {}
+
+        def psetup(t, y, yp, jok, jnew, gamma):
+            if not jok or "jac" not in cache:
+                cache["jac"] = ref.bruss2d_jac_np(t, y, args)
+                jnew[0] = 1
+            else:
+                jnew[0] = 0
+            cache["ilu"] = scipy.sparse.linalg.spilu((eye - gamma * cache["jac"]).tocsc())
+
+        def psolve(t, y, yp, r, z, gamma, delta, lr):
+            z[:] = cache["ilu"].solve(r)
+
+        options.update(linsolver="gmres",
+                       precond=sksundae.cvode.CVODEPrecond(psetup, psolve, side="left"))
+    elif name == "CVODE GMRES+FFT":
+        options.update(linsolver="gmres", precond=sksundae.cvode.CVODEPrecond(
+            None, ref.fft_preconditioner(prob), side="left"))
+    else:
+        raise ValueError(name)
+
+    def run(rtol):
+        solver = sksundae.cvode.CVODE(rhs, rtol=rtol, atol=rtol, **options)
+        solver.init_step(0.0, prob.y0)
+        steps, t, res = 0, 0.0, None
+        while t < prob.t1:  # one internal step at a time: CVODE's accepted steps
+            res = solver.step(prob.t1, method="onestep", tstop=prob.t1)
+            if not res.success:
+                return dict(y=None, steps=steps, nfev=int(res.nfev), njev=int(res.njev),
+                            ok=False, message=str(res.message))
+            t = float(np.atleast_1d(res.t)[-1])
+            steps += 1
+        return dict(y=np.array(np.atleast_2d(res.y)[-1]), steps=steps, nfev=int(res.nfev),
+                    njev=int(res.njev))
+    return run
+
+
+def jax_runner(prob, name):
+    """``(run, compile_s)``: a jitted solve with the tolerances traced."""
+    y0 = jnp.asarray(prob.y0)
+    args = tuple(jnp.float64(a) for a in prob.args)
+    if name == "diffrax Kvaerno5":
+        import diffrax
+
+        def solve(rtol, atol):
+            sol = diffrax.diffeqsolve(
+                diffrax.ODETerm(prob.f), diffrax.Kvaerno5(), 0.0, prob.t1, None, y0,
+                args=args, saveat=diffrax.SaveAt(t1=True),
+                stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol, pcoeff=0.3,
+                                                          icoeff=0.3),
+                max_steps=MAX_STEPS, throw=False)
+            return (sol.ys[-1], sol.stats["num_accepted_steps"], sol.stats["num_steps"],
+                    sol.result == diffrax.RESULTS.successful)
+    elif name == "simlib BDF (dense)":
+        def solve(rtol, atol):
+            sol = sl.solve(prob.f, y0, 0.0, prob.t1, solver=sl.BDF(), rtol=rtol, atol=atol,
+                           args=args, max_steps=MAX_STEPS, throw=False)
+            return (sol.ys[-1], sol.stats["num_accepted"], sol.stats["num_fevals"],
+                    sol.result == 0)
+    else:
+        raise ValueError(name)
+    compiled, compile_s = compile_jit(solve, jnp.float64(1e-6), jnp.float64(1e-6))
+
+    def run(rtol):
+        y, steps, count, ok = compiled(jnp.float64(rtol), jnp.float64(rtol))
+        extra = (dict(nfev=int(count)) if name.startswith("simlib")
+                 else dict(attempts=int(count)))
+        return dict(y=np.asarray(y) if bool(ok) else None, steps=int(steps), ok=bool(ok),
+                    **extra)
+    return run, compile_s
+
+
+def worker(spec: dict) -> dict:
+    """Run one contender on one problem at one rtol (in this process) and report."""
+    prob = ref.problem(spec["problem"], spec["n"])
+    name, rtol, repeats = spec["contender"], spec["rtol"], spec["repeats"]
+    reference = ref.reference(prob, compute=False)
+    compile_s = None
+    if name in SCIPY:
+        run = scipy_runner(prob, name.split()[1])
+    elif name in CVODE:
+        run = cvode_runner(prob, name)
+    else:
+        run, compile_s = jax_runner(prob, name)
+    base = rss_mb()
+    # compilation is done (JAX: ahead of time, timed apart): a run over ONCE_S seconds is
+    # timed once, its first call
+    timing = best_of(lambda: run(rtol), repeats=repeats, once_s=ONCE_S)
+    out = dict(timing.out)
+    y = out.pop("y")
+    ok = out.pop("ok", True) and y is not None
+    error = None
+    if ok and reference is not None:
+        error = float(np.max(np.abs(y - reference) / (np.abs(reference) + 1.0)))
+    return dict(time=timing.best, times=timing.times, warmup=timing.warmup, compile=compile_s,
+                warmup_only=timing.warmup_only, ok=ok, error=error, rss_base_mb=base,
+                rss_peak_mb=peak_rss_mb(), **out)
+
+
+def run_in_process(spec: dict, single_thread: bool, timeout: float) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    if single_thread:
+        cmd.append("--single-thread")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(ok=False, message=f"timed out after {timeout:.0f} s")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return dict(ok=False, message=f"exit {proc.returncode}: {tail[0]}")
+    return json.loads(lines[-1])
+
+
+# --------------------------------------------------------------------------------------
+# context: one sparse LU, the ensemble baseline
+
+
+def lu_probe(prob: ref.PDEProblem) -> dict:
+    """One ``splu`` of ``I - 1e-3 S`` (S the pattern as ones) with scipy's default ordering:
+    the cost of one factorisation in scipy's BDF/Radau and the fill-in's memory."""
+    a = (scipy.sparse.eye_array(prob.states) - 1e-3 * prob.sparsity.astype(float)).tocsc()
+    start = time.perf_counter()
+    lu = scipy.sparse.linalg.splu(a)
+    secs = time.perf_counter() - start
+    nnz = int(lu.L.nnz + lu.U.nnz)
+    return dict(seconds=secs, nnz_lu=nnz, lu_mb=nnz * 12 / 2**20,
+                nnz_jac=int(prob.sparsity.nnz), dense_jac_mb=prob.states**2 * 8 / 2**20)
+
+
+def ensemble_worker(spec: dict) -> dict:
+    prob = ref.problem("bruss2d", spec["n"])
+    rng = np.random.default_rng(0)
+    params = np.asarray(prob.args) * np.exp(0.1 * rng.standard_normal((spec["members"], 3)))
+    start = time.perf_counter()
+    steps = []
+    for p in params[: spec["scipy_members"]]:
+        member = ref.PDEProblem(**{**prob.__dict__, "args": tuple(p)})
+        _, info = ref.scipy_solve(member, "BDF", spec["rtol"], spec["rtol"])
+        steps.append(info["steps"])
+    secs = time.perf_counter() - start
+    return dict(members=spec["members"], scipy_members=spec["scipy_members"],
+                rtol=spec["rtol"], params=params.tolist(), steps=steps,
+                seconds_measured=secs, seconds_64=secs * spec["members"] / spec["scipy_members"],
+                extrapolated=spec["scipy_members"] < spec["members"],
+                rss_peak_mb=peak_rss_mb())
+
+
+# --------------------------------------------------------------------------------------
+# report
+
+
+def _fmt_err(e) -> str:
+    return "-" if e is None else f"{e:.1e}"
+
+
+def report(results: dict) -> str:
+    v = results["versions"]
+    lines = [f"simlib {sl.__version__} ({results['commit']}) | jax {v['jax']} | scipy "
+             f"{v['scipy']} | scikit-sundae {v['sksundae']} (SUNDIALS {v['sundials']}) | "
+             f"diffrax {v['diffrax']} | {results['cpus']} cpus | {results['date']}",
+             f"load average (1, 5, 15 min) at start {fmt_load(results['load_start'])}, at "
+             f"end {fmt_load(results['load_end'])}; "
+             + ("single-threaded (--single-thread)" if results["single_thread"]
+                else "default threading"),
+             "time = best of the timed runs after a warm-up (one timed run when the warm-up "
+             "took over 2 s; * = the first call only, over 30 s); compile apart; "
+             "steps = accepted steps; error = max_i |y_i - "
+             "ref_i| / (|ref_i| + 1) at t1 (atol = rtol); mem = resident MB after set-up / "
+             "peak, per process; ratio = time / scipy BDF's time at the same rtol", ""]
+    rows = results["rows"]
+    for key in dict.fromkeys(r["key"] for r in rows):
+        rs = [r for r in rows if r["key"] == key]
+        info = results["problems"][key]
+        lines.append(f"{info['label']}: reference {info['reference']}")
+        probe = info.get("lu_probe")
+        if probe:
+            lines.append(f"  Jacobian: {probe['nnz_jac']:,} nonzeros (dense: "
+                         f"{probe['dense_jac_mb']:,.0f} MB); one scipy splu of I - gamma J: "
+                         f"{fmt_s(probe['seconds'])}, {probe['nnz_lu']:,} nonzeros in L + U "
+                         f"({probe['lu_mb']:,.0f} MB); bandwidth {tuple(info['bandwidth'])}")
+        for rtol in dict.fromkeys(r["rtol"] for r in rs):
+            lines.append(f"  rtol {rtol:g}")
+            lines.append(f"    {'contender':20s} {'time':>9s} {'ratio':>7s} {'compile':>9s} "
+                         f"{'steps':>6s} {'nfev':>7s} {'njev':>5s} {'error':>8s} "
+                         f"{'mem MB':>13s}")
+            base = next((r for r in rs if r["rtol"] == rtol and r["contender"] == "scipy BDF"
+                         and r.get("ok")), None)
+            for r in (r for r in rs if r["rtol"] == rtol):
+                if r.get("skipped"):
+                    lines.append(f"    {r['contender']:20s} skipped: {r['skipped']}")
+                    continue
+                if not r.get("ok"):
+                    lines.append(f"    {r['contender']:20s} FAILED: {r.get('message', '')}")
+                    continue
+                ratio = f"{r['time'] / base['time']:.3g}x" if base else "-"
+                mem = f"{r['rss_base_mb']:.0f}/{r['rss_peak_mb']:.0f}"
+                star = "*" if r.get("warmup_only") else ""
+                lines.append(
+                    f"    {r['contender']:20s} {fmt_s(r['time']) + star:>9s} {ratio:>7s} "
+                    f"{fmt_s(r.get('compile')):>9s} {r.get('steps', 0):>6d} "
+                    f"{r.get('nfev', '-')!s:>7s} {r.get('njev', '-')!s:>5s} "
+                    f"{_fmt_err(r.get('error')):>8s} {mem:>13s}")
+        lines.append("")
+    ens = results.get("ensemble")
+    if ens:
+        lines.append(f"ensemble baseline: {ens['members']} parameter sets of bruss2d_32 at "
+                     f"rtol {ens['rtol']:g}, scipy BDF in a Python loop: "
+                     f"{fmt_s(ens['seconds_64'])}"
+                     + (f" (extrapolated from {ens['scipy_members']} members, "
+                        f"{fmt_s(ens['seconds_measured'])})" if ens["extrapolated"] else "")
+                     + f"; steps per member {ens['steps']}")
+    return "\n".join(lines)
+
+
+def versions() -> dict:
+    out = dict(jax=jax.__version__, scipy=scipy.__version__, numpy=np.__version__)
+    try:
+        import sksundae
+        out.update(sksundae=sksundae.__version__, sundials=sksundae.SUNDIALS_VERSION)
+    except Exception as err:  # noqa: BLE001 - recorded, the CVODE rows then fail loudly
+        out.update(sksundae=f"missing ({type(err).__name__})", sundials=None)
+    try:
+        import diffrax
+        out["diffrax"] = diffrax.__version__
+    except Exception as err:  # noqa: BLE001
+        out["diffrax"] = f"missing ({type(err).__name__})"
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"sizes {', '.join(QUICK_SIZES)} at rtol 1e-6, 1 repeat, "
+                        "ensemble from 2 scipy members")
+    parser.add_argument("--sizes", default=None,
+                        help=f"comma-separated problem keys (default {','.join(DEFAULT_SIZES)})")
+    parser.add_argument("--rtols", default=None, help="comma-separated (default 1e-4,1e-6,1e-8)")
+    parser.add_argument("--contenders", default=None,
+                        help=f"comma-separated subset of: {', '.join(CONTENDERS)}")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs (default 3)")
+    parser.add_argument("--ensemble", action="store_true", default=None,
+                        help="run the ensemble baseline (default: on, except with --sizes)")
+    parser.add_argument("--scipy-members", type=int, default=None,
+                        help="ensemble members solved by scipy, scaled to 64 (default 8)")
+    parser.add_argument("--dense-max-states", type=int, default=DENSE_MAX_STATES,
+                        help="largest system the dense contenders run on (default "
+                        f"{DENSE_MAX_STATES})")
+    parser.add_argument("--timeout", type=float, default=WORKER_TIMEOUT_S,
+                        help="seconds per contender process before it is stopped")
+    parser.add_argument("--single-thread", action="store_true",
+                        help="one thread for XLA, OpenBLAS and OpenMP (read before jax loads)")
+    parser.add_argument("--json", type=Path, default=RESULTS_PATH, help="results file")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    opts = parser.parse_args(argv)
+    if opts.worker:
+        spec = json.loads(opts.worker)
+        out = ensemble_worker(spec) if spec.get("ensemble") else worker(spec)
+        print(json.dumps(out, default=float))
+        return 0
+
+    sizes = (opts.sizes.split(",") if opts.sizes else
+             QUICK_SIZES if opts.quick else DEFAULT_SIZES)
+    rtols = ([float(r) for r in opts.rtols.split(",")] if opts.rtols else
+             [1e-6] if opts.quick else list(DEFAULT_RTOLS))
+    names = [c.strip() for c in opts.contenders.split(",")] if opts.contenders else CONTENDERS
+    unknown = [c for c in names if c not in CONTENDERS]
+    if unknown:
+        parser.error(f"unknown contenders {unknown}; choose from {list(CONTENDERS)}")
+    repeats = opts.repeats or (1 if opts.quick else 3)
+    if repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {repeats}")
+    run_ensemble = opts.ensemble if opts.ensemble is not None else opts.sizes is None
+    scipy_members = opts.scipy_members or (2 if opts.quick else 8)
+
+    start = time.perf_counter()
+    results = dict(date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                   commit=simlib_commit(ROOT), versions=versions(),
+                   cpus=len(os.sched_getaffinity(0)), platform=platform.platform(),
+                   single_thread=opts.single_thread, repeats=repeats, rtols=rtols,
+                   dense_max_states=opts.dense_max_states,
+                   load_start=load_average(), problems={}, rows=[], targets=[])
+    for key in sizes:
+        name, n = key.rsplit("_", 1)
+        prob = ref.problem(name, int(n))
+        if ref.reference(prob, compute=False) is None:
+            print(f"[pde] {key}: computing the reference ...", flush=True)
+            ref.reference(prob)
+        results["problems"][key] = dict(label=prob.label, states=prob.states,
+                                        reference=ref.reference_note(prob),
+                                        bandwidth=list(prob.bandwidth),
+                                        lu_probe=lu_probe(prob) if prob.states <= 40_000
+                                        else None)
+        for rtol in rtols:
+            for cname in names:
+                row = dict(key=key, problem=name, n=prob.n, states=prob.states,
+                           contender=cname, rtol=rtol, atol=rtol)
+                why = skip_reason(prob, cname, opts.dense_max_states)
+                if why:
+                    row.update(skipped=why, ok=False)
+                else:
+                    spec = dict(problem=name, n=prob.n, contender=cname, rtol=rtol,
+                                repeats=repeats)
+                    row.update(run_in_process(spec, opts.single_thread, opts.timeout))
+                results["rows"].append(row)
+                shown = (f"skipped ({row['skipped']})" if row.get("skipped") else
+                         f"{fmt_s(row['time'])}, {row.get('steps')} steps, error "
+                         f"{_fmt_err(row.get('error'))}, peak {row['rss_peak_mb']:.0f} MB"
+                         if row.get("ok") else f"FAILED: {row.get('message')}")
+                print(f"[pde] {key} rtol {rtol:g} {cname}: {shown}", flush=True)
+    if run_ensemble:
+        print("[pde] ensemble baseline ...", flush=True)
+        spec = dict(ensemble=True, n=32, members=64, scipy_members=scipy_members, rtol=1e-6)
+        results["ensemble"] = run_in_process(spec, opts.single_thread, opts.timeout)
+    results["wall_s"] = time.perf_counter() - start
+    results["load_end"] = load_average()
+    return finish(results, report(results), opts.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
