@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> None:
         cli.save_figure(fig, args.plot, quiet=args.quiet)
     cli.summary(f"neural_ode: MLP width {args.width}, {args.steps} adam steps through RK4",
                 compile_s=compile_s, run_s=train_s,
-                result=f"loss {history[0]:.2e} -> {history[-1]:.2e}; scaled RMS error "
-                + ", ".join(f"{name} {e:.2e}" for name, e in summary_errors))
+                result=f"loss {history[0]:.3e} -> {history[-1]:.3e}; scaled RMS error "
+                + ", ".join(f"{name} {e:.3e}" for name, e in summary_errors))
 
 
 if __name__ == "__main__":
