@@ -79,13 +79,14 @@ def simlib_log_lik(cases, max_steps=256, adjoint=None):
 def diffrax_log_lik(cases, max_steps=256):
     import diffrax
 
-    days = jnp.arange(1.0, len(cases) + 1.0)
+    days = np.arange(1.0, len(cases) + 1.0)
+    t1 = float(days[-1])
     term = diffrax.ODETerm(sir_example.sir)
 
     def log_lik(beta, gamma, phi_inv):
         sol = diffrax.diffeqsolve(
-            term, diffrax.Tsit5(), 0.0, float(days[-1]), None, jnp.asarray(sir_example.Y0),
-            args=(beta, gamma), saveat=diffrax.SaveAt(ts=days),
+            term, diffrax.Tsit5(), 0.0, t1, None, jnp.asarray(sir_example.Y0),
+            args=(beta, gamma), saveat=diffrax.SaveAt(ts=jnp.asarray(days)),
             stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6),
             max_steps=max_steps, throw=False)
         value = jnp.sum(sir_example.negbin_logpmf(cases, sol.ys[:, 1], 1.0 / phi_inv))
