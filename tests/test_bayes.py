@@ -232,6 +232,7 @@ def blowup_data(key, k):
     return 1.0 / (1.0 - k * T_OBS) + 0.05 * jax.random.normal(key, T_OBS.shape)
 
 
+@pytest.mark.slow  # ~6-16 s: numpyro's NUTS compiles
 def test_numpyro_vectorized_chains_survive_a_prior_that_blows_the_model_up():
     numpyro = pytest.importorskip("numpyro")
     import numpyro.distributions as dist
@@ -258,6 +259,7 @@ def test_numpyro_vectorized_chains_survive_a_prior_that_blows_the_model_up():
     assert abs(np.mean(k) - K_TRUE) < 0.05
 
 
+@pytest.mark.slow  # ~6-16 s: two NUTS kernels compile
 def test_blackjax_vmapped_kernels_survive_a_prior_that_blows_the_model_up():
     blackjax = pytest.importorskip("blackjax")
     obs = blowup_data(jax.random.key(1), K_TRUE)
