@@ -264,6 +264,30 @@ def _pick_first_failure(result, t, step, t1, batched):
     return tuple(out)
 
 
+# Set by simlib.log_density while it traces the user's function: every solve inside it
+# reports a failure in Solution.result (as with throw=False) instead of raising, since a
+# sampler must see a rejected proposal, not a dead run.
+_REPORTED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "simlib_failures_reported", default=False)
+
+
+@contextlib.contextmanager
+def failures_reported() -> Iterator[None]:
+    """Inside this block, ``solve`` behaves as with ``throw=False``: a failure is reported
+    in ``Solution.result`` and never raised. Read when ``solve`` is called (not inside a
+    cached ``jit``), so it applies to solves traced in the block."""
+    token = _REPORTED.set(True)
+    try:
+        yield
+    finally:
+        _REPORTED.reset(token)
+
+
+def reporting_failures() -> bool:
+    """Whether :func:`failures_reported` is active."""
+    return _REPORTED.get()
+
+
 # Set by sl.ensemble while it traces its shard_map body: the mesh axes over which the
 # in-graph check shares its candidate, and the positions (in the mesh's device order) of
 # the one device per process that raises. Every process then raises the same, first,

@@ -17,7 +17,7 @@ import numpy as np
 from ._adaptive import adaptive_jit as _adaptive_jit
 from ._adjoint import AbstractAdjoint, Reversible, is_time_symmetric
 from ._auto import AUTOMATIC
-from ._errors import Result, SolverError, result_message
+from ._errors import Result, SolverError, reporting_failures, result_message
 from ._events import Event, as_events, check_events
 from ._fixed import fixed_iterations, grid_count, has_interpolant
 from ._fixed import fixed_jit as _fixed_jit
@@ -224,6 +224,8 @@ def solve(
             f"solve() got an unknown keyword argument {bad!r}{hint} "
             f"(valid keywords: {', '.join(_KEYWORDS)})"
         )
+    if reporting_failures():  # inside simlib.log_density: a failure is a result, not a raise
+        throw = False
     if isinstance(solver, type):
         raise TypeError(f"solver must be an instance, e.g. {solver.__name__}(), not the class")
     if not isinstance(solver, AbstractSolver):

@@ -677,6 +677,7 @@ BENCHMARKS = {  # name: what it compares (the scripts print their own ratio tabl
     "stiff": "stiff solvers: simlib vs diffrax and scipy",
     "gradients": "gradients through solves: simlib vs diffrax",
     "fit": "parameter fitting: simlib vs diffrax and scipy",
+    "bayes": "NUTS (numpyro) on the boarding-school SIR: simlib vs diffrax inside",
     "particles": "particle engine: simlib vs jax-md, LAMMPS, REBOUND",
 }
 

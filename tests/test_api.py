@@ -66,6 +66,7 @@ PUBLIC = [
     "io",
     "init_distributed",
     "least_squares",
+    "log_density",
     "mse_loss",
     "multiple_shooting",
     "particles",

@@ -431,6 +431,8 @@ TINY = {  # settings that finish in seconds
     "pendulum": ["--n", "2", "--transient", "1", "--periods", "2"],
     "projectile": ["--steps", "2"],
     "robertson": ["--t1", "1"],
+    "robertson_bayes": ["--chains", "2", "--warmup", "5", "--samples", "5"],
+    "sir_boarding_school": ["--chains", "2", "--warmup", "10", "--samples", "10"],
 }
 
 
