@@ -19,6 +19,7 @@ from jax import lax
 from ._adjoint import (
     Direct,
     _TangentsOnly,
+    first_order_only,
 )
 from ._control import initial_step, log_error_ratio, pi_factor
 from ._errors import Result, check_solution
@@ -386,9 +387,10 @@ def _adaptive_bwd(f, solver, mode, n_save, max_steps, adjoint, progress, inputs,
                                                     adjoint, **inputs)
         return _adaptive_diff_outputs(c, saved, steps_out, *ev)
 
-    _, vjp = jax.vjp(replay, inputs)
-    (d_inputs,) = vjp(d_out)
-    return (d_inputs,)
+    def pull_back(inputs, d_out):
+        return jax.vjp(replay, inputs)[1](d_out)
+
+    return first_order_only(pull_back)(inputs, d_out)
 
 
 _adaptive_solve.defvjp(_adaptive_fwd, _adaptive_bwd)

@@ -174,10 +174,14 @@ class ForwardMode(AbstractAdjoint):
     """
 
     def wrap(self, core, tree, *, jvp_able, reverse, where):
-        from ._auto import auto_vjp  # the default's machinery, with forward mode forced
+        # the default's machinery, with forward mode forced
+        from ._auto import auto_jvp, auto_vjp
 
         def plain(t):
             return core(t, TANGENTS_ONLY)
+        if jvp_able:  # a custom JVP: jvp, jacfwd, hessian and jacrev(jacrev) go through
+            return auto_jvp(plain, plain, tree, where=where, reverse_name="",
+                            max_forward=None, log=False)
         return auto_vjp(plain, plain, None, tree, where=where, reverse_name="",
                         max_forward=None)
 
@@ -188,6 +192,31 @@ class _TangentsOnly(AbstractAdjoint):
 
 register_static(_TangentsOnly)
 TANGENTS_ONLY = _TangentsOnly()
+
+
+def first_order_only(fn, where: str = "solve"):
+    """``fn``, whose own derivative raises a ``TypeError`` at trace time: for the derivative
+    rules of adaptive runs (a first derivative evaluates ``fn`` on primal values only, so
+    the rule is never reached then; a second derivative would differentiate ``fn``).
+
+    The adaptive loop's second derivative came out NaN (``jax.hessian`` and
+    ``jacrev(jacrev(...))`` of a Tsit5 solve of Lotka-Volterra, Direct() and the default),
+    or died in XLA, so it is refused with a message that says what does work."""
+
+    @jax.custom_jvp
+    def guarded(*xs):
+        return fn(*xs)
+
+    @guarded.defjvp
+    def guarded_jvp(primals, tangents):
+        raise TypeError(
+            f"{where}: second derivatives (jax.hessian, jacrev(jacrev(...)), jacfwd(grad)) "
+            "of an adaptive run (rtol/atol) are not supported: the adaptive loop's second "
+            "derivative came out NaN. Use a fixed-step run (dt=..., no rtol/atol), where "
+            "every strategy supports them; an adaptive run supports first derivatives in "
+            "reverse mode (jax.grad, jax.jacrev, jax.vjp)")
+
+    return guarded
 
 
 def reject_time_gradients(times, strategy: str):

@@ -39,7 +39,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 from jax.flatten_util import ravel_pytree
 
-from ._adjoint import TANGENTS_ONLY, AbstractAdjoint, _split_inexact
+from ._adjoint import TANGENTS_ONLY, AbstractAdjoint, _split_inexact, first_order_only
 from ._solver._base import register_static
 
 FORWARD_MODE_MAX = 8
@@ -153,7 +153,7 @@ def _log_choice(where: str, n: int, forward: bool, reverse_name: str):
 
 
 def auto_jvp(fn, reverse_fn, tree, *, where: str, reverse_name: str,
-             max_forward: int | None = FORWARD_MODE_MAX):
+             max_forward: int | None = FORWARD_MODE_MAX, log: bool = True):
     """``fn(tree)`` (a plain, ``jvp``-able computation) whose derivative is forward mode for
     few differentiated components and ``jax.jvp(reverse_fn)`` otherwise.
 
@@ -175,7 +175,8 @@ def auto_jvp(fn, reverse_fn, tree, *, where: str, reverse_name: str,
         active = [i for i, d in enumerate(d_floats) if not isinstance(d, SymbolicZero)]
         n = sum(_size(floats[i]) for i in active)
         forward = max_forward is None or n <= max_forward
-        _log_choice(where, n, forward, reverse_name)
+        if log:
+            _log_choice(where, n, forward, reverse_name)
         if not active:
             out = call(floats, others)
             return out, _contract(out, [], None)
@@ -222,8 +223,9 @@ def auto_vjp(fn, forward_fn, reverse_fn, tree, *, where: str, reverse_name: str,
         if n == 0:
             return all_batched(call)(values, other_values), {}
         if forward:
-            out, jac = jacobian_push(lambda fl, ot: forward_fn(merge(fl, ot)), values,
-                                     other_values, active)
+            out, jac = first_order_only(lambda v, o: jacobian_push(
+                lambda fl, ot: forward_fn(merge(fl, ot)), v, o, active), where)(
+                    values, other_values)
             marks = [v if i in active else None for i, v in enumerate(values)]
             return out, {"forward": (jac, marks)}
         out, vjp = jax.vjp(lambda fl: reverse_fn(merge(fl, other_values)), values)

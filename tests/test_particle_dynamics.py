@@ -405,7 +405,7 @@ def test_non_finite_state_raises_with_the_partial_trajectory():
     (dict(integrator=sp.Langevin(1.0, 1.0)), "needs an explicit key"),
     (dict(space=5.0), "space must be free"),
     (dict(neighbors="list"), "neighbors must come from neighbor_list"),
-    (dict(adjoint="checkpointed"), "adjoint must be Direct"),
+    (dict(adjoint="checkpointed"), "adjoint must be simlib.Direct"),
 ])
 def test_simulate_argument_errors_name_the_argument(small, change, match):
     args = dict(positions=small["x"], velocities=small["v"], masses=1.0, dt=0.005,

@@ -23,6 +23,7 @@ from .._adjoint import (
     AbstractAdjoint,
     Checkpointed,
     Direct,
+    ForwardMode,
     Reversible,
     _split_inexact,
     reject_time_gradients,
@@ -356,9 +357,11 @@ def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neigh
                              f"use a larger box (space=periodic(...)) or a smaller r_cut")
     if not np.isscalar(dt) and jnp.ndim(dt) != 0:
         raise ValueError(f"simulate: dt must be a scalar, got shape {jnp.shape(dt)}")
-    if adjoint is not None and not isinstance(adjoint, (Direct, Checkpointed, Reversible)):
-        raise ValueError(f"simulate: adjoint must be Direct(), Checkpointed() or Reversible(), "
-                         f"got {adjoint!r}")
+    if adjoint is not None and not isinstance(adjoint, (Direct, Checkpointed, Reversible,
+                                                         ForwardMode)):
+        raise TypeError(f"simulate: adjoint must be simlib.Direct(), simlib.Checkpointed(), "
+                        f"simlib.Reversible(), simlib.ForwardMode() or None (default), "
+                        f"got {adjoint!r}")
     if isinstance(adjoint, Reversible) and not isinstance(integrator, NVE):
         raise ValueError(f"simulate: adjoint=Reversible() needs the time-reversible NVE() "
                          f"integrator, got {integrator!r}")

@@ -1,0 +1,152 @@
+"""Which mechanism ran, not only which value came out (issue 22).
+
+Values alone cannot tell the strategies apart: ``Checkpointed()`` without its
+``jax.checkpoint``, or ``ForwardMode()`` running reverse mode, gives the same gradient. So
+these tests read what the compiled or traced computation contains: the temporaries XLA
+allocates (``memory_analysis()``), whether the traced gradient has a reversed (transposed)
+loop, and which of ``jax.jacfwd``/``jax.jacrev`` built a stiff solver's Jacobian.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _finite_differences import central_differences
+
+import simlib as sl
+from simlib.systems import lotka_volterra
+
+P0 = jnp.array([1.5, 1.0, 3.0, 1.0])
+Y0 = jnp.array([10.0, 5.0])
+
+
+def lv_final(p, adjoint, kw):
+    sol = sl.solve(lotka_volterra, Y0, 0.0, 1.0, args=tuple(p), adjoint=adjoint, **kw)
+    return jnp.sum(sol.ys ** 2)
+
+
+def temp_bytes(fn, *args) -> int:
+    """Bytes of temporaries XLA allocates for ``jit(fn)(*args)`` (buffers live at once)."""
+    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def test_checkpointed_stores_segments_not_steps():
+    """A 1,000-step RK4 gradient: Direct() keeps every step's residuals (measured 2.2 MB of
+    temporaries), Checkpointed() only the segment starts and one segment's residuals
+    (~100 KB). Without its jax.checkpoint, Checkpointed() allocates as much as Direct()."""
+    kw = dict(solver=sl.RK4(), dt=1e-3)
+    grad = jax.grad(lv_final)
+    direct = temp_bytes(lambda p: grad(p, sl.Direct(), kw), P0)
+    ckpt = temp_bytes(lambda p: grad(p, sl.Checkpointed(), kw), P0)
+    assert direct > 10 * ckpt, (direct, ckpt)
+
+
+def _has_reversed_loop(jaxpr) -> bool:
+    """Whether a jaxpr (or one nested in it) has a ``scan`` run in reverse: the transpose
+    of a loop, which reverse mode builds and forward mode never does."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan" and eqn.params.get("reverse"):
+            return True
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns") and _has_reversed_loop(inner):
+                    return True
+    return False
+
+
+CASES = {"fixed": dict(solver=sl.RK4(), dt=0.05),
+         "adaptive": dict(solver=sl.Tsit5(), rtol=1e-6, atol=1e-6, max_steps=64)}
+
+
+@pytest.mark.parametrize("case", ["fixed", pytest.param("adaptive", marks=pytest.mark.slow)])
+def test_forward_mode_transposes_no_loop(case):
+    """The traced gradient (nothing is compiled): ForwardMode(), and the default with 4
+    differentiated components, push tangents forward; Direct() transposes the loop (the
+    control that shows the check can see reverse mode)."""
+    kw = CASES[case]
+
+    def traced(adjoint):
+        return jax.make_jaxpr(jax.grad(lambda p: lv_final(p, adjoint, kw)))(P0).jaxpr
+
+    assert _has_reversed_loop(traced(sl.Direct()))
+    assert not _has_reversed_loop(traced(sl.ForwardMode()))
+    assert not _has_reversed_loop(traced(None))
+
+
+# ---- jac="fwd" and jac="rev": each field below can be differentiated one way only
+@jax.custom_vjp
+def _reverse_only(y):
+    return y
+
+
+_reverse_only.defvjp(lambda y: (y, None), lambda _, g: (g,))
+
+
+@jax.custom_jvp
+def _forward_only(y):
+    return y
+
+
+@_forward_only.defjvp
+def _forward_only_jvp(primals, tangents):
+    # the tangent passes through a while loop, which reverse mode cannot transpose
+    out = jax.lax.while_loop(lambda c: c[0] < 1, lambda c: (c[0] + 1, c[1]),
+                             (0, tangents[0]))[1]
+    return primals[0], out
+
+
+A = jnp.array([[-2.0, 1.0], [0.5, -3.0]])
+
+
+def _field(wrap):
+    return lambda t, y, args: A @ wrap(y)
+
+
+def test_jacobian_mode_is_the_one_asked_for():
+    """jac="rev" must build J with jax.jacrev: a field that only reverse mode goes through
+    solves with it and is refused by jacfwd; jac="fwd" the other way round. The answer is
+    checked against expm(A t). (BDF: the SDIRK solvers also differentiate the field
+    inside their Newton solve's custom root, so such a field cannot run there; they share
+    the Jacobian function, simlib/_solver/_implicit.py:jacobian, with BDF.)"""
+    solver = sl.BDF
+    from scipy.linalg import expm
+
+    y0, ref = jnp.array([1.0, 2.0]), expm(np.asarray(A) * 0.5) @ np.array([1.0, 2.0])
+    kw = dict(rtol=1e-8, atol=1e-10)
+    sol = sl.solve(_field(_reverse_only), y0, 0.0, 0.5, solver=solver(jac="rev"), **kw)
+    np.testing.assert_allclose(np.asarray(sol.ys[-1]), ref, rtol=1e-6)
+    with pytest.raises(TypeError, match="custom_vjp"):
+        sl.solve(_field(_reverse_only), y0, 0.0, 0.5, solver=solver(jac="fwd"), **kw)
+    sol = sl.solve(_field(_forward_only), y0, 0.0, 0.5, solver=solver(jac="fwd"), **kw)
+    np.testing.assert_allclose(np.asarray(sol.ys[-1]), ref, rtol=1e-6)
+    with pytest.raises(ValueError, match="Reverse-mode"):
+        sl.solve(_field(_forward_only), y0, 0.0, 0.5, solver=solver(jac="rev"), **kw)
+
+
+# ---- transformations: what works is checked against finite differences, the rest raises
+# at trace time with a message that says what to use
+def test_forward_mode_fixed_step_supports_every_transformation():
+    """ForwardMode() on a fixed-step run is a custom JVP: jacfwd and hessian go through
+    (they raised, or died in XLA, while it was a custom VJP)."""
+    kw = dict(solver=sl.RK4(), dt=0.05)
+
+    def loss(p):
+        return lv_final(p, sl.ForwardMode(), kw)
+
+    grad_direct = jax.grad(lambda p: lv_final(p, sl.Direct(), kw))
+    np.testing.assert_allclose(jax.jacfwd(loss)(P0), grad_direct(P0), rtol=1e-10)
+    fd = np.stack([central_differences(lambda p: grad_direct(p)[j], P0, 1e-5)
+                   for j in range(4)])
+    np.testing.assert_allclose(jax.hessian(loss)(P0), fd, rtol=1e-6)
+
+
+@pytest.mark.parametrize("adjoint", [None, sl.Direct(), sl.ForwardMode()],
+                         ids=["default", "direct", "forward"])
+def test_adaptive_second_derivatives_are_refused_by_name(adjoint):
+    """The adaptive loop's second derivative came out NaN (jacrev(jacrev(...)) with
+    Direct()) or died in XLA (hessian with the default or ForwardMode()): refused at trace
+    time, naming what works."""
+    kw = CASES["adaptive"]
+    with pytest.raises(TypeError, match="second derivatives.*fixed-step run"):
+        jax.jacrev(jax.jacrev(lambda p: lv_final(p, adjoint, kw)))(P0)
