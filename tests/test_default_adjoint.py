@@ -125,6 +125,19 @@ def test_simulate_default_chooses_by_what_is_differentiated(caplog):
                                rtol=1e-10, atol=1e-12)
 
 
+def test_simulate_takes_forward_mode_and_refuses_a_non_adjoint_with_type_error():
+    """docs/gradients.md says simulate takes the same strategies as solve: ForwardMode()
+    too (it raised a ValueError), against central differences; a non-adjoint is a
+    TypeError, as in solve (it was a ValueError)."""
+    g = float(jax.grad(lambda k: chain_loss(k, adjoint=sl.ForwardMode()))(2.0))
+    fd = (float(chain_loss(2.0 + 1e-6)) - float(chain_loss(2.0 - 1e-6))) / 2e-6
+    assert abs(g - fd) < 1e-6 * abs(fd)
+    with pytest.raises(TypeError, match="adjoint must be"):
+        chain_loss(2.0, adjoint="checkpointed")
+    with pytest.raises(TypeError, match="adjoint must be"):
+        sl.solve(lotka_volterra, Y0, 0.0, 1.0, solver=sl.RK4(), dt=0.1, adjoint="checkpointed")
+
+
 @pytest.mark.parametrize("k", [1, 7, 30, 45, 1000])
 def test_simulate_checkpointed_segments_match_direct(k):
     """Segments shorter than, equal to, longer than a frame, and not dividing the run."""
