@@ -170,7 +170,9 @@ class ForwardMode(AbstractAdjoint):
     ``Direct()`` and central differences). Adaptive runs push tangents for ``rtol`` and
     ``atol`` as well when they are differentiated (that derivative has no test).
     Only the inputs actually differentiated get tangents. Works for fixed-step and adaptive
-    runs; ``jax.jvp`` of the solve itself still cannot go through (it is a custom VJP).
+    runs. A fixed-step run (and ``simulate``) is a custom JVP, which every transformation
+    goes through (``jax.jvp``, ``jacfwd``, ``hessian``); an adaptive run is a custom VJP
+    (reverse-mode transformations only; docs/gradients.md has the table).
     """
 
     def wrap(self, core, tree, *, jvp_able, reverse, where):

@@ -20,6 +20,7 @@ import pytest
 from scipy.integrate import solve_ivp
 
 import simlib as sl
+from simlib._solver._base import register_static
 
 
 def polynomial_field(t, y, c, xp=jnp):
@@ -258,3 +259,42 @@ def test_save_times_including_t0_and_repeats():
     np.testing.assert_array_equal(np.asarray(sol.ys[0]), y0)
     np.testing.assert_array_equal(np.asarray(sol.ys[1]), np.asarray(sol.ys[2]))
     assert scaled_error(sol.ys, ref, 1e-9) <= 10.0
+
+
+# --------------------------------------------------------------------------------------
+# the PI controller, told apart from an I controller
+
+
+@register_static
+class _ITsit5(sl.Tsit5):
+    """Tsit5 under the elementary (I) controller ``0.9 r^(-1/5)``, clipped to [0.2, 10]
+    (at most 1 after a rejection), through the solver's step-control hook."""
+
+    def propose_step(self, h, ratio, accept, err, state, state1, rtol, atol):
+        factor = jnp.clip(0.9 * jnp.maximum(ratio, 1e-10) ** (-1 / 5), 0.2, 10.0)
+        factor = jnp.where(jnp.isfinite(ratio), factor, 0.2)
+        factor = jnp.where(accept, factor, jnp.minimum(factor, 1.0))
+        return factor, jax.tree_util.tree_map(lambda a, b: jnp.where(accept, b, a), state,
+                                              state1)
+
+
+def test_pi_controller_avoids_the_rejections_of_an_i_controller():
+    """y' = -500 (y - cos t) on [0, 10] with Tsit5, rtol = atol = 1e-3: the step is bounded
+    by stability, where the I controller's step sizes oscillate about the bound (measured:
+    93 rejections in 1,522 attempts) and the PI controller's do not (0 in 1,434; Hairer and
+    Wanner 1996, IV.2). Both within the tolerance of scipy's Radau at 1e-12 (0.44 and 0.32
+    tolerance units), so the PI controller is not buying its steps with accuracy."""
+    lam, tol = 500.0, 1e-3
+    ref = solve_ivp(lambda t, y: -lam * (y - np.cos(t)), (0.0, 10.0), [0.0], method="Radau",
+                    rtol=1e-12, atol=1e-12).y[0, -1]
+
+    def run(solver):
+        sol = sl.solve(lambda t, y, a: -a * (y - jnp.cos(t)), jnp.array([0.0]), 0.0, 10.0,
+                       solver=solver, rtol=tol, atol=tol, args=lam, max_steps=4096)
+        assert int(sol.result) == 0
+        assert abs(float(sol.ys[-1, 0]) - ref) <= tol
+        return int(sol.stats["num_rejected"]), int(sol.stats["num_steps"])
+
+    (pi_rejected, pi_steps), (i_rejected, i_steps) = run(sl.Tsit5()), run(_ITsit5())
+    assert pi_rejected <= 5 and i_rejected >= 50, (pi_rejected, i_rejected)
+    assert pi_steps < i_steps
