@@ -2,8 +2,8 @@
 strategy against grad, jacfwd, jacrev, hessian, vmap(grad) and grad(vmap), for a
 fixed-step solve, an adaptive solve and simulate. A cell that works must equal Direct()'s
 derivative (itself checked against central differences); a cell that does not must raise a
-TypeError at trace time, never return a number. The full sweep is slow; a few cells run
-in the default suite (tests/test_adjoint_mechanism.py)."""
+TypeError at trace time, never return a number. The sweep is slow; a few cells run in the
+default suite (tests/test_adjoint_mechanism.py, tests/test_adjoint.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -88,6 +88,7 @@ def expected(case, transform):
     return np.asarray(TRANSFORMS[transform](loss))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(LOSSES))
 def test_direct_matches_finite_differences(case):
     loss = lambda p: LOSSES[case](p, sl.Direct())  # noqa: E731

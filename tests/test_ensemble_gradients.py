@@ -4,9 +4,10 @@
   recomputed segments (``SaveWrites`` in simlib/_adjoint.py), on a batched state and
   under ``vmap``, save times on and off the step grid, segments that do not divide the
   step count;
-* ``ForwardMode`` under ``vmap``: the tangents are pushed outside the members (the
-  ``custom_vmap`` rule in simlib/_adjoint.py), with shared and per-member differentiated
-  inputs, and under two nested ``vmap``.
+* ``ForwardMode`` under ``vmap``, with shared and per-member differentiated inputs, and
+  under two nested ``vmap`` (fixed-step runs: since issue 22 the default's custom JVP with
+  forward mode forced, tangents inside each member; adaptive runs push them outside the
+  members, the ``custom_vmap`` rule in simlib/_auto.py).
 
 Each gradient is compared with central finite differences of the loss and with
 ``Direct()``'s gradient (reverse mode through the plain loop, a code path that neither

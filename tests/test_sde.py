@@ -426,7 +426,8 @@ def _gbm_differences(name, dts, stratonovich=False, n_paths=1000, mu=MU, sig=SIG
 
 
 @pytest.mark.parametrize("name, strong, stratonovich", [
-    ("EulerMaruyama", 0.5, False), ("Milstein", 1.0, False), ("StochasticHeun", 1.0, True)])
+    pytest.param("EulerMaruyama", 0.5, False, marks=pytest.mark.slow),
+    ("Milstein", 1.0, False), ("StochasticHeun", 1.0, True)])
 def test_cheap_strong_and_weak_orders_on_gbm(name, strong, stratonovich):
     """Slopes between dt = 2^-3 and 2^-8 (strong: E|X_N - X(T)|) and 2^-3, 2^-5 (weak:
     |E X_N - E X(T)|, Milstein and Heun), against the exact GBM on the same path (1,000
@@ -440,6 +441,7 @@ def test_cheap_strong_and_weak_orders_on_gbm(name, strong, stratonovich):
         assert abs(np.log(e_weak[0] / e_weak[1]) / np.log(4) - 1.0) < 0.2, e_weak
 
 
+@pytest.mark.slow
 def test_cheap_euler_maruyama_weak_order():
     """|E X_N - e^{mu T}| for mu = 1.5, sig = 0.5 at dt = 1/8 and 1/32 (4,000 paths, the
     exact solution on the same path as control variate): EM's mean is (1 + mu dt)^N, so the
