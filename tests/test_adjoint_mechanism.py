@@ -30,9 +30,9 @@ def temp_bytes(fn, *args) -> int:
 
 
 def test_checkpointed_stores_segments_not_steps():
-    """A 1,000-step RK4 gradient: Direct() keeps every step's residuals (measured 2.2 MB of
+    """A 1,000-step RK4 gradient: Direct() keeps every step's residuals (measured 138 KB of
     temporaries), Checkpointed() only the segment starts and one segment's residuals
-    (~100 KB). Without its jax.checkpoint, Checkpointed() allocates as much as Direct()."""
+    (8 KB). With its jax.checkpoint removed, Checkpointed() allocated 146 KB."""
     kw = dict(solver=sl.RK4(), dt=1e-3)
     grad = jax.grad(lv_final)
     direct = temp_bytes(lambda p: grad(p, sl.Direct(), kw), P0)
