@@ -198,7 +198,7 @@ PARTICLES_PUBLIC = [
     "lattice", "lennard_jones", "maxwell_boltzmann", "mean_square_displacement", "minimize",
     "missing_pairs", "morse", "neighbor_list", "pair_energy", "periodic", "plummer", "pressure",
     "radial_distribution", "reallocate", "simulate", "temperature", "total_momentum", "wca",
-    "ShardedEnergy", "sharded", "CheckpointError", "checkpoint_info",
+    "ShardedEnergy", "sharded", "CheckpointError", "checkpoint_info", "CellList", "cell_list",
 ]
 
 

@@ -14,6 +14,7 @@ Example:
     (11, 256, 3)
 """
 
+from ._cells import CellList, cell_list
 from ._checkpoint import CheckpointError, checkpoint_info
 from ._dynamics import NVE, Integrator, Langevin, State
 from ._energy import BondEnergy, Energy, PairEnergy, bond_energy, forces, pair_energy
@@ -39,6 +40,7 @@ __all__ = [
     "MIXING_RULES",
     "NVE",
     "BondEnergy",
+    "CellList",
     "CheckpointError",
     "Energy",
     "Integrator",
@@ -52,6 +54,7 @@ __all__ = [
     "Trajectory",
     "angular_momentum",
     "bond_energy",
+    "cell_list",
     "checkpoint_info",
     "coulomb",
     "forces",
