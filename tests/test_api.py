@@ -199,6 +199,8 @@ PARTICLES_PUBLIC = [
     "missing_pairs", "morse", "neighbor_list", "pair_energy", "periodic", "plummer", "pressure",
     "radial_distribution", "reallocate", "simulate", "temperature", "total_momentum", "wca",
     "ShardedEnergy", "sharded", "CheckpointError", "checkpoint_info", "CellList", "cell_list",
+    "AngleEnergy", "angle_energy", "dihedral_energy", "bond_angle", "dihedral_angle",
+    "harmonic_angle", "periodic_torsion", "harmonic_improper",
 ]
 
 

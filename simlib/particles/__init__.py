@@ -14,6 +14,16 @@ Example:
     (11, 256, 3)
 """
 
+from ._bonded import (
+    AngleEnergy,
+    angle_energy,
+    bond_angle,
+    dihedral_angle,
+    dihedral_energy,
+    harmonic_angle,
+    harmonic_improper,
+    periodic_torsion,
+)
 from ._cells import CellList, cell_list
 from ._checkpoint import CheckpointError, checkpoint_info
 from ._dynamics import NVE, Integrator, Langevin, State
@@ -39,6 +49,7 @@ from ._space import Space, free, periodic
 __all__ = [
     "MIXING_RULES",
     "NVE",
+    "AngleEnergy",
     "BondEnergy",
     "CellList",
     "CheckpointError",
@@ -52,15 +63,21 @@ __all__ = [
     "ShardedEnergy",
     "State",
     "Trajectory",
+    "angle_energy",
     "angular_momentum",
+    "bond_angle",
     "bond_energy",
     "cell_list",
     "checkpoint_info",
     "coulomb",
+    "dihedral_angle",
+    "dihedral_energy",
     "forces",
     "free",
     "gravity",
     "harmonic",
+    "harmonic_angle",
+    "harmonic_improper",
     "kinetic_energy",
     "lattice",
     "lennard_jones",
@@ -71,6 +88,7 @@ __all__ = [
     "morse",
     "neighbor_list",
     "pair_energy",
+    "periodic_torsion",
     "periodic",
     "plummer",
     "pressure",
