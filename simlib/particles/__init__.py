@@ -45,6 +45,7 @@ from ._potentials import coulomb, gravity, harmonic, lennard_jones, morse, wca
 from ._sharded import ShardedEnergy, sharded
 from ._simulate import Trajectory, simulate
 from ._space import Space, free, periodic
+from ._topology import Topology, TopologyError, excluded_pairs, read_lammps_data
 
 __all__ = [
     "MIXING_RULES",
@@ -62,6 +63,8 @@ __all__ = [
     "Space",
     "ShardedEnergy",
     "State",
+    "Topology",
+    "TopologyError",
     "Trajectory",
     "angle_energy",
     "angular_momentum",
@@ -72,6 +75,7 @@ __all__ = [
     "coulomb",
     "dihedral_angle",
     "dihedral_energy",
+    "excluded_pairs",
     "forces",
     "free",
     "gravity",
@@ -93,6 +97,7 @@ __all__ = [
     "plummer",
     "pressure",
     "radial_distribution",
+    "read_lammps_data",
     "reallocate",
     "sharded",
     "simulate",
