@@ -201,7 +201,7 @@ PARTICLES_PUBLIC = [
     "ShardedEnergy", "sharded", "CheckpointError", "checkpoint_info", "CellList", "cell_list",
     "AngleEnergy", "angle_energy", "dihedral_energy", "bond_angle", "dihedral_angle",
     "harmonic_angle", "periodic_torsion", "harmonic_improper",
-    "Topology", "TopologyError", "read_lammps_data", "excluded_pairs",
+    "Topology", "TopologyError", "read_lammps_data", "excluded_pairs", "diffusion_coefficient",
 ]
 
 

@@ -34,6 +34,7 @@ from ._mixing import MIXING_RULES
 from ._neighbors import NeighborList, missing_pairs, neighbor_list, reallocate
 from ._observables import (
     angular_momentum,
+    diffusion_coefficient,
     kinetic_energy,
     mean_square_displacement,
     pressure,
@@ -73,6 +74,7 @@ __all__ = [
     "cell_list",
     "checkpoint_info",
     "coulomb",
+    "diffusion_coefficient",
     "dihedral_angle",
     "dihedral_energy",
     "excluded_pairs",
