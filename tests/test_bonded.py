@@ -161,3 +161,56 @@ def test_bad_inputs_are_refused():
 
     assert np.isnan(float(traced(jnp.asarray([[0, 1, 2, 7]]), x)))
     assert np.isfinite(float(traced(jnp.asarray([[0, 1, 2, 3]]), x)))
+
+
+def test_pair_correction_leaves_out_and_scales_pairs_as_a_numpy_sum_does():
+    """LJ with per-particle sigma over a 12-atom jiggled grid in a periodic box: pair energy plus
+    corrections equals a numpy sum in which 1-2/1-3 pairs are left out and 1-4 pairs are
+    halved; the virial likewise (the box-scaling derivative)."""
+    rng = np.random.default_rng(11)
+    n, box, r_cut = 12, 7.0, 3.0
+    grid = np.stack(np.meshgrid(np.arange(3), np.arange(2), np.arange(2), indexing="ij"), -1)
+    x = 1.2 + 1.6 * grid.reshape(-1, 3) + 0.1 * rng.standard_normal((n, 3))   # no overlaps
+    sigma = 1.0 + 0.1 * rng.random(n)
+    bonds = np.array([[k, k + 1] for k in range(5)])           # a chain of 6 atoms
+    ex = sp.excluded_pairs(bonds, n)
+    out = np.vstack([ex[1], ex[2]])
+    params = dict(sigma=jnp.asarray(sigma), epsilon=1.0)
+
+    def total(scale_box):
+        space = sp.periodic(box * scale_box)
+        lj = sp.pair_energy(sp.lennard_jones, space, r_cut=r_cut, shift=True)
+        return (lj + sp.pair_correction(lj, out) + sp.pair_correction(lj, ex[3], 0.5)), \
+            jnp.asarray(x * scale_box)
+
+    @jax.jit
+    def energy_and_virial(scale):
+        e, xs = total(scale)
+        return e(xs, params), e.virial(xs, params)
+
+    u_sim, w_sim = energy_and_virial(1.0)
+    i, j = np.triu_indices(n, 1)
+    d = x[i] - x[j]
+    d -= box * np.round(d / box)
+    r = np.linalg.norm(d, axis=1)
+    s = 0.5 * (sigma[i] + sigma[j])
+
+    def lj(r, s):
+        return 4 * ((s / r) ** 12 - (s / r) ** 6)
+
+    u = np.where(r < r_cut, lj(r, s) - lj(r_cut, s), 0.0)
+    weight = np.ones(len(i))
+    index = {(a, b): k for k, (a, b) in enumerate(zip(i, j, strict=True))}
+    for p in out.tolist():
+        weight[index[tuple(p)]] = 0.0
+    for p in ex[3].tolist():
+        weight[index[tuple(p)]] = 0.5
+    ref = float(np.sum(weight * u))
+    assert abs(float(u_sim) - ref) < 1e-10 * max(1.0, abs(ref))
+
+    h = 1e-6
+    fd = -(float(energy_and_virial(1 + h)[0]) - float(energy_and_virial(1 - h)[0])) / (2 * h)
+    assert abs(float(w_sim) - fd) < 1e-6 * max(1.0, abs(fd))
+    with pytest.raises(ValueError, match="listed twice"):
+        sp.pair_correction(sp.pair_energy(sp.lennard_jones, sp.periodic(box), r_cut=r_cut),
+                           [[0, 1], [1, 0]])

@@ -16,12 +16,14 @@ Example:
 
 from ._bonded import (
     AngleEnergy,
+    PairCorrection,
     angle_energy,
     bond_angle,
     dihedral_angle,
     dihedral_energy,
     harmonic_angle,
     harmonic_improper,
+    pair_correction,
     periodic_torsion,
 )
 from ._cells import CellList, cell_list
@@ -60,6 +62,7 @@ __all__ = [
     "Langevin",
     "MinimizeResult",
     "NeighborList",
+    "PairCorrection",
     "PairEnergy",
     "Space",
     "ShardedEnergy",
@@ -93,6 +96,7 @@ __all__ = [
     "missing_pairs",
     "morse",
     "neighbor_list",
+    "pair_correction",
     "pair_energy",
     "periodic_torsion",
     "periodic",

@@ -187,3 +187,67 @@ def dihedral_energy(potential: Callable, space: Space, dihedrals) -> AngleEnergy
     improper one, the quadruple whose dihedral measures the out-of-plane angle). Parameters:
     scalars or one value per dihedral."""
     return AngleEnergy(potential, space, _atoms("dihedral_energy", dihedrals, 4))
+
+
+@jax.tree_util.register_pytree_node_class
+class PairCorrection(Energy):
+    r"""Excluded and scaled pairs of a pair energy: :math:`U = (s - 1) \sum_{(i,j) \in P}
+    u(r_{ij})`, so that ``pair + correction`` leaves the pairs :math:`P` out (``s = 0``) or
+    scales them by ``s`` (AMBER's 1-4 pairs: 1/2 for Lennard-Jones). The pair energy's own
+    potential, cutoff, shift and mixing rules apply to each listed pair. Build it with
+    :func:`pair_correction`."""
+
+    def __init__(self, pair, pairs, scale):
+        self.pair = pair
+        self.pairs = pairs
+        self.scale = scale
+        self.space = pair.space
+        self.r_cut = None
+
+    def tree_flatten(self):
+        return (self.pair, self.pairs, self.scale), None
+
+    @classmethod
+    def tree_unflatten(cls, _, children):
+        return cls(*children)
+
+    def _pass(self, positions, params):
+        from ._mixing import PairParams
+
+        n, d = positions.shape
+        i, j = self.pairs[:, 0], self.pairs[:, 1]
+        dr = [self.space.minimum_image(positions[i, k] - positions[j, k], k) for k in range(d)]
+        valid = (i >= 0) & (j < n) & (i != j)
+        pp = PairParams(params, n, lambda a: a[i], lambda a: a[j], self.pair.rules)
+        u, c, r = self.pair._terms(dr, valid, pp, True)
+        ok = jnp.all((self.pairs >= 0) & (self.pairs < n))
+        return u, c, r, ok
+
+    def __call__(self, positions, params, neighbors=None):
+        u, _, _, ok = self._pass(jnp.asarray(positions), params)
+        return jnp.where(ok, (self.scale - 1.0) * jnp.sum(u), jnp.nan)
+
+    def virial(self, positions, params, neighbors=None):
+        _, c, r, ok = self._pass(jnp.asarray(positions), params)
+        return jnp.where(ok, -(self.scale - 1.0) * jnp.sum(c * r * r), jnp.nan)
+
+
+def pair_correction(pair, pairs, scale: float = 0.0) -> PairCorrection:
+    """Leave the pairs ``pairs`` (an ``(m, 2)`` integer array, e.g. from
+    :func:`~simlib.particles.excluded_pairs`) out of the pair energy ``pair`` (``scale=0``)
+    or scale them (``scale=0.5`` for AMBER's 1-4 Lennard-Jones): add the result to it,
+    ``pair + pair_correction(pair, pairs_12_13) + pair_correction(pair, pairs_14, 0.5)``.
+    Each pair must be listed once."""
+    from ._energy import PairEnergy
+
+    if not isinstance(pair, PairEnergy):
+        raise TypeError(f"pair_correction: pair must come from pair_energy(...), got "
+                        f"{type(pair).__name__}")
+    pairs = _atoms("pair_correction", pairs, 2)
+    if not is_tracer(pairs) and pairs.shape[0]:
+        p = np.sort(np.asarray(pairs), axis=1)
+        if len(np.unique(p, axis=0)) != len(p):
+            raise ValueError("pair_correction: a pair is listed twice; it would be "
+                             "corrected twice")
+    return PairCorrection(pair, pairs, jnp.asarray(scale, float) if not isinstance(
+        scale, (int, float)) else float(scale))
