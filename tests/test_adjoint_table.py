@@ -75,7 +75,8 @@ TRANSFORMS = {
 # fixed-step method).
 REFUSED = {("adaptive", a, t) for a in ("default", "Direct", "Checkpointed", "ForwardMode")
            for t in ("jacfwd", "hessian")} | {
-    (case, "Reversible", "jacfwd") for case in ("fixed", "simulate")}
+    (case, "Reversible", "jacfwd") for case in ("fixed", "simulate")} | {
+    ("simulate", "Reversible", "hessian")}
 NOT_APPLICABLE = {("adaptive", "Reversible", t) for t in TRANSFORMS}
 
 
