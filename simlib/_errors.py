@@ -237,8 +237,14 @@ def raise_solver_errors() -> Iterator[None]:
         log.addFilter(dropper)
     try:
         yield
-    except SolverError:
-        raise
+    except SolverError as err:
+        if err.__cause__ is None:
+            raise
+        # raised in the callback as it ran (an eager vmap executes there): a fresh error,
+        # so that JAX's chained stack trace is not printed before the message
+        fresh = SolverError(str(err), err.result, err.solution, member=err.member)
+        fresh.jax_error = err.__cause__
+        raise fresh from None
     except Exception as exc:  # noqa: BLE001 - re-raised unchanged unless it carries one
         err = SolverError.from_exception(exc)
         if err is None:

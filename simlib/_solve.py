@@ -8,6 +8,7 @@ when a run fails and ``throw=True``.
 from __future__ import annotations
 
 import difflib
+import functools
 from typing import Any
 
 import jax
@@ -17,7 +18,13 @@ import numpy as np
 from ._adaptive import adaptive_jit as _adaptive_jit
 from ._adjoint import AbstractAdjoint, Reversible, is_time_symmetric
 from ._auto import AUTOMATIC
-from ._errors import Result, SolverError, reporting_failures, result_message
+from ._errors import (
+    Result,
+    SolverError,
+    raise_solver_errors,
+    reporting_failures,
+    result_message,
+)
 from ._events import Event, as_events, check_events
 from ._fixed import fixed_iterations, grid_count, has_interpolant
 from ._fixed import fixed_jit as _fixed_jit
@@ -137,6 +144,21 @@ def _describe(tree) -> str:
     return str(jax.tree_util.tree_map(lambda x: f"{x.dtype}{list(x.shape)}", tree))
 
 
+def _message_first(fn):
+    """``fn`` with a failure raised by compiled code while it runs (an eager ``vmap`` of
+    ``solve`` executes there) re-raised as the :class:`SolverError` it carries: the
+    message first, naming the member, the JAX error kept as ``err.jax_error`` instead of
+    55 lines of chained traceback (:func:`simlib.raise_solver_errors`)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with raise_solver_errors():
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+@_message_first
 def solve(
     f: VectorField,
     y0: PyTree,
