@@ -41,7 +41,7 @@ from ._solve import (
     DEFAULT_MAX_STEPS,
     _as_array_tree,
     _CastToState,
-    _check_finite_scalar,
+    _check_scalar,
     _describe,
     _tolerances,
 )
@@ -321,7 +321,7 @@ def solve_ensemble(
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     max_steps, chunk_steps, min_bucket = int(max_steps), int(chunk_steps), int(min_bucket)
-    _check_finite_scalar(dt, "dt")
+    _check_scalar(dt, "dt")
     check_times(checks, None, None, dt)
 
     # members

@@ -134,7 +134,7 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
               adjoint: AbstractAdjoint | None, events, progress: bool = False) -> Solution:
     """The SDE branch of :func:`simlib.solve` (arguments as there); checks its arguments
     eagerly, naming the bad one."""
-    from ._solve import _as_array_tree, _bar, _check_finite_scalar, _raise_if_failed, _tolerances
+    from ._solve import _as_array_tree, _bar, _check_scalar, _raise_if_failed, _tolerances
 
     if key is None:
         raise ValueError("key is required for an SDE (diffusion=...): give a JAX key, e.g. "
@@ -192,7 +192,7 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
 
     y0 = _as_array_tree(y0, "y0")
     for name, x in (("t0", t0), ("t1", t1), ("dt", dt)):
-        _check_finite_scalar(x, name)
+        _check_scalar(x, name)
     check_state(checks, y0)
     check_times(checks, t0, t1, dt, forward_only=True)
     check_args(checks, args)
@@ -251,6 +251,7 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
         if every:
             jax.block_until_ready(sol)
             bar.set(n_iter)
+    sol = checks.apply(sol, throw=bool(throw), t1=t1, max_steps=max_steps)
     if throw and not traced:
         _raise_if_failed(sol, t1, max_steps)
     return sol

@@ -70,7 +70,7 @@ def _as_array_tree(y0, name: str) -> PyTree:
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _check_finite_scalar(x, name: str):
+def _check_scalar(x, name: str):
     """``x`` a scalar (a structural check, also for tracers); its value is checked by
     :func:`simlib._validate.check_times`, concrete or traced."""
     if x is None:
@@ -103,8 +103,8 @@ def _tolerances(rtol, atol, checks: Checks | None = None):
     ``checks``)."""
     rtol = atol if rtol is None else rtol
     atol = rtol if atol is None else atol
-    _check_finite_scalar(rtol, "rtol")
-    _check_finite_scalar(atol, "atol")
+    _check_scalar(rtol, "rtol")
+    _check_scalar(atol, "atol")
     check_tolerances(Checks("solve") if checks is None else checks, rtol, atol)
     return rtol, atol
 
@@ -302,7 +302,7 @@ def solve(
         )
     y0 = _as_array_tree(y0, "y0")
     for name, x in (("t0", t0), ("t1", t1), ("dt", dt)):
-        _check_finite_scalar(x, name)
+        _check_scalar(x, name)
     checks = Checks("solve")
     check_state(checks, y0)
     check_times(checks, t0, t1, dt)

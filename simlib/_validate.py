@@ -63,17 +63,17 @@ class Checks:
             return
         if not is_tracer(operands):
             mask, shown = test(np, *(np.asarray(x) for x in operands))
+            shown = np.ravel(np.broadcast_to(shown, np.shape(mask)))
             mask = np.ravel(mask)
             if mask.size and mask.any():
                 i = int(np.argmax(mask))
-                shown = np.ravel(np.broadcast_to(shown, np.shape(mask) or (1,)))
                 raise ValueError(message.format(index=i, value=_fmt(shown[i])))
             return
         mask, shown = test(jnp, *(jnp.asarray(x) for x in operands))
+        shown = jnp.ravel(jnp.broadcast_to(jnp.asarray(shown), jnp.shape(mask)))
         mask = jnp.ravel(mask)
         if mask.size == 0:
             return
-        shown = jnp.ravel(jnp.broadcast_to(jnp.asarray(shown), mask.shape))
         i = jnp.argmax(mask).astype(jnp.int32)
         self.pending.append(_Pending(code, message, jnp.any(mask), i,
                                      shown[i].astype(jnp.result_type(float))))
