@@ -322,7 +322,6 @@ def solve_ensemble(
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     max_steps, chunk_steps, min_bucket = int(max_steps), int(chunk_steps), int(min_bucket)
     _check_scalar(dt, "dt")
-    check_times(checks, None, None, dt)
 
     # members
     y0s = _as_array_tree(y0s, "y0s")
