@@ -2,19 +2,20 @@
 
 ``sl.least_squares`` (Moré's trust-region Levenberg-Marquardt, default settings) against
 scipy's ``least_squares`` with ``method="lm"`` (MINPACK's ``lmder``) and ``method="trf"``,
-on the 47 cases of :mod:`validation.mgh` from the paper's standard starting points, every
+on the 47 cases of ``validation/mgh.py`` from the paper's standard starting points, every
 solver with ``ftol = xtol = gtol = 1e-10``, at most ``100 (n + 1)`` residual evaluations and
 the exact Jacobian (``jax.jacfwd``). A run *solves* a problem when its final
-:math:`f = \\sum_i f_i^2` is within 1e-4 (relative, plus 1e-12 absolute) of a minimum the
+f = sum_i f_i^2 is within 1e-4 (relative, plus 1e-12 absolute) of a minimum the
 paper lists; a *false convergence* is a run that reports success away from every listed
 minimum at a point that is not stationary: the largest cosine between the residual and a
-Jacobian column, :math:`\\max_j |J_j^T r| / (\\|J_j\\| \\|r\\|)`, above 1e-4 with a nonzero
+Jacobian column, max_j |J_j^T r| / (|J_j| |r|), above 1e-4 with a nonzero
 residual. Checks: simlib solves at least as many as scipy's ``lm`` and never converges
 falsely. The full run adds a real-data fit: Lotka-Volterra rates and initial populations
 from the Hudson's Bay Company lynx and hare pelts (1900-1920), log residuals, started from
 the prior means of Carpenter's Stan case study, against scipy ``lm`` over ``solve_ivp``.
-``--quick`` runs six of the problems (those where the previous Levenberg-Marquardt stopped
-short or failed, and the two that MINPACK does not solve from its standard start).
+``--quick`` runs six of the problems: four where the previous Levenberg-Marquardt stopped
+short or converged falsely, Gulf (which MINPACK's lm does not solve from its start) and
+Freudenstein-Roth (which every solver here ends at the paper's local minimum).
 """
 
 from __future__ import annotations
