@@ -24,6 +24,7 @@ the whole loop is one ``lax.while_loop`` under ``jit``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -110,14 +111,9 @@ def least_squares(
         (3.0, 1.5)
     """
     steps = _check_positive_int(steps, "steps")
-    tols = {}
-    for name, value in (("tol", tol), ("ftol", ftol), ("xtol", xtol), ("gtol", gtol)):
-        value = tol if value is None else value
-        if not (isinstance(value, (int, float)) and value > 0):
-            raise ValueError(f"{name} must be a positive number, got {value!r}")
-        tols[name] = float(value)
-    if not (isinstance(factor, (int, float)) and factor > 0 and np.isfinite(factor)):
-        raise ValueError(f"factor must be a positive finite number, got {factor!r}")
+    tols = {name: _positive_number(tol if value is None else value, name)
+            for name, value in (("tol", tol), ("ftol", ftol), ("xtol", xtol), ("gtol", gtol))}
+    factor = _positive_number(factor, "factor")
     if jacobian not in ("auto", "fwd", "rev"):
         raise ValueError(f"jacobian must be 'auto', 'fwd' or 'rev', got {jacobian!r}")
     if not callable(residuals):
@@ -135,7 +131,7 @@ def least_squares(
         raise TypeError(f"calling residuals(params0) failed: {type(err).__name__}: {err}") \
             from err
     mode = jacobian if jacobian != "auto" else ("fwd" if u0.shape[0] <= n else "rev")
-    settings = (tols["ftol"], tols["xtol"], tols["gtol"], float(factor))
+    settings = (tols["ftol"], tols["xtol"], tols["gtol"], factor)
     run = jax.jit(_lm_loop(flat_res, mode, steps))
     start = time.perf_counter()
     try:
@@ -170,6 +166,17 @@ def least_squares(
         result.update(stderr=gn.stderr, correlation=gn.correlation, covariance=gn.covariance,
                       gauss_newton=gn)
     return FitResult(**result)
+
+
+def _positive_number(value: Any, name: str) -> float:
+    """``value`` as a positive finite float, or a ValueError naming ``name``."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return number
 
 
 def _linearise(flat_res: Callable, jac_fn: Callable, u: jax.Array, scale: jax.Array | None):
