@@ -222,11 +222,12 @@ def solve(
             ``"krylov"`` (matrix-free GMRES, ILU(0)-preconditioned when the native kernels
             load) or a linear-solver instance (:class:`DenseLU`, :class:`BandedLU`,
             :class:`SparseLU`, :class:`NewtonKrylov`). ``"auto"`` takes the banded LU for
-            ``jac_bandwidth``, the sparse LU for ``jac_sparsity``, and otherwise dense LU
-            below 256 states; from 256 states it detects the pattern from ``f`` and goes
-            sparse when at most 10% of ``J`` may be non-zero. ``"banded"``, ``"sparse"``
-            and ``"krylov"`` without a pattern detect it. The method and its step
-            sequence are the same whichever is used (docs/pde.md).
+            ``jac_bandwidth``; for ``jac_sparsity`` the banded LU when the pattern's band
+            is at most 16 wide, else the sparse LU; with neither, dense LU below 256
+            states, and from 256 states the pattern detected from ``f`` (banded or sparse
+            as before) when at most 10% of ``J`` may be non-zero. ``"banded"``,
+            ``"sparse"`` and ``"krylov"`` without a pattern detect it. The method and its
+            step sequence are the same whichever is used (docs/pde.md).
 
     Returns:
         A :class:`Solution`.

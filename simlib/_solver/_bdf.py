@@ -348,13 +348,14 @@ class BDF(LinearAlgebra, AbstractSolver):
 
     def interpolate(self, f: VectorField, args, t, y: PyTree, h, y1: PyTree, dense, theta):
         """``y(t + theta h)`` from the interpolating polynomial through the differences:
-        ``sum_j D_j prod_{i<j} (theta - 1 + i) / (i + 1)``."""
-        _, unravel = ravel_pytree(y)
+        ``sum_j D_j prod_{i<j} (theta - 1 + i) / (i + 1)``; ``y`` itself when ``h = 0``
+        (a save time at ``t0``, before any step, whose ``dense`` is a placeholder)."""
+        v, unravel = ravel_pytree(y)
         th = jnp.asarray(theta, dense.dtype)
         i = jnp.arange(MAX_ORDER, dtype=dense.dtype)
         weights = jnp.concatenate([jnp.ones((1,), dense.dtype),
                                    jnp.cumprod((th - 1 + i) / (i + 1))])
-        return unravel(weights @ dense)
+        return unravel(jnp.where(h == 0, v.astype(dense.dtype), weights @ dense))
 
     def num_fevals(self, n_steps, n_accepted):
         """None per se: every evaluation is a Newton iteration, counted in the state."""
