@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import _native
+from ._cells import CellList, cell_pass, check_cells
 from ._mixing import MIXING_RULES, PairParams
 from ._potentials import gravity, is_long_range, lennard_jones
 from ._space import Space, free
@@ -149,7 +150,9 @@ class PairEnergy(Energy):
             raise ValueError(f"positions must have shape (n, d), got {positions.shape}")
         if positions.shape[0] == 0:
             raise ValueError(f"positions has no particles (shape {positions.shape})")
-        if neighbors is not None:
+        if isinstance(neighbors, CellList):
+            check_cells(neighbors, self, positions)
+        elif neighbors is not None:
             if self.r_cut is None:
                 raise ValueError("a neighbour list was given but this energy has no r_cut; "
                                  "build it with pair_energy(..., r_cut=...)")
@@ -196,6 +199,8 @@ class PairEnergy(Energy):
     def __call__(self, positions, params, neighbors=None):
         """The total energy :math:`U = \\sum_{i<j} u(r_{ij})`, a scalar."""
         positions = self._check(positions, neighbors)
+        if isinstance(neighbors, CellList):
+            return cell_pass(self, positions, params, neighbors, False)[0]
         if neighbors is not None:
             u, _, _, _ = self._neighbor_pass(positions, params, neighbors, False)
             return 0.5 * jnp.sum(u)
@@ -206,6 +211,9 @@ class PairEnergy(Energy):
     def energy_and_forces(self, positions, params, neighbors=None):
         """The energy and the forces ``(n, d)`` in one pass."""
         positions = self._check(positions, neighbors)
+        if isinstance(neighbors, CellList):
+            u, f, _ = cell_pass(self, positions, params, neighbors, True)
+            return u, f[neighbors.atom_slot]
         if self._direct_gravity(positions, params, neighbors):
             if _native.load() is not None:
                 return _gravity_native(positions, params, self)
@@ -272,6 +280,8 @@ class PairEnergy(Energy):
     def virial(self, positions, params, neighbors=None):
         r"""The pair virial :math:`W = \sum_{i<j} r_{ij}\cdot f_{ij} = -\sum_{i<j} r u'(r)`."""
         positions = self._check(positions, neighbors)
+        if isinstance(neighbors, CellList):
+            return cell_pass(self, positions, params, neighbors, True)[2]
         if neighbors is not None:
             _, c, r, _ = self._neighbor_pass(positions, params, neighbors, True)
             return -0.5 * jnp.sum(c * r * r)
