@@ -216,6 +216,36 @@ def test_fixed_step_against_the_discrete_solution(solver_name, setting):
                                atol=1e-10 * np.max(np.abs(expected)))
 
 
+def backward_euler_numpy(diffusion, y0, h, steps):
+    """NumPy's backward Euler on ``u' = D A u``: ``(I - h D A)^-steps y0``."""
+    step = np.linalg.solve(np.eye(M) - h * diffusion * A_HEAT, np.eye(M))
+    return np.linalg.matrix_power(step, steps) @ y0
+
+
+def test_fixed_step_gradient_and_vmap():
+    # the cheap representative of the gradient and vmap checks (the adaptive ones are slow):
+    # backward Euler with the sparse LU, vmap over D against NumPy's discrete solutions, and
+    # d sum(u(T)) / dD against central differences of NumPy's discrete solution
+    h, steps = 0.01, 10
+    x = np.arange(1, M + 1) / (M + 1)
+    y0 = np.sin(np.pi * x) + 0.5 * np.sin(3 * np.pi * x)
+
+    def final(diffusion):
+        return sl.solve(heat, jnp.asarray(y0), 0.0, h * steps, solver=sl.BackwardEuler(),
+                        dt=h, args=diffusion, **FIXED_SETTINGS["sparse"]).ys[-1]
+
+    ds = np.array([0.5, 1.0, 2.0])
+    batched = np.asarray(jax.vmap(final)(jnp.asarray(ds)))
+    for i, d in enumerate(ds):
+        np.testing.assert_allclose(batched[i], backward_euler_numpy(d, y0, h, steps),
+                                   rtol=1e-8, atol=1e-12)
+    grad = float(jax.grad(lambda d: jnp.sum(final(d)))(jnp.float64(1.0)))
+    eps = 1e-6
+    fd = (np.sum(backward_euler_numpy(1 + eps, y0, h, steps))
+          - np.sum(backward_euler_numpy(1 - eps, y0, h, steps))) / (2 * eps)
+    np.testing.assert_allclose(grad, fd, rtol=1e-7)
+
+
 # ---------------------------------------------------------------------- gradients, vmap
 
 
@@ -225,7 +255,7 @@ def gradient_cases():
                             ("Rodas5P", "banded"), ("Rodas5P", "sparse"),
                             ("Rodas5P", "krylov"), ("Kvaerno5", "sparse"),
                             ("Kvaerno5", "banded"), ("Kvaerno5", "krylov")]:
-        marks = [] if (solver, setting) == ("Rodas5P", "sparse") else [pytest.mark.slow]
+        marks = [pytest.mark.slow]  # the default suite: test_fixed_step_gradient_and_vmap
         if setting == "krylov" and not NATIVE:
             marks.append(pytest.mark.skip(reason="ILU(0) needs the native kernels"))
         out.append(pytest.param(solver, setting, marks=marks, id=f"{solver}-{setting}"))
@@ -252,7 +282,7 @@ NO_SPARSE_VMAP = pytest.mark.xfail(
     "with a batched predicate, broadcasts every operand, the pattern arrays included, and "
     "the kernel rejects them (simlib_sparse_lu: shapes); a custom_vmap around the FFI call "
     "met JAX's 'consts batched' assertion: not done")
-VMAP_SETTINGS = [pytest.param("banded", id="banded"),
+VMAP_SETTINGS = [pytest.param("banded", id="banded", marks=pytest.mark.slow),
                  pytest.param("sparse", id="sparse", marks=[pytest.mark.slow, NO_SPARSE_VMAP]),
                  pytest.param("krylov", id="krylov", marks=[pytest.mark.slow] + (
                      [NO_SPARSE_VMAP] if NATIVE
