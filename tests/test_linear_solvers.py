@@ -310,3 +310,25 @@ def test_bdf_saves_the_initial_state_at_t0():
                    rtol=1e-8, atol=1e-10, saveat=sl.SaveAt(ts=np.linspace(0.0, 1.0, 3)))
     expected = np.exp(-np.linspace(0.0, 1.0, 3))[:, None] * np.array([4.5, 2.0])
     np.testing.assert_allclose(np.asarray(sol.ys), expected, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_detection_under_grad_and_jit():
+    # the pattern is detected while solve is traced (args are tracers under grad and jit);
+    # it failed with a TracerArrayConversionError before detection ran eagerly on abstract
+    # args
+    y0 = jnp.asarray(y0_flat().reshape(N, 2))
+
+    def loss(alpha, linear_solver):
+        return jnp.sum(sl.solve(systems.brusselator_1d, y0, 0.0, 1.0, solver=sl.Kvaerno5(),
+                                rtol=1e-10, atol=1e-10, args=(1.0, 3.0, alpha),
+                                linear_solver=linear_solver).ys[-1])
+
+    grad = float(jax.grad(loss)(jnp.float64(0.02), "sparse"))
+    fd = central_differences(lambda a: loss(a[0], "sparse"), np.array([0.02]), eps=1e-5)[0]
+    np.testing.assert_allclose(grad, fd, rtol=1e-5)
+    jitted = float(jax.jit(lambda a: loss(a, "banded"))(jnp.float64(0.02)))
+    ref = np.sum(scipy.integrate.solve_ivp(
+        bruss_numpy, (0.0, 1.0), y0_flat(), method="Radau", rtol=1e-12, atol=1e-12,
+        args=(1.0, 3.0, 0.02)).y[:, -1])
+    assert abs(jitted - ref) <= 10 * (1e-10 + 1e-10 * abs(ref)) * 2 * N

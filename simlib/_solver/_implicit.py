@@ -281,6 +281,39 @@ def _bandwidth(pattern) -> tuple[int, int]:
     return int(max(0, (m.row - m.col).max())), int(max(0, (m.col - m.row).max()))
 
 
+def detect_sparsity(f: VectorField, y0: PyTree, t0, args):
+    """The pattern of ``df/dy`` on the flattened state, from ``f``'s jaxpr
+    (:func:`simlib._linalg._sparsity.jacobian_sparsity`), with ``args`` as inputs of
+    unknown value: they may be tracers (``solve`` under ``jax.grad`` or ``vmap``), and the
+    pattern must hold for every value of them."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from .._linalg._sparsity import Dep, Free, _Interpreter, _norm, _rows_of, _size
+
+    v, unravel = ravel_pytree(y0)
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    specs = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in leaves]
+
+    def g(t, w, *arg_leaves):
+        a = jax.tree_util.tree_unflatten(treedef, arg_leaves)
+        return ravel_pytree(f(t, unravel(w), a))[0].astype(v.dtype)
+
+    t_spec = jax.ShapeDtypeStruct(jnp.shape(t0), jnp.result_type(t0))
+    closed = jax.make_jaxpr(g)(t_spec, jax.ShapeDtypeStruct(v.shape, v.dtype), *specs)
+    n = v.size
+    interp = _Interpreter(n)
+    start = Dep(v.shape, _norm(sp.identity(n, dtype=np.int32, format="csr")))
+    # the interpreter runs primitives on arrays of element numbers: eagerly, even when
+    # solve is being traced (under jit, grad or vmap)
+    with jax.ensure_compile_time_eval():
+        (out,) = interp.run(closed, [Free(t_spec.shape), start,
+                                     *[Free(spec.shape) for spec in specs]])
+    m = sp.csr_matrix(_rows_of(out, n, _size(out.shape)), dtype=bool)
+    m.sort_indices()
+    return m
+
+
 def configure(solver, f: VectorField, y0: PyTree, t0, args, *, jac_sparsity=None,
               jac_bandwidth=None, linear_solver=None):
     """``solver`` with the linear solver that ``solve``'s options ask for (see
@@ -295,7 +328,6 @@ def configure(solver, f: VectorField, y0: PyTree, t0, args, *, jac_sparsity=None
     from .._linalg._banded import Banded
     from .._linalg._kernels import load as load_native
     from .._linalg._krylov import Krylov
-    from .._linalg._sparsity import jacobian_sparsity
 
     asked = (jac_sparsity is not None or jac_bandwidth is not None
              or linear_solver not in (None, "auto"))
@@ -315,8 +347,9 @@ def configure(solver, f: VectorField, y0: PyTree, t0, args, *, jac_sparsity=None
                 f"either to the solver or to solve(), not both")
         ls = solver.linear_solver
         if isinstance(ls, Sparse) and ls.pattern is None:
-            g, v, _ = flat_field(f, y0, args)
-            return solver.with_linear_solver(ls.bind(g, t0, v))
+            return solver.with_linear_solver(
+                Sparse(detect_sparsity(f, y0, t0, args), ls.kernel, ls.ordering,
+                       ls.color_order))
         return solver
     if isinstance(linear_solver, LinearSolver):
         if jac_sparsity is not None or jac_bandwidth is not None:
@@ -338,7 +371,7 @@ def configure(solver, f: VectorField, y0: PyTree, t0, args, *, jac_sparsity=None
                              f"{linear_solver!r} contradicts it")
         if jac_sparsity is not None:
             raise ValueError("give jac_sparsity or jac_bandwidth, not both")
-    g, v, _ = flat_field(f, y0, args)
+    _, v, _ = flat_field(f, y0, args)
     n = v.size
     if jac_sparsity is not None:
         from .._linalg._coloring import as_pattern
@@ -349,7 +382,7 @@ def configure(solver, f: VectorField, y0: PyTree, t0, args, *, jac_sparsity=None
                              f"components; got {shape}")
 
     def pattern():
-        return jacobian_sparsity(g, t0, v) if jac_sparsity is None else jac_sparsity
+        return detect_sparsity(f, y0, t0, args) if jac_sparsity is None else jac_sparsity
 
     if linear_solver == "dense":
         if jac_sparsity is not None:
@@ -374,7 +407,7 @@ def configure(solver, f: VectorField, y0: PyTree, t0, args, *, jac_sparsity=None
     # auto without a pattern
     if n < AUTO_DETECT_MIN_STATES or callable(solver.jac) or solver.jac != "fwd":
         return solver
-    detected = jacobian_sparsity(g, t0, v)
+    detected = detect_sparsity(f, y0, t0, args)
     if detected.nnz <= AUTO_SPARSE_MAX_DENSITY * n * n:
         return solver.with_linear_solver(_sparse_or_banded(detected))
     return solver
