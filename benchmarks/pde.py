@@ -227,7 +227,8 @@ def jax_runner(prob, name):
                     sol.result == 0)
     elif name in SIMLIB:
         options = {"simlib BDF (banded)": dict(jac_bandwidth=tuple(prob.bandwidth)),
-                   "simlib BDF (sparse)": dict(jac_sparsity=prob.sparsity),
+                   "simlib BDF (sparse)": dict(jac_sparsity=prob.sparsity,
+                                               linear_solver="sparse"),
                    "simlib BDF (Krylov)": dict(jac_sparsity=prob.sparsity,
                                                linear_solver="krylov")}[name]
 
