@@ -16,6 +16,7 @@ Example:
 
 from ._checkpoint import CheckpointError, checkpoint_info
 from ._dynamics import NVE, Integrator, Langevin, State
+from ._electrostatics import PME, Ewald, EwaldParameters, ewald, ewald_parameters, pme
 from ._energy import BondEnergy, Energy, PairEnergy, bond_energy, forces, pair_energy
 from ._initial import lattice, maxwell_boltzmann, plummer
 from ._minimize import MinimizeResult, minimize
@@ -40,6 +41,9 @@ __all__ = [
     "NVE",
     "BondEnergy",
     "CheckpointError",
+    "Ewald",
+    "EwaldParameters",
+    "PME",
     "Energy",
     "Integrator",
     "Langevin",
@@ -54,6 +58,8 @@ __all__ = [
     "bond_energy",
     "checkpoint_info",
     "coulomb",
+    "ewald",
+    "ewald_parameters",
     "forces",
     "free",
     "gravity",
@@ -69,6 +75,7 @@ __all__ = [
     "neighbor_list",
     "pair_energy",
     "periodic",
+    "pme",
     "plummer",
     "pressure",
     "radial_distribution",
