@@ -28,6 +28,7 @@ Accuracy parameters follow Kolafa & Perram (Mol. Sim. 9, 351 (1992)); see
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -227,25 +228,38 @@ class _Coulomb(Energy):
                 + self._exclusion_correction(positions, q, box))
 
     # -- public ------------------------------------------------------------------------
-    def __call__(self, positions, params, neighbors=None):
-        """The electrostatic energy (a scalar); ``params['charges']`` is ``(n,)``."""
+    def _prepare(self, positions, params, neighbors):
+        """Checks that need no values (shapes, the neighbour list) and the eager value
+        checks; returns positions and charges."""
         positions = self._check(positions)
         q = self._charges(positions, params)
+        self._valid(self._box(positions.dtype))
+        self._real._check(positions, neighbors)
+        return positions, q
+
+    def __call__(self, positions, params, neighbors=None):
+        """The electrostatic energy (a scalar); ``params['charges']`` is ``(n,)``."""
+        positions, q = self._prepare(positions, params, neighbors)
+        return _energy_jit(self, positions, q, neighbors)
+
+    def energy_and_forces(self, positions, params, neighbors=None):
+        """The energy and the forces ``(n, 3)``: the real-space pairs in one direct pass,
+        the rest by reverse mode."""
+        positions, q = self._prepare(positions, params, neighbors)
+        return _energy_and_forces_jit(self, positions, q, neighbors)
+
+    def _energy(self, positions, q, neighbors):
         box = self._box(positions.dtype)
         ok = self._valid(box)
         e = (self._real(positions, self._real_params(q), neighbors)
              + self._long_range(positions, q, box))
         return jnp.where(ok, self.coulomb_constant * e, jnp.nan)
 
-    def energy_and_forces(self, positions, params, neighbors=None):
-        """The energy and the forces ``(n, 3)``: the real-space pairs in one direct pass,
-        the rest by reverse mode."""
-        positions = self._check(positions)
-        q = self._charges(positions, params)
+    def _energy_and_forces(self, positions, q, neighbors):
         box = self._box(positions.dtype)
         ok = self._valid(box)
-        e_real, f_real = self._real._energy_and_forces(
-            self._real._check(positions, neighbors), self._real_params(q), neighbors)
+        e_real, f_real = self._real._energy_and_forces(positions, self._real_params(q),
+                                                       neighbors)
         e_long, g_long = jax.value_and_grad(self._long_range)(positions, q, box)
         k = self.coulomb_constant
         return (jnp.where(ok, k * (e_real + e_long), jnp.nan),
@@ -256,14 +270,16 @@ class _Coulomb(Energy):
         scaled coordinates ``(3,)``: the exact box derivative of this energy (with
         :math:`\alpha`, the cutoff and the k-vectors or grid held fixed). The pressure tensor
         is :math:`P_{aa} = (2K_{aa} + W_{aa})/V`."""
-        positions = self._check(positions)
-        box = self._box(positions.dtype)
+        positions, q = self._prepare(positions, params, neighbors)
+        return _virial_jit(self, positions, q, neighbors)
 
+    def _virial(self, positions, q, neighbors):
+        box = self._box(positions.dtype)
         children, static = self.tree_flatten()
 
         def scaled(lam):
             energy = type(self).tree_unflatten(static, (Space(box * lam, True), *children[1:]))
-            return energy(positions * lam, params, neighbors)
+            return energy._energy(positions * lam, q, neighbors)
 
         return -jax.grad(scaled)(jnp.ones(3, positions.dtype))
 
@@ -271,6 +287,12 @@ class _Coulomb(Energy):
         r"""The scalar virial :math:`W = \sum_a W_{aa}` (see :meth:`virial_tensor`), so that
         :func:`~simlib.particles.pressure` gives :math:`P = (2K + W)/(3V)`."""
         return jnp.sum(self.virial_tensor(positions, params, neighbors))
+
+
+# one compiled program per energy structure (the energy is a pytree argument)
+_energy_jit = jax.jit(lambda energy, x, q, nbrs: energy._energy(x, q, nbrs))
+_energy_and_forces_jit = jax.jit(lambda energy, x, q, nbrs: energy._energy_and_forces(x, q, nbrs))
+_virial_jit = jax.jit(lambda energy, x, q, nbrs: energy._virial(x, q, nbrs))
 
 
 def _exclusions(exclusions, exclusion_scale):
@@ -457,12 +479,13 @@ def _bspline_weights(w, order: int):
     :math:`M_2` (Essmann et al. 1995, eq. 4.1)."""
     m = [w, 1.0 - w]
     for n in range(3, order + 1):
-        prev = m + [jnp.zeros_like(w)]
+        prev = m + [0.0 * w]
         m = [((w + j) * prev[j] + (n - w - j) * (prev[j - 1] if j else 0.0)) / (n - 1)
              for j in range(n)]
     return m
 
 
+@functools.lru_cache(maxsize=64)
 def _bspline_moduli(size: int, order: int) -> np.ndarray:
     r""":math:`|b(m)|^2 = 1/|\sum_{k=0}^{p-2} M_p(k+1) e^{2\pi i mk/K}|^2` for
     :math:`m = 0..K-1` (Essmann et al. 1995, eq. 4.4). Where the sum vanishes (odd
