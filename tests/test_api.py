@@ -199,6 +199,7 @@ PARTICLES_PUBLIC = [
     "missing_pairs", "morse", "neighbor_list", "pair_energy", "periodic", "plummer", "pressure",
     "radial_distribution", "reallocate", "simulate", "temperature", "total_momentum", "wca",
     "ShardedEnergy", "sharded", "CheckpointError", "checkpoint_info",
+    "Ewald", "EwaldParameters", "PME", "ewald", "ewald_parameters", "pme",
 ]
 
 

@@ -106,7 +106,7 @@ def ewald_parameters(box, r_cut: float, tolerance: float = 1e-6, *,
 
     Example:
         >>> ewald_parameters(3.0, 1.0, 1e-5)
-        EwaldParameters(alpha=3.5322..., kmax=(10, 10, 10), grid=(24, 24, 24))
+        EwaldParameters(alpha=3.4937..., kmax=(12, 12, 12), grid=(112, 112, 112))
     """
     b = _box3(box)
     if not 0 < tolerance < 1:
