@@ -556,9 +556,11 @@ class PME(_Coulomb):
         kx, ky, kz = (int(g) for g in self.grid)
         mods = [_bspline_moduli(g, self.order) for g in (kx, ky, kz)]
         mz = np.arange(kz // 2 + 1)
-        b = (mods[0][:, None, None] * mods[1][None, :, None] * mods[2][None, None, mz])
         count = np.where((mz == 0) | (2 * mz == kz), 1.0, 2.0)      # rfft: +-m_z twice
-        static = jnp.asarray(b * count[None, None, :], dtype)
+        # B(m) as an outer product in the graph: three small constants, not one of the grid's
+        # size (large literals are slow to compile)
+        bx, by, bz = (jnp.asarray(v, dtype) for v in (mods[0], mods[1], mods[2][mz] * count))
+        static = bx[:, None, None] * by[None, :, None] * bz[None, None, :]
         m = [jnp.asarray(np.fft.fftfreq(g, 1.0 / g), dtype) / box[a]
              for a, g in enumerate((kx, ky))]
         m.append(jnp.asarray(mz, dtype) / box[2])
