@@ -35,6 +35,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.scipy.special import erf, erfc
 
 from .._util import is_tracer
@@ -222,6 +223,32 @@ class _Coulomb(Energy):
     def _reciprocal(self, positions, q, box):
         raise NotImplementedError
 
+    def _real_space(self, positions, q, box, neighbors, want_forces):
+        r"""The pair sum :math:`\sum_{i<j} q_iq_j\operatorname{erfc}(\alpha r)/r` (and its
+        forces): ``pair_energy``'s kernel for a neighbour list or many particles; for at
+        most ``tile`` particles one broadcast pass over all pairs, with the closed-form
+        derivative :math:`-\partial_r(\operatorname{erfc}(\alpha r)/r) =
+        [\operatorname{erfc}(\alpha r)/r + 2\alpha e^{-\alpha^2r^2}/\sqrt\pi]/r`."""
+        n = positions.shape[0]
+        if neighbors is not None or n > self.tile:
+            params = self._real_params(q)
+            if want_forces:
+                return self._real._energy_and_forces(positions, params, neighbors)
+            return self._real(positions, params, neighbors), None
+        d = Space(box, True).displacement(positions[:, None, :], positions[None, :, :])
+        r2 = jnp.sum(d * d, axis=-1)
+        mask = ~np.eye(n, dtype=bool) & (r2 < self.r_cut**2)
+        r2 = jnp.where(mask, r2, 1.0)
+        inv_r = lax.rsqrt(r2)
+        alpha = jnp.asarray(self.alpha, positions.dtype)
+        qq = q[:, None] * q[None, :]
+        u = jnp.where(mask, qq * erfc(alpha * r2 * inv_r) * inv_r, 0.0)
+        if not want_forces:
+            return 0.5 * jnp.sum(u), None
+        c = jnp.where(mask, (u + qq * (2 / math.sqrt(math.pi)) * alpha
+                             * jnp.exp(-alpha * alpha * r2)) * inv_r * inv_r, 0.0)
+        return 0.5 * jnp.sum(u), jnp.sum(c[:, :, None] * d, axis=1)
+
     def _long_range(self, positions, q, box):
         """Everything but the real-space pair sum (unscaled by the Coulomb constant)."""
         return (self._reciprocal(positions, q, box) + self._constant_terms(q, box)
@@ -251,15 +278,14 @@ class _Coulomb(Energy):
     def _energy(self, positions, q, neighbors):
         box = self._box(positions.dtype)
         ok = self._valid(box)
-        e = (self._real(positions, self._real_params(q), neighbors)
+        e = (self._real_space(positions, q, box, neighbors, False)[0]
              + self._long_range(positions, q, box))
         return jnp.where(ok, self.coulomb_constant * e, jnp.nan)
 
     def _energy_and_forces(self, positions, q, neighbors):
         box = self._box(positions.dtype)
         ok = self._valid(box)
-        e_real, f_real = self._real._energy_and_forces(positions, self._real_params(q),
-                                                       neighbors)
+        e_real, f_real = self._real_space(positions, q, box, neighbors, True)
         e_long, g_long = jax.value_and_grad(self._long_range)(positions, q, box)
         k = self.coulomb_constant
         return (jnp.where(ok, k * (e_real + e_long), jnp.nan),
