@@ -202,6 +202,7 @@ PARTICLES_PUBLIC = [
     "lattice", "lennard_jones", "maxwell_boltzmann", "mean_square_displacement", "minimize",
     "missing_pairs", "morse", "neighbor_list", "pair_energy", "periodic", "plummer", "pressure",
     "radial_distribution", "reallocate", "simulate", "temperature", "total_momentum", "wca",
+    "Ewald", "EwaldParameters", "PME", "ewald", "ewald_parameters", "pme",
     "ShardedEnergy", "sharded", "CheckpointError", "checkpoint_info", "CellList", "cell_list",
     "AngleEnergy", "angle_energy", "dihedral_energy", "bond_angle", "dihedral_angle",
     "harmonic_angle", "periodic_torsion", "harmonic_improper",
