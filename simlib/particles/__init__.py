@@ -14,8 +14,22 @@ Example:
     (11, 256, 3)
 """
 
+from ._bonded import (
+    AngleEnergy,
+    PairCorrection,
+    angle_energy,
+    bond_angle,
+    dihedral_angle,
+    dihedral_energy,
+    harmonic_angle,
+    harmonic_improper,
+    pair_correction,
+    periodic_torsion,
+)
+from ._cells import CellList, cell_list
 from ._checkpoint import CheckpointError, checkpoint_info
 from ._dynamics import NVE, Integrator, Langevin, State
+from ._electrostatics import PME, Ewald, EwaldParameters, ewald, ewald_parameters, pme
 from ._energy import BondEnergy, Energy, PairEnergy, bond_energy, forces, pair_energy
 from ._initial import lattice, maxwell_boltzmann, plummer
 from ._minimize import MinimizeResult, minimize
@@ -23,9 +37,11 @@ from ._mixing import MIXING_RULES
 from ._neighbors import NeighborList, missing_pairs, neighbor_list, reallocate
 from ._observables import (
     angular_momentum,
+    diffusion_coefficient,
     kinetic_energy,
     mean_square_displacement,
     pressure,
+    pressure_tensor,
     radial_distribution,
     temperature,
     total_momentum,
@@ -34,30 +50,50 @@ from ._potentials import coulomb, gravity, harmonic, lennard_jones, morse, wca
 from ._sharded import ShardedEnergy, sharded
 from ._simulate import Trajectory, simulate
 from ._space import Space, free, periodic
+from ._topology import Topology, TopologyError, excluded_pairs, read_lammps_data
 
 __all__ = [
     "MIXING_RULES",
     "NVE",
+    "AngleEnergy",
     "BondEnergy",
+    "CellList",
     "CheckpointError",
+    "Ewald",
+    "EwaldParameters",
+    "PME",
     "Energy",
     "Integrator",
     "Langevin",
     "MinimizeResult",
     "NeighborList",
+    "PairCorrection",
     "PairEnergy",
     "Space",
     "ShardedEnergy",
     "State",
+    "Topology",
+    "TopologyError",
     "Trajectory",
+    "angle_energy",
     "angular_momentum",
+    "bond_angle",
     "bond_energy",
+    "cell_list",
     "checkpoint_info",
     "coulomb",
+    "ewald",
+    "ewald_parameters",
+    "diffusion_coefficient",
+    "dihedral_angle",
+    "dihedral_energy",
+    "excluded_pairs",
     "forces",
     "free",
     "gravity",
     "harmonic",
+    "harmonic_angle",
+    "harmonic_improper",
     "kinetic_energy",
     "lattice",
     "lennard_jones",
@@ -67,11 +103,16 @@ __all__ = [
     "missing_pairs",
     "morse",
     "neighbor_list",
+    "pair_correction",
     "pair_energy",
+    "periodic_torsion",
     "periodic",
+    "pme",
     "plummer",
     "pressure",
+    "pressure_tensor",
     "radial_distribution",
+    "read_lammps_data",
     "reallocate",
     "sharded",
     "simulate",
