@@ -35,6 +35,9 @@ class Result(IntEnum):
     NEWTON_FAILED = 7
     EVENT_CAPACITY_EXCEEDED = 8
 
+    BOX_TOO_SMALL = 15
+    INVALID_BOX = 16
+
     def __str__(self) -> str:
         return self.name
 
@@ -86,6 +89,17 @@ _MESSAGES = {
         "a non-terminal event crossed zero more often than its capacity by t={t:.17g} "
         "(step {step}); crossings beyond the capacity were not recorded: raise "
         "Event(..., capacity=...)"
+    ),
+
+    Result.BOX_TOO_SMALL: (
+        "the periodic box is smaller than twice the interaction range (found at t={t:.17g}, "
+        "step {step}): its shortest side is below 2 r_cut (the energy's cutoff, or the "
+        "neighbour list's r_cut + skin), so minimum images miss pairs within the cutoff; "
+        "use a larger box or a smaller r_cut"
+    ),
+    Result.INVALID_BOX: (
+        "the periodic box has a side length that is zero, negative or not finite (found at "
+        "t={t:.17g}, step {step}); periodic(box) needs positive, finite side lengths"
     ),
 }
 

@@ -163,6 +163,8 @@ def test_result_codes():
         "SUCCESSFUL", "MAX_STEPS_REACHED", "NONFINITE_STATE", "STEP_SIZE_TOO_SMALL",
         "NEIGHBOR_LIST_OVERFLOW", "NEIGHBOR_LIST_MISSED_PAIRS", "UNSTABLE_DYNAMICS",
         "NEWTON_FAILED", "EVENT_CAPACITY_EXCEEDED",
+
+        "BOX_TOO_SMALL", "INVALID_BOX",
     }
     assert issubclass(sl.SolverError, RuntimeError)
 

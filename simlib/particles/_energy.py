@@ -27,7 +27,7 @@ from jax import lax
 from . import _native
 from ._mixing import MIXING_RULES, PairParams
 from ._potentials import gravity, is_long_range, lennard_jones
-from ._space import Space, free
+from ._space import Space, check_box, free, nan_unless_valid
 
 
 class Energy:
@@ -144,6 +144,8 @@ class PairEnergy(Energy):
         return jnp.where(mask, value, 0.0), jnp.where(mask, du / r, 0.0), r
 
     def _check(self, positions, neighbors):
+        """The positions as an array, after the eager checks, and the in-graph box code
+        (:func:`check_box`; ``None`` when the box was checked eagerly)."""
         positions = jnp.asarray(positions)
         if positions.ndim != 2:
             raise ValueError(f"positions must have shape (n, d), got {positions.shape}")
@@ -159,7 +161,9 @@ class PairEnergy(Energy):
             if neighbors.idx.shape[0] != positions.shape[0]:
                 raise ValueError(f"the neighbour list is for {neighbors.idx.shape[0]} particles, "
                                  f"positions has {positions.shape[0]}")
-        return positions
+        code = check_box(self.space, positions.shape[1], self.r_cut, caller="pair_energy",
+                         what="the energy's r_cut")
+        return positions, code
 
     def _neighbor_pass(self, positions, params, neighbors, want_derivative):
         n, d = positions.shape
@@ -194,18 +198,24 @@ class PairEnergy(Energy):
 
     # -- public ------------------------------------------------------------------------
     def __call__(self, positions, params, neighbors=None):
-        """The total energy :math:`U = \\sum_{i<j} u(r_{ij})`, a scalar."""
-        positions = self._check(positions, neighbors)
+        """The total energy :math:`U = \\sum_{i<j} u(r_{ij})`, a scalar (NaN for a traced
+        box that :func:`check_box` refuses)."""
+        positions, code = self._check(positions, neighbors)
         if neighbors is not None:
             u, _, _, _ = self._neighbor_pass(positions, params, neighbors, False)
-            return 0.5 * jnp.sum(u)
+            return nan_unless_valid(code, 0.5 * jnp.sum(u))
         out = self._tiles(positions, params,
                           lambda dr, valid, pp: jnp.sum(self._terms(dr, valid, pp, False)[0]))
-        return 0.5 * jnp.sum(out)
+        return nan_unless_valid(code, 0.5 * jnp.sum(out))
 
     def energy_and_forces(self, positions, params, neighbors=None):
-        """The energy and the forces ``(n, d)`` in one pass."""
-        positions = self._check(positions, neighbors)
+        """The energy and the forces ``(n, d)`` in one pass (NaN for a traced box that
+        :func:`check_box` refuses)."""
+        positions, code = self._check(positions, neighbors)
+        return nan_unless_valid(code, *self._dispatch(positions, params, neighbors))
+
+    def _dispatch(self, positions, params, neighbors):
+        """Energy and forces from the kernel that serves this call."""
         if self._direct_gravity(positions, params, neighbors):
             if _native.load() is not None:
                 return _gravity_native(positions, params, self)
@@ -271,16 +281,16 @@ class PairEnergy(Energy):
 
     def virial(self, positions, params, neighbors=None):
         r"""The pair virial :math:`W = \sum_{i<j} r_{ij}\cdot f_{ij} = -\sum_{i<j} r u'(r)`."""
-        positions = self._check(positions, neighbors)
+        positions, code = self._check(positions, neighbors)
         if neighbors is not None:
             _, c, r, _ = self._neighbor_pass(positions, params, neighbors, True)
-            return -0.5 * jnp.sum(c * r * r)
+            return nan_unless_valid(code, -0.5 * jnp.sum(c * r * r))
 
         def body(dr, valid, pp):
             _, c, r = self._terms(dr, valid, pp, True)
             return jnp.sum(c * r * r)
 
-        return -0.5 * jnp.sum(self._tiles(positions, params, body))
+        return nan_unless_valid(code, -0.5 * jnp.sum(self._tiles(positions, params, body)))
 
 
 def _gravity_arguments(positions, params):
@@ -504,19 +514,28 @@ class BondEnergy(Energy):
         c = jnp.where(nonzero, du / jnp.where(nonzero, r, 1.0), 0.0)
         return u, c, dr, r
 
+    def _check(self, positions):
+        positions = jnp.asarray(positions)
+        if positions.ndim != 2:
+            raise ValueError(f"bond_energy: positions must have shape (n, d), got "
+                             f"{positions.shape}")
+        return positions, check_box(self.space, positions.shape[1], caller="bond_energy")
+
     def __call__(self, positions, params, neighbors=None):
-        return jnp.sum(self._pass(jnp.asarray(positions), params, False)[0])
+        positions, code = self._check(positions)
+        return nan_unless_valid(code, jnp.sum(self._pass(positions, params, False)[0]))
 
     def energy_and_forces(self, positions, params, neighbors=None):
-        positions = jnp.asarray(positions)
+        positions, code = self._check(positions)
         u, c, dr, _ = self._pass(positions, params, True)
         f = -c[:, None] * dr
         forces = jnp.zeros_like(positions).at[self.bonds[:, 0]].add(f).at[self.bonds[:, 1]].add(-f)
-        return jnp.sum(u), forces
+        return nan_unless_valid(code, jnp.sum(u), forces)
 
     def virial(self, positions, params, neighbors=None):
-        _, c, _, r = self._pass(jnp.asarray(positions), params, True)
-        return -jnp.sum(c * r * r)
+        positions, code = self._check(positions)
+        _, c, _, r = self._pass(positions, params, True)
+        return nan_unless_valid(code, -jnp.sum(c * r * r))
 
 
 def bond_energy(potential: Callable, space: Space, bonds) -> BondEnergy:
