@@ -481,7 +481,8 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
     dt = jnp.asarray(dt, jnp.result_type(state.positions))
     traced = inside_trace() or any(
         isinstance(leaf, jax.core.Tracer)
-        for leaf in jax.tree_util.tree_leaves((state, params, dt, neighbors, integrator)))
+        for leaf in jax.tree_util.tree_leaves((state, params, dt, neighbors, integrator,
+                                               space, model.energy)))
     if key is None:      # a cached key in eager calls (a traced one must not be kept)
         key = jax.random.key(0) if traced else _default_key()
     if traced:
