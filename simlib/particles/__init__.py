@@ -14,6 +14,19 @@ Example:
     (11, 256, 3)
 """
 
+from ._bonded import (
+    AngleEnergy,
+    PairCorrection,
+    angle_energy,
+    bond_angle,
+    dihedral_angle,
+    dihedral_energy,
+    harmonic_angle,
+    harmonic_improper,
+    pair_correction,
+    periodic_torsion,
+)
+from ._cells import CellList, cell_list
 from ._checkpoint import CheckpointError, checkpoint_info
 from ._dynamics import NVE, Integrator, Langevin, State
 from ._energy import BondEnergy, Energy, PairEnergy, bond_energy, forces, pair_energy
@@ -23,6 +36,7 @@ from ._mixing import MIXING_RULES
 from ._neighbors import NeighborList, missing_pairs, neighbor_list, reallocate
 from ._observables import (
     angular_momentum,
+    diffusion_coefficient,
     kinetic_energy,
     mean_square_displacement,
     pressure,
@@ -34,30 +48,45 @@ from ._potentials import coulomb, gravity, harmonic, lennard_jones, morse, wca
 from ._sharded import ShardedEnergy, sharded
 from ._simulate import Trajectory, simulate
 from ._space import Space, free, periodic
+from ._topology import Topology, TopologyError, excluded_pairs, read_lammps_data
 
 __all__ = [
     "MIXING_RULES",
     "NVE",
+    "AngleEnergy",
     "BondEnergy",
+    "CellList",
     "CheckpointError",
     "Energy",
     "Integrator",
     "Langevin",
     "MinimizeResult",
     "NeighborList",
+    "PairCorrection",
     "PairEnergy",
     "Space",
     "ShardedEnergy",
     "State",
+    "Topology",
+    "TopologyError",
     "Trajectory",
+    "angle_energy",
     "angular_momentum",
+    "bond_angle",
     "bond_energy",
+    "cell_list",
     "checkpoint_info",
     "coulomb",
+    "diffusion_coefficient",
+    "dihedral_angle",
+    "dihedral_energy",
+    "excluded_pairs",
     "forces",
     "free",
     "gravity",
     "harmonic",
+    "harmonic_angle",
+    "harmonic_improper",
     "kinetic_energy",
     "lattice",
     "lennard_jones",
@@ -67,11 +96,14 @@ __all__ = [
     "missing_pairs",
     "morse",
     "neighbor_list",
+    "pair_correction",
     "pair_energy",
+    "periodic_torsion",
     "periodic",
     "plummer",
     "pressure",
     "radial_distribution",
+    "read_lammps_data",
     "reallocate",
     "sharded",
     "simulate",

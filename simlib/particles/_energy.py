@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import _native
+from ._cells import CellList, cell_pass, check_cells
 from ._mixing import MIXING_RULES, PairParams
 from ._potentials import gravity, is_long_range, lennard_jones
 from ._space import Space, check_box, free, nan_unless_valid
@@ -151,7 +152,9 @@ class PairEnergy(Energy):
             raise ValueError(f"positions must have shape (n, d), got {positions.shape}")
         if positions.shape[0] == 0:
             raise ValueError(f"positions has no particles (shape {positions.shape})")
-        if neighbors is not None:
+        if isinstance(neighbors, CellList):
+            check_cells(neighbors, self, positions)
+        elif neighbors is not None:
             if self.r_cut is None:
                 raise ValueError("a neighbour list was given but this energy has no r_cut; "
                                  "build it with pair_energy(..., r_cut=...)")
@@ -201,6 +204,9 @@ class PairEnergy(Energy):
         """The total energy :math:`U = \\sum_{i<j} u(r_{ij})`, a scalar (NaN for a traced
         box that :func:`check_box` refuses)."""
         positions, code = self._check(positions, neighbors)
+        if isinstance(neighbors, CellList):
+            return nan_unless_valid(code, cell_pass(self, positions, params, neighbors,
+                                                    False)[0])
         if neighbors is not None:
             u, _, _, _ = self._neighbor_pass(positions, params, neighbors, False)
             return nan_unless_valid(code, 0.5 * jnp.sum(u))
@@ -216,6 +222,9 @@ class PairEnergy(Energy):
 
     def _dispatch(self, positions, params, neighbors):
         """Energy and forces from the kernel that serves this call."""
+        if isinstance(neighbors, CellList):
+            u, f, _ = cell_pass(self, positions, params, neighbors, True)
+            return u, f[neighbors.atom_slot]
         if self._direct_gravity(positions, params, neighbors):
             if _native.load() is not None:
                 return _gravity_native(positions, params, self)
@@ -282,6 +291,9 @@ class PairEnergy(Energy):
     def virial(self, positions, params, neighbors=None):
         r"""The pair virial :math:`W = \sum_{i<j} r_{ij}\cdot f_{ij} = -\sum_{i<j} r u'(r)`."""
         positions, code = self._check(positions, neighbors)
+        if isinstance(neighbors, CellList):
+            return nan_unless_valid(code, cell_pass(self, positions, params, neighbors,
+                                                    True)[2])
         if neighbors is not None:
             _, c, r, _ = self._neighbor_pass(positions, params, neighbors, True)
             return nan_unless_valid(code, -0.5 * jnp.sum(c * r * r))

@@ -185,8 +185,10 @@ def check_run_box(energy, space: Space, neighbors, dim: int, caller: str) -> jax
     if isinstance(own, Space) and own is not space:
         checks.append((own, r_cut, "the energy's r_cut"))
     if neighbors is not None:
-        checks.append((neighbors.space, neighbors.r_cut + neighbors.skin,
-                       "the neighbour list's r_cut + skin"))
+        skin = getattr(neighbors, "skin", 0.0)          # a cell list has none
+        checks.append((neighbors.space, neighbors.r_cut + skin,
+                       "the neighbour list's r_cut + skin" if skin else
+                       "the cell list's r_cut"))
     codes = [check_box(s, dim, reach, caller=caller, what=what) for s, reach, what in checks]
     code = None
     for c in reversed([c for c in codes if c is not None]):
