@@ -108,6 +108,15 @@ def test_maxwell_boltzmann_refuses_a_negative_temperature(mode):
                   (-1.0,), match="kT must be a finite temperature >= 0")
 
 
+@pytest.mark.parametrize("mode", _modes("eager", "jit"))
+def test_a_nan_position_gives_nan_energy_and_forces(mode):
+    # old code: energy 0.0 (the nan atom's pairs failed the cutoff test and were dropped)
+    x = jnp.asarray(X).at[5, 1].set(jnp.nan)
+    out = call(mode, lambda x: (_energy(BOX)(x, LJ), sp.forces(_energy(BOX))(x, LJ)), (x,))
+    for leaf in out:
+        assert np.all(np.isnan(np.asarray(leaf))), f"{mode}: returned {leaf}"
+
+
 def _all_images_lj(x, box, r_cut):
     """Lennard-Jones (sigma = epsilon = 1) summed over every periodic image within r_cut,
     in numpy: the lattice sum that the minimum image equals only when r_cut <= box / 2."""

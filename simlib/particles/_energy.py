@@ -24,11 +24,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._errors import Result
 from . import _native
 from ._cells import CellList, cell_pass, check_cells
 from ._mixing import MIXING_RULES, PairParams
 from ._potentials import gravity, is_long_range, lennard_jones
-from ._space import Space, check_box, free, nan_unless_valid
+from ._space import Space, check_box, checked_upstream, free, nan_unless_valid
 
 
 class Energy:
@@ -166,7 +167,7 @@ class PairEnergy(Energy):
                                  f"positions has {positions.shape[0]}")
         code = check_box(self.space, positions.shape[1], self.r_cut, caller="pair_energy",
                          what="the energy's r_cut")
-        return positions, code
+        return positions, _with_finite_positions(code, positions)
 
     def _neighbor_pass(self, positions, params, neighbors, want_derivative):
         n, d = positions.shape
@@ -303,6 +304,18 @@ class PairEnergy(Energy):
             return jnp.sum(c * r * r)
 
         return nan_unless_valid(code, -0.5 * jnp.sum(self._tiles(positions, params, body)))
+
+
+def _with_finite_positions(code, positions):
+    """``code`` (from :func:`check_box`) with ``NONFINITE_STATE`` where some position is
+    not finite, so that the energy is NaN there: a pair with a NaN distance fails the
+    cutoff test and a neighbour list leaves a NaN particle out, which would otherwise sum
+    to a finite energy. Left out inside ``simulate``, which checks every step itself."""
+    if checked_upstream():
+        return code
+    finite = jnp.all(jnp.isfinite(lax.stop_gradient(positions)))
+    bad = jnp.where(finite, jnp.int32(Result.SUCCESSFUL), jnp.int32(Result.NONFINITE_STATE))
+    return bad if code is None else jnp.where(code != 0, code, bad)
 
 
 def _gravity_arguments(positions, params):
@@ -531,7 +544,8 @@ class BondEnergy(Energy):
         if positions.ndim != 2:
             raise ValueError(f"bond_energy: positions must have shape (n, d), got "
                              f"{positions.shape}")
-        return positions, check_box(self.space, positions.shape[1], caller="bond_energy")
+        code = check_box(self.space, positions.shape[1], caller="bond_energy")
+        return positions, _with_finite_positions(code, positions)
 
     def __call__(self, positions, params, neighbors=None):
         positions, code = self._check(positions)

@@ -203,6 +203,11 @@ _CHECKED_UPSTREAM: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "simlib_box_checked_upstream", default=False)
 
 
+def checked_upstream() -> bool:
+    """Whether :func:`box_checked_upstream` is active."""
+    return _CHECKED_UPSTREAM.get()
+
+
 @contextlib.contextmanager
 def box_checked_upstream() -> Iterator[None]:
     """Inside this block (while tracing), :func:`check_box` leaves a traced box to the
