@@ -204,7 +204,7 @@ PARTICLES_PUBLIC = [
     "AngleEnergy", "angle_energy", "dihedral_energy", "bond_angle", "dihedral_angle",
     "harmonic_angle", "periodic_torsion", "harmonic_improper",
     "Topology", "TopologyError", "read_lammps_data", "excluded_pairs", "diffusion_coefficient",
-    "PairCorrection", "pair_correction",
+    "PairCorrection", "pair_correction", "pressure_tensor",
 ]
 
 

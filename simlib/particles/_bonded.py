@@ -143,6 +143,15 @@ class AngleEnergy(Energy):
         return self._in_range(positions, -sum(jnp.sum(b * g)
                                               for b, g in zip(vectors, grads, strict=True)))
 
+    def virial_tensor(self, positions, params, neighbors=None):
+        r""":math:`W_{ab} = -\sum_k b_{k,a}\, \partial U / \partial b_{k,b}` over the terms'
+        displacement vectors, ``(3, 3)``."""
+        positions = self._checked(positions)
+        vectors = self._vectors(positions)
+        grads = jax.grad(self._from_vectors)(vectors, params)
+        w = -sum(jnp.einsum("ma,mb->ab", b, g) for b, g in zip(vectors, grads, strict=True))
+        return self._in_range(positions, w)
+
     def _checked(self, positions):
         positions = jnp.asarray(positions)
         if positions.ndim != 2 or positions.shape[1] != 3:
@@ -230,6 +239,14 @@ class PairCorrection(Energy):
     def virial(self, positions, params, neighbors=None):
         _, c, r, ok = self._pass(jnp.asarray(positions), params)
         return jnp.where(ok, -(self.scale - 1.0) * jnp.sum(c * r * r), jnp.nan)
+
+    def virial_tensor(self, positions, params, neighbors=None):
+        positions = jnp.asarray(positions)
+        _, c, _, ok = self._pass(positions, params)
+        i, j = self.pairs[:, 0], self.pairs[:, 1]
+        dr = self.space.displacement(positions[i], positions[j])
+        w = -(self.scale - 1.0) * jnp.einsum("m,ma,mb->ab", c, dr, dr)
+        return jnp.where(ok, w, jnp.nan)
 
 
 def pair_correction(pair, pairs, scale: float = 0.0) -> PairCorrection:

@@ -60,6 +60,11 @@ class Energy:
         r"""The pair virial :math:`W = \sum_{i<j} r_{ij}\cdot f_{ij}`, for the pressure."""
         raise NotImplementedError(f"{type(self).__name__} has no virial")
 
+    def virial_tensor(self, positions, params, neighbors=None):
+        r"""The virial tensor :math:`W_{ab} = \sum_{i<j} r_{ij,a} f_{ij,b}` ``(d, d)``, for the
+        pressure tensor; its trace is :meth:`virial`."""
+        raise NotImplementedError(f"{type(self).__name__} has no virial tensor")
+
     def __add__(self, other):
         if not isinstance(other, Energy):
             return NotImplemented
@@ -95,6 +100,9 @@ class SumEnergy(Energy):
 
     def virial(self, positions, params, neighbors=None):
         return sum(t.virial(positions, params, neighbors) for t in self.terms)
+
+    def virial_tensor(self, positions, params, neighbors=None):
+        return sum(t.virial_tensor(positions, params, neighbors) for t in self.terms)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -316,6 +324,28 @@ def _with_finite_positions(code, positions):
     finite = jnp.all(jnp.isfinite(lax.stop_gradient(positions)))
     bad = jnp.where(finite, jnp.int32(Result.SUCCESSFUL), jnp.int32(Result.NONFINITE_STATE))
     return bad if code is None else jnp.where(code != 0, code, bad)
+
+    def virial_tensor(self, positions, params, neighbors=None):
+        r"""The pair virial tensor :math:`W_{ab} = -\sum_{i<j} r_a r_b u'(r)/r`, ``(d, d)``."""
+        positions = self._check(positions, neighbors)
+        if isinstance(neighbors, CellList):
+            raise NotImplementedError("virial_tensor over a cell list: use a neighbour list "
+                                      "(or none) for the pressure tensor")
+        d = positions.shape[1]
+
+        def tensor(c, dr):
+            return jnp.stack([jnp.stack([jnp.sum(c * dr[a] * dr[b]) for b in range(d)])
+                              for a in range(d)])
+
+        if neighbors is not None:
+            _, c, _, dr = self._neighbor_pass(positions, params, neighbors, True)
+            return -0.5 * tensor(c, dr)
+
+        def body(dr, valid, pp):
+            _, c, _ = self._terms(dr, valid, pp, True)
+            return tensor(c, dr)
+
+        return -0.5 * jnp.sum(self._tiles(positions, params, body), axis=0)
 
 
 def _gravity_arguments(positions, params):
@@ -562,6 +592,10 @@ class BondEnergy(Energy):
         positions, code = self._check(positions)
         _, c, _, r = self._pass(positions, params, True)
         return nan_unless_valid(code, -jnp.sum(c * r * r))
+
+    def virial_tensor(self, positions, params, neighbors=None):
+        _, c, dr, _ = self._pass(jnp.asarray(positions), params, True)
+        return -jnp.einsum("m,ma,mb->ab", c, dr, dr)
 
 
 def bond_energy(potential: Callable, space: Space, bonds) -> BondEnergy:

@@ -64,6 +64,24 @@ def pressure(energy, positions, velocities, masses, params, *, space: Space | No
     return (2.0 * kinetic_energy(velocities, masses) + virial) / (d * space.volume(d))
 
 
+def pressure_tensor(energy, positions, velocities, masses, params, *,
+                    space: Space | None = None, neighbors=None) -> jax.Array:
+    r"""Instantaneous pressure tensor :math:`P_{ab} = \frac{1}{V}\left(\sum_i m_i v_{ia}
+    v_{ib} + W_{ab}\right)` with the virial tensor :math:`W_{ab} = \sum_{i<j} r_{ij,a}
+    f_{ij,b}` (Allen & Tildesley 2017, §2.7), ``(d, d)``; its trace over ``d`` is
+    :func:`pressure`. For anisotropic barostats (the diagonal) and shear stress (the
+    off-diagonal terms, e.g. for viscosity by Green-Kubo).
+    """
+    energy = as_energy(energy)
+    space = energy.space if space is None else space
+    x = jnp.asarray(positions)
+    v = jnp.asarray(velocities)
+    d = x.shape[-1]
+    m = _mass_column(masses, v)
+    kinetic = jnp.einsum("na,nb->ab", m * v, v)
+    return (kinetic + energy.virial_tensor(x, params, neighbors)) / space.volume(d)
+
+
 def radial_distribution(positions, space: Space, *, r_max: float, n_bins: int = 100):
     r"""The radial distribution function :math:`g(r)` of one or more frames.
 
