@@ -313,21 +313,9 @@ class PairEnergy(Energy):
 
         return nan_unless_valid(code, -0.5 * jnp.sum(self._tiles(positions, params, body)))
 
-
-def _with_finite_positions(code, positions):
-    """``code`` (from :func:`check_box`) with ``NONFINITE_STATE`` where some position is
-    not finite, so that the energy is NaN there: a pair with a NaN distance fails the
-    cutoff test and a neighbour list leaves a NaN particle out, which would otherwise sum
-    to a finite energy. Left out inside ``simulate``, which checks every step itself."""
-    if checked_upstream():
-        return code
-    finite = jnp.all(jnp.isfinite(lax.stop_gradient(positions)))
-    bad = jnp.where(finite, jnp.int32(Result.SUCCESSFUL), jnp.int32(Result.NONFINITE_STATE))
-    return bad if code is None else jnp.where(code != 0, code, bad)
-
     def virial_tensor(self, positions, params, neighbors=None):
         r"""The pair virial tensor :math:`W_{ab} = -\sum_{i<j} r_a r_b u'(r)/r`, ``(d, d)``."""
-        positions = self._check(positions, neighbors)
+        positions, code = self._check(positions, neighbors)
         if isinstance(neighbors, CellList):
             raise NotImplementedError("virial_tensor over a cell list: use a neighbour list "
                                       "(or none) for the pressure tensor")
@@ -339,13 +327,26 @@ def _with_finite_positions(code, positions):
 
         if neighbors is not None:
             _, c, _, dr = self._neighbor_pass(positions, params, neighbors, True)
-            return -0.5 * tensor(c, dr)
+            return nan_unless_valid(code, -0.5 * tensor(c, dr))
 
         def body(dr, valid, pp):
             _, c, _ = self._terms(dr, valid, pp, True)
             return tensor(c, dr)
 
-        return -0.5 * jnp.sum(self._tiles(positions, params, body), axis=0)
+        return nan_unless_valid(code, -0.5 * jnp.sum(self._tiles(positions, params, body),
+                                                     axis=0))
+
+
+def _with_finite_positions(code, positions):
+    """``code`` (from :func:`check_box`) with ``NONFINITE_STATE`` where some position is
+    not finite, so that the energy is NaN there: a pair with a NaN distance fails the
+    cutoff test and a neighbour list leaves a NaN particle out, which would otherwise sum
+    to a finite energy. Left out inside ``simulate``, which checks every step itself."""
+    if checked_upstream():
+        return code
+    finite = jnp.all(jnp.isfinite(lax.stop_gradient(positions)))
+    bad = jnp.where(finite, jnp.int32(Result.SUCCESSFUL), jnp.int32(Result.NONFINITE_STATE))
+    return bad if code is None else jnp.where(code != 0, code, bad)
 
 
 def _gravity_arguments(positions, params):
@@ -594,8 +595,9 @@ class BondEnergy(Energy):
         return nan_unless_valid(code, -jnp.sum(c * r * r))
 
     def virial_tensor(self, positions, params, neighbors=None):
-        _, c, dr, _ = self._pass(jnp.asarray(positions), params, True)
-        return -jnp.einsum("m,ma,mb->ab", c, dr, dr)
+        positions, code = self._check(positions)
+        _, c, dr, _ = self._pass(positions, params, True)
+        return nan_unless_valid(code, -jnp.einsum("m,ma,mb->ab", c, dr, dr))
 
 
 def bond_energy(potential: Callable, space: Space, bonds) -> BondEnergy:
