@@ -42,6 +42,9 @@ class Result(IntEnum):
     NONFINITE_Y0 = 13
     NONFINITE_ARGS = 14
 
+    BOX_TOO_SMALL = 15
+    INVALID_BOX = 16
+
     def __str__(self) -> str:
         return self.name
 
@@ -111,6 +114,17 @@ _MESSAGES = {
     ),
     Result.NONFINITE_Y0: "y0 must be finite, but it contains nan or inf",
     Result.NONFINITE_ARGS: "args must not contain nan",
+
+    Result.BOX_TOO_SMALL: (
+        "the periodic box is smaller than twice the interaction range (found at t={t:.17g}, "
+        "step {step}): its shortest side is below 2 r_cut (the energy's cutoff, or the "
+        "neighbour list's r_cut + skin), so minimum images miss pairs within the cutoff; "
+        "use a larger box or a smaller r_cut"
+    ),
+    Result.INVALID_BOX: (
+        "the periodic box has a side length that is zero, negative or not finite (found at "
+        "t={t:.17g}, step {step}); periodic(box) needs positive, finite side lengths"
+    ),
 }
 
 

@@ -249,11 +249,33 @@ class Checkpoint:
                                       f"is {a.dtype}, this run's is {jnp.asarray(t).dtype}")
             leaves.append(jnp.asarray(a))
         carry = jax.tree_util.tree_unflatten(treedef, leaves)
+        if header["code"] == 0:
+            _check_finite(self.path, carry)
         pieces = []
         if "records/0" in arrays:
             pieces = [tuple(jnp.asarray(arrays[f"records/{i}"]) for i in range(4))]
         return (carry, header["done"], pieces, header["code"], header["failed_at"],
                 header["failed_atom"], header["reallocations"])
+
+
+def _check_finite(path, carry) -> None:
+    """Refuse a checkpoint of a run without failure whose state is not finite (a run that
+    went non-finite would have stopped with a failure code): name the field and the first
+    atom, before any step runs (a step would report the atom that moved fastest)."""
+    for field in ("positions", "velocities", "forces"):
+        a = np.asarray(getattr(carry, field))
+        bad = ~np.all(np.isfinite(a), axis=-1)
+        if bad.any():
+            atom = int(np.argmax(bad))
+            raise CheckpointError(
+                f"simulate: the checkpoint {path} records a run without failure, but its "
+                f"{field} of atom {atom} are not finite ({a[atom].tolist()}): the file was "
+                f"altered or damaged; start afresh (resume=False overwrites it)")
+    if not np.isfinite(np.asarray(carry.potential_energy)):
+        raise CheckpointError(f"simulate: the checkpoint {path} records a run without "
+                              f"failure, but its potential energy is not finite: the file "
+                              f"was altered or damaged; start afresh (resume=False "
+                              f"overwrites it)")
 
 
 class _Stop:

@@ -24,11 +24,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._errors import Result
 from . import _native
 from ._cells import CellList, cell_pass, check_cells
 from ._mixing import MIXING_RULES, PairParams
 from ._potentials import gravity, is_long_range, lennard_jones
-from ._space import Space, free
+from ._space import Space, check_box, checked_upstream, free, nan_unless_valid
 
 
 class Energy:
@@ -153,6 +154,8 @@ class PairEnergy(Energy):
         return jnp.where(mask, value, 0.0), jnp.where(mask, du / r, 0.0), r
 
     def _check(self, positions, neighbors):
+        """The positions as an array, after the eager checks, and the in-graph box code
+        (:func:`check_box`; ``None`` when the box was checked eagerly)."""
         positions = jnp.asarray(positions)
         if positions.ndim != 2:
             raise ValueError(f"positions must have shape (n, d), got {positions.shape}")
@@ -170,7 +173,9 @@ class PairEnergy(Energy):
             if neighbors.idx.shape[0] != positions.shape[0]:
                 raise ValueError(f"the neighbour list is for {neighbors.idx.shape[0]} particles, "
                                  f"positions has {positions.shape[0]}")
-        return positions
+        code = check_box(self.space, positions.shape[1], self.r_cut, caller="pair_energy",
+                         what="the energy's r_cut")
+        return positions, _with_finite_positions(code, positions)
 
     def _neighbor_pass(self, positions, params, neighbors, want_derivative):
         n, d = positions.shape
@@ -205,20 +210,27 @@ class PairEnergy(Energy):
 
     # -- public ------------------------------------------------------------------------
     def __call__(self, positions, params, neighbors=None):
-        """The total energy :math:`U = \\sum_{i<j} u(r_{ij})`, a scalar."""
-        positions = self._check(positions, neighbors)
+        """The total energy :math:`U = \\sum_{i<j} u(r_{ij})`, a scalar (NaN for a traced
+        box that :func:`check_box` refuses)."""
+        positions, code = self._check(positions, neighbors)
         if isinstance(neighbors, CellList):
-            return cell_pass(self, positions, params, neighbors, False)[0]
+            return nan_unless_valid(code, cell_pass(self, positions, params, neighbors,
+                                                    False)[0])
         if neighbors is not None:
             u, _, _, _ = self._neighbor_pass(positions, params, neighbors, False)
-            return 0.5 * jnp.sum(u)
+            return nan_unless_valid(code, 0.5 * jnp.sum(u))
         out = self._tiles(positions, params,
                           lambda dr, valid, pp: jnp.sum(self._terms(dr, valid, pp, False)[0]))
-        return 0.5 * jnp.sum(out)
+        return nan_unless_valid(code, 0.5 * jnp.sum(out))
 
     def energy_and_forces(self, positions, params, neighbors=None):
-        """The energy and the forces ``(n, d)`` in one pass."""
-        positions = self._check(positions, neighbors)
+        """The energy and the forces ``(n, d)`` in one pass (NaN for a traced box that
+        :func:`check_box` refuses)."""
+        positions, code = self._check(positions, neighbors)
+        return nan_unless_valid(code, *self._dispatch(positions, params, neighbors))
+
+    def _dispatch(self, positions, params, neighbors):
+        """Energy and forces from the kernel that serves this call."""
         if isinstance(neighbors, CellList):
             u, f, _ = cell_pass(self, positions, params, neighbors, True)
             return u, f[neighbors.atom_slot]
@@ -287,22 +299,23 @@ class PairEnergy(Energy):
 
     def virial(self, positions, params, neighbors=None):
         r"""The pair virial :math:`W = \sum_{i<j} r_{ij}\cdot f_{ij} = -\sum_{i<j} r u'(r)`."""
-        positions = self._check(positions, neighbors)
+        positions, code = self._check(positions, neighbors)
         if isinstance(neighbors, CellList):
-            return cell_pass(self, positions, params, neighbors, True)[2]
+            return nan_unless_valid(code, cell_pass(self, positions, params, neighbors,
+                                                    True)[2])
         if neighbors is not None:
             _, c, r, _ = self._neighbor_pass(positions, params, neighbors, True)
-            return -0.5 * jnp.sum(c * r * r)
+            return nan_unless_valid(code, -0.5 * jnp.sum(c * r * r))
 
         def body(dr, valid, pp):
             _, c, r = self._terms(dr, valid, pp, True)
             return jnp.sum(c * r * r)
 
-        return -0.5 * jnp.sum(self._tiles(positions, params, body))
+        return nan_unless_valid(code, -0.5 * jnp.sum(self._tiles(positions, params, body)))
 
     def virial_tensor(self, positions, params, neighbors=None):
         r"""The pair virial tensor :math:`W_{ab} = -\sum_{i<j} r_a r_b u'(r)/r`, ``(d, d)``."""
-        positions = self._check(positions, neighbors)
+        positions, code = self._check(positions, neighbors)
         if isinstance(neighbors, CellList):
             raise NotImplementedError("virial_tensor over a cell list: use a neighbour list "
                                       "(or none) for the pressure tensor")
@@ -314,13 +327,26 @@ class PairEnergy(Energy):
 
         if neighbors is not None:
             _, c, _, dr = self._neighbor_pass(positions, params, neighbors, True)
-            return -0.5 * tensor(c, dr)
+            return nan_unless_valid(code, -0.5 * tensor(c, dr))
 
         def body(dr, valid, pp):
             _, c, _ = self._terms(dr, valid, pp, True)
             return tensor(c, dr)
 
-        return -0.5 * jnp.sum(self._tiles(positions, params, body), axis=0)
+        return nan_unless_valid(code, -0.5 * jnp.sum(self._tiles(positions, params, body),
+                                                     axis=0))
+
+
+def _with_finite_positions(code, positions):
+    """``code`` (from :func:`check_box`) with ``NONFINITE_STATE`` where some position is
+    not finite, so that the energy is NaN there: a pair with a NaN distance fails the
+    cutoff test and a neighbour list leaves a NaN particle out, which would otherwise sum
+    to a finite energy. Left out inside ``simulate``, which checks every step itself."""
+    if checked_upstream():
+        return code
+    finite = jnp.all(jnp.isfinite(lax.stop_gradient(positions)))
+    bad = jnp.where(finite, jnp.int32(Result.SUCCESSFUL), jnp.int32(Result.NONFINITE_STATE))
+    return bad if code is None else jnp.where(code != 0, code, bad)
 
 
 def _gravity_arguments(positions, params):
@@ -544,23 +570,34 @@ class BondEnergy(Energy):
         c = jnp.where(nonzero, du / jnp.where(nonzero, r, 1.0), 0.0)
         return u, c, dr, r
 
+    def _check(self, positions):
+        positions = jnp.asarray(positions)
+        if positions.ndim != 2:
+            raise ValueError(f"bond_energy: positions must have shape (n, d), got "
+                             f"{positions.shape}")
+        code = check_box(self.space, positions.shape[1], caller="bond_energy")
+        return positions, _with_finite_positions(code, positions)
+
     def __call__(self, positions, params, neighbors=None):
-        return jnp.sum(self._pass(jnp.asarray(positions), params, False)[0])
+        positions, code = self._check(positions)
+        return nan_unless_valid(code, jnp.sum(self._pass(positions, params, False)[0]))
 
     def energy_and_forces(self, positions, params, neighbors=None):
-        positions = jnp.asarray(positions)
+        positions, code = self._check(positions)
         u, c, dr, _ = self._pass(positions, params, True)
         f = -c[:, None] * dr
         forces = jnp.zeros_like(positions).at[self.bonds[:, 0]].add(f).at[self.bonds[:, 1]].add(-f)
-        return jnp.sum(u), forces
+        return nan_unless_valid(code, jnp.sum(u), forces)
 
     def virial(self, positions, params, neighbors=None):
-        _, c, _, r = self._pass(jnp.asarray(positions), params, True)
-        return -jnp.sum(c * r * r)
+        positions, code = self._check(positions)
+        _, c, _, r = self._pass(positions, params, True)
+        return nan_unless_valid(code, -jnp.sum(c * r * r))
 
     def virial_tensor(self, positions, params, neighbors=None):
-        _, c, dr, _ = self._pass(jnp.asarray(positions), params, True)
-        return -jnp.einsum("m,ma,mb->ab", c, dr, dr)
+        positions, code = self._check(positions)
+        _, c, dr, _ = self._pass(positions, params, True)
+        return nan_unless_valid(code, -jnp.einsum("m,ma,mb->ab", c, dr, dr))
 
 
 def bond_energy(potential: Callable, space: Space, bonds) -> BondEnergy:

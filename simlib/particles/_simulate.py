@@ -36,7 +36,7 @@ from ._cells import CellList
 from ._dynamics import NVE, Carry, Integrator, State
 from ._energy import as_energy
 from ._neighbors import NeighborList, reallocate
-from ._space import Space
+from ._space import Space, box_checked_upstream, check_run_box
 
 
 class Trajectory(NamedTuple):
@@ -131,7 +131,9 @@ class _Model:
         return cls(*children)
 
     def energy_and_forces(self, x, params, nbrs):
-        return self.energy.energy_and_forces(x, params, nbrs)
+        # the box is checked once, at the start (check_run_box in _initial), reported as a Result
+        with box_checked_upstream():
+            return self.energy.energy_and_forces(x, params, nbrs)
 
 
 def _kinetic(v, masses):
@@ -174,8 +176,8 @@ def _status(carry: Carry, masses, dt, limit):
     At one step, the first that applies: non-finite positions or velocities
     (``NONFINITE_STATE``); an atom whose speed carries it further than ``limit`` in one step
     (``UNSTABLE_DYNAMICS``); a neighbour-list overflow, then missed pairs; a non-finite
-    potential or kinetic energy (``NONFINITE_STATE``). The atom is the fastest (the first
-    with a non-finite speed), for the first two.
+    potential or kinetic energy (``NONFINITE_STATE``). The atom named is the first with a
+    non-finite position or velocity, for a non-finite state; the fastest otherwise.
     """
     x = lax.stop_gradient(carry.positions)
     v = lax.stop_gradient(carry.velocities)
@@ -193,8 +195,11 @@ def _status(carry: Carry, masses, dt, limit):
     dt = lax.stop_gradient(dt)
     too_far = fastest * (dt * dt) > limit * limit           # nan compares False: see below
     code = jnp.where(too_far, Result.UNSTABLE_DYNAMICS, code)
-    finite = jnp.all(jnp.isfinite(x)) & jnp.all(jnp.isfinite(v))
+    finite_atoms = jnp.all(jnp.isfinite(x), axis=-1) & jnp.all(jnp.isfinite(v), axis=-1)
+    finite = jnp.all(finite_atoms)
     code = jnp.where(finite, code, Result.NONFINITE_STATE)
+    if v2.size:   # the first non-finite atom (argmax of v2 would name any nan-speed atom)
+        atom = jnp.where(finite, atom, jnp.argmin(finite_atoms).astype(jnp.int32))
     named = (code == Result.UNSTABLE_DYNAMICS) | (code == Result.NONFINITE_STATE)
     return code, jnp.where(named, atom, -1)
 
@@ -350,13 +355,7 @@ def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neigh
                          f"particles, state has {x.shape[0]}")
     if neighbors is not None and getattr(energy, "r_cut", None) is None:
         raise ValueError("simulate: a neighbour list was given but the energy has no r_cut")
-    r_cut = getattr(energy, "r_cut", None)
-    if space.periodic and r_cut is not None and not isinstance(space.box, jax.core.Tracer):
-        half = 0.5 * float(np.min(np.asarray(space.box)))
-        if r_cut > half:
-            raise ValueError(f"simulate: the energy's r_cut={r_cut} exceeds half the shortest "
-                             f"side of the box ({half:.6g}): minimum images would miss pairs; "
-                             f"use a larger box (space=periodic(...)) or a smaller r_cut")
+    check_run_box(energy, space, neighbors, x.shape[1], "simulate")  # eager part
     if not np.isscalar(dt) and jnp.ndim(dt) != 0:
         raise ValueError(f"simulate: dt must be a scalar, got shape {jnp.shape(dt)}")
     if adjoint is not None and not isinstance(adjoint, (Direct, Checkpointed, Reversible)):
@@ -423,9 +422,13 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
           fastest one (the farthest outside the box, at the start).
         * ``Result.NONFINITE_STATE``: positions, velocities, or the potential or kinetic
           energy (in the state's dtype) are not finite; the atom named is the first one with
-          a non-finite velocity (or position, at the start).
+          a non-finite position or velocity.
         * ``Result.NEIGHBOR_LIST_OVERFLOW`` / ``NEIGHBOR_LIST_MISSED_PAIRS``: see
           :func:`neighbor_list` (eager calls reallocate and re-run instead).
+        * ``Result.BOX_TOO_SMALL`` / ``INVALID_BOX``, at step 0, for a traced box (under
+          ``jit``, ``vmap``, ``grad``) that the eager check would refuse with a
+          ``ValueError``: a side below twice the energy's ``r_cut`` (or the neighbour
+          list's ``r_cut + skin``), or one that is not positive and finite.
 
         At the same step, a non-finite state comes first, then a blow-up, then the list's
         codes: a list that overflows at the step an atom flew off did so because of it.
@@ -481,7 +484,8 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
     dt = jnp.asarray(dt, jnp.result_type(state.positions))
     traced = inside_trace() or any(
         isinstance(leaf, jax.core.Tracer)
-        for leaf in jax.tree_util.tree_leaves((state, params, dt, neighbors, integrator)))
+        for leaf in jax.tree_util.tree_leaves((state, params, dt, neighbors, integrator,
+                                               space, model.energy)))
     if key is None:      # a cached key in eager calls (a traced one must not be kept)
         key = jax.random.key(0) if traced else _default_key()
     if traced:
@@ -563,14 +567,21 @@ def _run_traced(model, integrator, state, masses, params, dt, key, n_frames, sav
         carry0 = _start(model, state, params, neighbors)
         (carry, code, failure), records = _frames(model, integrator, carry0, masses, params,
                                                   dt, key, n_frames, save_every, adjoint)
-    code, failure = _merge(_initial(model.space, state.positions), (code, failure))
+    code, failure = _merge(_initial(model, state.positions, neighbors), (code, failure))
     return _assemble(carry0, records, carry, masses, dt, save_every, code, failure,
                      _builds(carry.neighbors), jnp.int32(0))
 
 
-def _initial(space, positions):
-    """The start's own failure (non-finite, or far outside the box), at step 0."""
-    code, atom = _escaped(space, positions)
+def _initial(model, positions, neighbors):
+    """The start's own failure, at step 0: a traced box that :func:`check_box` refuses
+    (``BOX_TOO_SMALL``, ``INVALID_BOX``; it makes every later test meaningless, so it comes
+    first), a non-finite position, or one far outside the box."""
+    code, atom = _escaped(model.space, positions)
+    box = check_run_box(model.energy, model.space, neighbors, jnp.shape(positions)[1],
+                        "simulate")
+    if box is not None:
+        code = jnp.where(box != 0, box, code)
+        atom = jnp.where(box != 0, -1, atom)
     return code, _Failure(jnp.where(code != 0, 0, -1).astype(jnp.int32), atom)
 
 
@@ -673,7 +684,7 @@ def _initial_checks(model, carry0, positions, masses, dt):
     """The start's failure: its own (:func:`_initial`), then the first carry's."""
     limit = _move_limit(model, carry0.neighbors, carry0.positions.dtype)
     code, atom = _status(carry0, masses, dt, limit)
-    return _merge(_initial(model.space, positions),
+    return _merge(_initial(model, positions, carry0.neighbors),
                   (code, _Failure(jnp.where(code != 0, 0, -1).astype(jnp.int32), atom)))
 
 
