@@ -34,11 +34,14 @@ from ._potentials import coulomb, gravity, harmonic, lennard_jones, morse, wca
 from ._sharded import ShardedEnergy, sharded
 from ._simulate import Trajectory, simulate
 from ._space import Space, free, periodic
+from ._thermostats import Bussi, NoseHooverChain
 
 __all__ = [
     "MIXING_RULES",
     "NVE",
+    "NoseHooverChain",
     "BondEnergy",
+    "Bussi",
     "CheckpointError",
     "Energy",
     "Integrator",

@@ -1,0 +1,91 @@
+"""Thermostats (Nose-Hoover chains, stochastic velocity rescaling): the canonical law of the
+kinetic energy (a KS test against the gamma law, scipy), the conserved quantity's error
+going as dt^2, checkpoint and resume with the thermostat's state; the Lennard-Jones tail
+corrections against their closed forms and quadrature (scipy)."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from simlib import particles as sp
+from simlib.particles import _simulate
+
+KT = 1.0
+CHUNK = 2000            # every run below is whole chunks of 200 frames: one compile each
+
+
+def _system():
+    """32 WCA atoms at density 0.8: smooth at the cutoff, so the conserved quantity's
+    error is the integrator's alone."""
+    x, box = sp.lattice(2, 0.8)
+    space = sp.periodic(box)
+    energy = sp.pair_energy(sp.wca, space, r_cut=2 ** (1 / 6))
+    v = sp.maxwell_boltzmann(1.0, KT, key=jax.random.key(1), n=len(x))
+    v = v - jnp.mean(v, axis=0)
+    return energy, sp.State(x, v, 1.0), dict(sigma=1.0, epsilon=1.0), space
+
+
+def run(integrator, dt, n_steps, **kw):
+    energy, state, params, space = _system()
+    return sp.simulate(energy, state, params, space=space, dt=dt, n_steps=n_steps,
+                       save_every=10, integrator=integrator, key=jax.random.key(3),
+                       chunk_steps=CHUNK, **kw)
+
+
+THERMOSTATS = {"nose_hoover_chain": sp.NoseHooverChain(KT, 0.1), "bussi": sp.Bussi(KT, 0.1)}
+
+
+@pytest.fixture(scope="module", params=list(THERMOSTATS))
+def thermostat(request):
+    return THERMOSTATS[request.param]
+
+
+def test_kinetic_energy_is_canonical(thermostat):
+    """K follows the gamma law of shape N_f/2 and scale kT (N_f = 3(n - 1)): KS test on
+    frames 0.5 time units apart (several thermostat times, so nearly independent)."""
+    traj = run(thermostat, 0.005, 10 * CHUNK)
+    k = np.asarray(traj.kinetic_energy)[50::10]
+    nf = 3 * (traj.positions.shape[1] - 1)
+    test = stats.kstest(k, stats.gamma(nf / 2, scale=KT).cdf)
+    assert len(k) >= 190 and test.pvalue > 0.01, (len(k), test)
+
+
+def test_conserved_quantity_error_is_second_order(thermostat):
+    """Halving dt divides the largest excursion of the conserved quantity by 4 (order 2)."""
+    excursion = []
+    for dt in (0.002, 0.001):
+        h = np.asarray(run(thermostat, dt, CHUNK).conserved)
+        excursion.append(np.max(np.abs(h - h[0])))
+    order = math.log2(excursion[0] / excursion[1])
+    assert abs(order - 2.0) < 0.35, (excursion, order)
+
+
+def test_nose_hoover_resume_is_bit_identical(tmp_path, monkeypatch):
+    """A run stopped after its first chunk and resumed from the checkpoint ends bit for bit
+    where an uninterrupted one does: the chain's state is in the checkpoint."""
+    nhc = THERMOSTATS["nose_hoover_chain"]
+    reference = run(nhc, 0.005, 2 * CHUNK)
+    path = tmp_path / "nhc.npz"
+    original, calls = _simulate._frames_jit, []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(*args)
+
+    monkeypatch.setattr(_simulate, "_frames_jit", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(nhc, 0.005, 2 * CHUNK, checkpoint=path)
+    monkeypatch.setattr(_simulate, "_frames_jit", original)
+    assert sp.checkpoint_info(path)["steps_done"] == CHUNK
+    resumed = run(nhc, 0.005, 2 * CHUNK, checkpoint=path, resume=True)
+    for name in ("positions", "velocities", "conserved"):
+        assert np.array_equal(np.asarray(getattr(resumed, name)),
+                              np.asarray(getattr(reference, name))), name
