@@ -89,3 +89,55 @@ def test_nose_hoover_resume_is_bit_identical(tmp_path, monkeypatch):
     for name in ("positions", "velocities", "conserved"):
         assert np.array_equal(np.asarray(getattr(resumed, name)),
                               np.asarray(getattr(reference, name))), name
+
+
+# -- Lennard-Jones tail corrections -------------------------------------------------------
+
+def _tail_closed_forms(rho, r_cut, sigma, epsilon):
+    """U_tail/n and P_tail by quadrature of the full potential beyond r_cut (g = 1):
+    U/n = 2 pi rho int r^2 u dr, P = -(2 pi / 3) rho^2 int r^3 u'(r) dr."""
+    def u(r):
+        return 4 * epsilon * ((sigma / r) ** 12 - (sigma / r) ** 6)
+
+    def du(r):
+        return 4 * epsilon * (-12 * sigma**12 / r**13 + 6 * sigma**6 / r**7)
+
+    u_n = 2 * np.pi * rho * integrate.quad(lambda r: r * r * u(r), r_cut, np.inf)[0]
+    p = -2 * np.pi / 3 * rho**2 * integrate.quad(lambda r: r**3 * du(r), r_cut, np.inf)[0]
+    return u_n, p
+
+
+def test_tail_corrections_match_quadrature():
+    """The energy, virial and pressure that tail_correction=True adds equal the integrals of
+    the full potential beyond r_cut (scipy quad) to 1e-12, at the triple-point density where
+    the pressure tail is -0.762 (sigma = epsilon = 1, r_c = 2.5), and with sigma, epsilon != 1."""
+    x, box = sp.lattice(4, 0.8442)
+    space = sp.periodic(box)
+    v = jnp.zeros_like(x)
+    for sigma, epsilon in ((1.0, 1.0), (1.1, 0.7)):
+        params = dict(sigma=sigma, epsilon=epsilon)
+        plain = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
+        tailed = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5, tail_correction=True)
+        u_n, p_tail = _tail_closed_forms(0.8442, 2.5, sigma, epsilon)
+        n = len(x)
+        du = float(tailed(x, params) - plain(x, params)) / n
+        de = float(tailed.energy_and_forces(x, params)[0] - plain(x, params)) / n
+        dp = float(sp.pressure(tailed, x, v, 1.0, params) - sp.pressure(plain, x, v, 1.0, params))
+        assert du == pytest.approx(u_n, rel=1e-12, abs=0)
+        assert de == pytest.approx(u_n, rel=1e-12, abs=0)
+        assert dp == pytest.approx(p_tail, rel=1e-12, abs=0)
+        if sigma == 1.0:
+            assert p_tail == pytest.approx(-0.76213, abs=1e-5)
+        f0, f1 = plain.forces(x, params), tailed.forces(x, params)
+        assert np.array_equal(np.asarray(f0), np.asarray(f1))
+
+
+def test_tail_correction_is_refused_where_it_does_not_apply():
+    space = sp.periodic(10.0)
+    with pytest.raises(ValueError, match="shift"):
+        sp.pair_energy(sp.lennard_jones, space, r_cut=2.5, shift=True, tail_correction=True)
+    with pytest.raises(ValueError, match="lennard_jones"):
+        sp.pair_energy(sp.wca, space, r_cut=2.5, tail_correction=True)
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5, tail_correction=True)
+    with pytest.raises(ValueError, match="scalars"):
+        energy(jnp.ones((4, 3)), dict(sigma=jnp.ones(4), epsilon=1.0))
