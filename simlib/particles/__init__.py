@@ -14,6 +14,7 @@ Example:
     (11, 256, 3)
 """
 
+from ._barostats import StochasticCellRescaling
 from ._checkpoint import CheckpointError, checkpoint_info
 from ._dynamics import NVE, Integrator, Langevin, State
 from ._energy import BondEnergy, Energy, PairEnergy, bond_energy, forces, pair_energy
@@ -52,6 +53,7 @@ __all__ = [
     "Space",
     "ShardedEnergy",
     "State",
+    "StochasticCellRescaling",
     "Trajectory",
     "angular_momentum",
     "bond_energy",

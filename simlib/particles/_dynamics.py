@@ -64,7 +64,7 @@ class Integrator:
 
     stochastic = False
 
-    def init(self, model, carry: Carry, masses):
+    def init(self, model, carry: Carry, masses, params):
         """The integrator's own state at the start (``carry.extra``); ``None`` by default."""
         return None
 

@@ -291,7 +291,7 @@ def _start(model, state: State, params, neighbors, integrator=None):
     step = jnp.zeros((), jnp.int32)
     carry = Carry(x, jnp.asarray(state.velocities, x.dtype), f, e, nbrs, step)
     if integrator is not None:
-        carry = carry._replace(extra=integrator.init(model, carry, state.masses))
+        carry = carry._replace(extra=integrator.init(model, carry, state.masses, params))
     return carry
 
 

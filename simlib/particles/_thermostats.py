@@ -117,7 +117,7 @@ class NoseHooverChain(Integrator):
         q = jnp.full((self.chain_length,), kT * tau * tau, dtype)
         return q.at[0].multiply(nf)
 
-    def init(self, model, carry: Carry, masses):
+    def init(self, model, carry: Carry, masses, params):
         zeros = jnp.zeros((self.chain_length,), carry.velocities.dtype)
         return ChainState(zeros, zeros)
 
@@ -237,7 +237,7 @@ class Bussi(Integrator):
     def __repr__(self):
         return f"Bussi(kT={self.kT!r}, tau={self.tau!r})"
 
-    def init(self, model, carry: Carry, masses):
+    def init(self, model, carry: Carry, masses, params):
         return jnp.zeros((), carry.velocities.dtype)       # the heat taken out so far
 
     def _rescale(self, v, masses, nf, time, key, heat):
