@@ -200,7 +200,7 @@ PARTICLES_PUBLIC = [
     "radial_distribution", "reallocate", "simulate", "temperature", "total_momentum", "wca",
     "ShardedEnergy", "sharded", "CheckpointError", "checkpoint_info",
 ]
-PARTICLES_PUBLIC += ["Bussi", "NoseHooverChain", "StochasticCellRescaling"]  # thermostats and barostats (issue 27)
+PARTICLES_PUBLIC += ["Bussi", "NoseHooverChain", "StochasticCellRescaling"]  # issue 27
 
 
 def test_particles_all_is_pinned():

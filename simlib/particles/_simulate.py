@@ -650,7 +650,7 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
                 new_code = int(new_code)
                 if new_code == Result.NEIGHBOR_LIST_OVERFLOW:
                     # Re-run this chunk from its start with a list sized from what overflowed.
-                    bigger = reallocate(new.neighbors, carry.positions)
+                    bigger = reallocate(_sizing_list(new.neighbors, records), carry.positions)
                     bigger = bigger.replace(n_builds=carry.neighbors.n_builds + 1)
                     carry = carry._replace(neighbors=bigger)
                     reallocations += 1
@@ -696,6 +696,23 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
                 err.args = (f"{err.args[0]} [atom {failed_atom}]",)
             raise
     return traj
+
+
+def _sizing_list(nbrs, records):
+    """The list whose box sizes a reallocation: under a barostat (frames with a ``box``) the
+    smallest box of the chunk, less 5% for the steps between frames (cells sized for it fit
+    every larger box), but at least twice the list's reach; else ``nbrs`` itself."""
+    boxes = records[4].get("box") if isinstance(records[4], dict) else None
+    if boxes is None:
+        return nbrs
+    b = np.asarray(boxes)
+    b = b[np.all(np.isfinite(b), axis=1)]
+    if not len(b):
+        return nbrs
+    smallest = np.maximum(0.95 * b.min(axis=0), 2.0 * (nbrs.r_cut + nbrs.skin))
+    like = jnp.asarray(nbrs.space.box)
+    box = smallest.min() if like.ndim == 0 else smallest
+    return nbrs.replace(space=Space(jnp.asarray(box, like.dtype), True))
 
 
 def _initial_checks(model, integrator, carry0, positions, masses, dt):
