@@ -34,6 +34,8 @@ class Result(IntEnum):
     UNSTABLE_DYNAMICS = 6
     NEWTON_FAILED = 7
     EVENT_CAPACITY_EXCEEDED = 8
+    # 20-21: molecular dynamics (issue 27: thermostats, barostats, constraints)
+    CONSTRAINTS_NOT_CONVERGED = 20
 
     def __str__(self) -> str:
         return self.name
@@ -86,6 +88,12 @@ _MESSAGES = {
         "a non-terminal event crossed zero more often than its capacity by t={t:.17g} "
         "(step {step}); crossings beyond the capacity were not recorded: raise "
         "Event(..., capacity=...)"
+    ),
+    Result.CONSTRAINTS_NOT_CONVERGED: (
+        "the bond constraints (SHAKE/RATTLE) did not converge to their tolerance within "
+        "max_iterations sweeps at t={t:.17g} (step {step}); dt may be too large, the start "
+        "state may violate the constraints, or constraints may conflict (a rigid triangle "
+        "needs more sweeps: raise Rattle(..., max_iterations=...))"
     ),
 }
 

@@ -163,6 +163,7 @@ def test_result_codes():
         "SUCCESSFUL", "MAX_STEPS_REACHED", "NONFINITE_STATE", "STEP_SIZE_TOO_SMALL",
         "NEIGHBOR_LIST_OVERFLOW", "NEIGHBOR_LIST_MISSED_PAIRS", "UNSTABLE_DYNAMICS",
         "NEWTON_FAILED", "EVENT_CAPACITY_EXCEEDED",
+        "CONSTRAINTS_NOT_CONVERGED",  # issue 27
     }
     assert issubclass(sl.SolverError, RuntimeError)
 
@@ -200,7 +201,7 @@ PARTICLES_PUBLIC = [
     "radial_distribution", "reallocate", "simulate", "temperature", "total_momentum", "wca",
     "ShardedEnergy", "sharded", "CheckpointError", "checkpoint_info",
 ]
-PARTICLES_PUBLIC += ["Bussi", "NoseHooverChain", "StochasticCellRescaling"]  # issue 27
+PARTICLES_PUBLIC += ["Bussi", "NoseHooverChain", "Rattle", "StochasticCellRescaling"]  # issue 27
 
 
 def test_particles_all_is_pinned():

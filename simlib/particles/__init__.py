@@ -16,6 +16,7 @@ Example:
 
 from ._barostats import StochasticCellRescaling
 from ._checkpoint import CheckpointError, checkpoint_info
+from ._constraints import Rattle
 from ._dynamics import NVE, Integrator, Langevin, State
 from ._energy import BondEnergy, Energy, PairEnergy, bond_energy, forces, pair_energy
 from ._initial import lattice, maxwell_boltzmann, plummer
@@ -50,6 +51,7 @@ __all__ = [
     "MinimizeResult",
     "NeighborList",
     "PairEnergy",
+    "Rattle",
     "Space",
     "ShardedEnergy",
     "State",
