@@ -322,6 +322,28 @@ def test_rattle_keeps_bonds_and_conserves_energy():
     assert abs(order - 2.0) < 0.35, (excursion, order)
 
 
+def test_rattle_rigid_rotor_against_the_exact_rotation():
+    """A free rigid dimer spinning at omega = 2: the angular momentum stays exact (1e-12),
+    and the rotation angle's error per unit time goes as dt^2 against theta = omega t."""
+    omega = 2.0
+    x = jnp.array([[-0.5, 0.0, 0.0], [0.5, 0.0, 0.0]])
+    v = jnp.array([[0.0, -0.5 * omega, 0.0], [0.0, 0.5 * omega, 0.0]])
+    no_force = sp.pair_energy(soft, sp.free(), r_cut=0.5)         # the atoms stay 1 apart
+    errors = []
+    for dt in (0.01, 0.005):
+        n_steps = 400
+        traj = sp.simulate(no_force, sp.State(x, v, 1.0), dict(sigma=0.5, epsilon=1.0),
+                           space=sp.free(), dt=dt, n_steps=n_steps, save_every=100,
+                           integrator=sp.Rattle(np.array([[0, 1]]), 1.0))
+        spin = np.asarray(sp.angular_momentum(traj.positions, traj.velocities, 1.0))[:, 2]
+        assert np.max(np.abs(spin / omega * 2.0 - 1.0)) < 1e-12, spin
+        bond = np.asarray(traj.positions[-1, 1] - traj.positions[-1, 0])
+        theta = np.arctan2(bond[1], bond[0])
+        errors.append(abs(np.angle(np.exp(1j * (theta - omega * n_steps * dt)))) / (n_steps * dt))
+    order = math.log2(errors[0] / errors[1])
+    assert abs(order - 2.0) < 0.2, (errors, order)
+
+
 @pytest.mark.slow
 def test_rattle_failure_to_converge_is_reported():
     """One sweep allowed and a start that breaks the bonds: CONSTRAINTS_NOT_CONVERGED."""
