@@ -9,6 +9,7 @@
 #                                # atol 1e-7) instead of float64: for TPUs, which have no
 #                                # float64 units (XLA emulates it there, slowly)
 #   benchmarks/gpu.sh --only lj,gradients --lj-cells 32   # some sections; LJ of 4*32^3 atoms
+#   benchmarks/gpu.sh --only ljcells --lj-cells 40        # LJ by the cell-dense path only
 #   OUT=/tmp/gpu benchmarks/gpu.sh
 #
 # Sections run in order, each on its own; one that fails (a missing peer, memory) is
@@ -35,7 +36,7 @@ while [[ $# -gt 0 ]]; do
     shift
 done
 for s in ${only//,/ }; do
-    case "$s" in ode|gravity|lj|gradients) ;; *) echo "gpu.sh: unknown section $s; $usage" >&2; exit 2 ;; esac
+    case "$s" in ode|gravity|lj|ljcells|gradients) ;; *) echo "gpu.sh: unknown section $s; $usage" >&2; exit 2 ;; esac
 done
 [[ "$lj_cells" =~ ^[0-9]+$ ]] || { echo "gpu.sh: --lj-cells must be a whole number; $usage" >&2; exit 2; }
 OUT=${OUT:-benchmarks/results/gpu}
@@ -226,6 +227,41 @@ def lj():
         None, r["rate"], "atom-steps/s")
 
 
+def ljcells():
+    """LJ fluid as in lj(), by the cell-dense path (cell_list): the accelerator path."""
+    cells, steps = SIZES["lj_cells"], SIZES["lj_steps"]
+    pos, box = sp.lattice(cells, 0.8442)
+    pos = jnp.asarray(pos, jnp.float32)
+    n = pos.shape[0]
+    space = sp.periodic(jnp.float32(box))
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
+    t = time.perf_counter()
+    cl = jax.block_until_ready(sp.cell_list(space, pos, r_cut=2.5))
+    alloc = time.perf_counter() - t
+    build = jax.jit(lambda c, x: c.build(x))
+    _, best, comp = timed(lambda: build(cl, pos))
+    wasted = 1.0 - (4 / 3 * np.pi * 2.5**3 * 0.8442 * n / 2) / cl.pair_slots()
+    add("ljcells", "simlib cell_list build (sort)", f"{n:,} atoms", best, comp, n / best,
+        "atoms/s", f"allocate {alloc:.3g} s, grid {cl.grid}, capacity {cl.capacity}, "
+        f"{cl.pair_slots() / n:.0f} pair slots per atom ({100 * wasted:.0f}% wasted)")
+    v = jnp.asarray(sp.maxwell_boltzmann(1.44, 1.0, key=jax.random.key(2), n=n), jnp.float32)
+    params = dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0))
+    forces = jax.jit(energy.energy_and_forces)
+    _, best, comp = timed(lambda: forces(pos, params, cl))
+    add("ljcells", "simlib one force evaluation (cells given)", f"{n:,} atoms", best, comp,
+        n / best, "atoms/s")
+
+    def run():
+        return sp.simulate(energy, sp.State(pos, v, 1.0), params, space=space, dt=0.005,
+                           n_steps=steps, save_every=steps, neighbors=cl)
+
+    traj, best, comp = timed(run)
+    e = np.asarray(traj.total_energy, np.float64)
+    note = f"energy change {abs(e[-1] - e[0]) / n:.2e} per atom over the run"
+    add("ljcells", "simlib simulate (cell-dense)", f"{n:,} atoms x {steps} steps", best, comp,
+        n * steps / best, "atom-steps/s", note)
+
+
 def gradients():
     """d(final state)/d(params) through a fixed-step Tsit5 Lorenz run of many steps."""
     steps = SIZES["grad_steps"]
@@ -262,7 +298,7 @@ def gradients():
         best, comp, steps / best, "steps/s", f"max rel gradient diff {rel:.1e}")
 
 
-for fn in (ode, gravity, lj, gradients):
+for fn in (ode, gravity, lj, ljcells, gradients):
     if fn.__name__ not in ONLY:
         continue
     print(f"-- {fn.__name__}", flush=True)

@@ -135,7 +135,9 @@ def plot(path, draws, ts, obs, solver, sampler, quiet):
         ax.set(xlabel=a, ylabel=b, title=f"pairs: {a}, {b}")
     ax = fig.add_subplot(grid[1, 2:])
     flat = np.stack([draws[n].reshape(-1) for n in NAMES[:3]], axis=1)
-    pick = np.random.default_rng(0).choice(flat.shape[0], 200, replace=False)
+    # at most 200 draws (a short run, such as the CLI test's, may have fewer)
+    pick = np.random.default_rng(0).choice(flat.shape[0], min(200, flat.shape[0]),
+                                           replace=False)
     fine = np.logspace(np.log10(ts[0]), np.log10(ts[-1]), 100)
     ys = np.asarray(jax.jit(jax.vmap(lambda k: solve_robertson(k, fine, solver, 4096,
                                                                    throw=False).ys))(

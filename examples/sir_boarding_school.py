@@ -191,6 +191,8 @@ def predictive_bands(draws: dict, cases: np.ndarray, key, n_draws: int = 400):
     """5 %, 50 % and 95 % quantiles of posterior predictive counts on a fine grid of days
     (negative binomial draws around I(t) of posterior draws), and I(t) itself."""
     flat = {k: v.reshape(-1) for k, v in draws.items()}
+    # at most n_draws draws (a short run, such as the CLI test's, may have fewer)
+    n_draws = min(n_draws, flat["beta"].size)
     pick = np.random.default_rng(0).choice(flat["beta"].size, n_draws, replace=False)
     days = np.arange(1.0, len(cases) + 1.0)
     infected = jax.jit(jax.vmap(lambda b, g: solve_sir(b, g, days).ys[:, 1]))(

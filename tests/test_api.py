@@ -199,7 +199,11 @@ PARTICLES_PUBLIC = [
     "lattice", "lennard_jones", "maxwell_boltzmann", "mean_square_displacement", "minimize",
     "missing_pairs", "morse", "neighbor_list", "pair_energy", "periodic", "plummer", "pressure",
     "radial_distribution", "reallocate", "simulate", "temperature", "total_momentum", "wca",
-    "ShardedEnergy", "sharded", "CheckpointError", "checkpoint_info",
+    "ShardedEnergy", "sharded", "CheckpointError", "checkpoint_info", "CellList", "cell_list",
+    "AngleEnergy", "angle_energy", "dihedral_energy", "bond_angle", "dihedral_angle",
+    "harmonic_angle", "periodic_torsion", "harmonic_improper",
+    "Topology", "TopologyError", "read_lammps_data", "excluded_pairs", "diffusion_coefficient",
+    "PairCorrection", "pair_correction", "pressure_tensor",
 ]
 PARTICLES_PUBLIC += ["Bussi", "NoseHooverChain", "Rattle", "StochasticCellRescaling"]  # issue 27
 

@@ -814,3 +814,29 @@ def test_fire_stops_at_max_steps_without_converging():
                                         max_steps=5))(jnp.asarray(x1))
     assert int(res.n_steps) == 5 and not bool(res.converged)
     assert float(res.max_force) >= 1e-12
+
+
+def test_diffusion_coefficient_of_exact_brownian_walkers_across_the_boundary():
+    """Walkers with independent Gaussian steps of variance 2 D dt per axis (numpy), wrapped
+    into a small periodic box: the MSD unwraps them and the Einstein slope gives D within
+    its statistical error (1,000 walkers, 3 sigma)."""
+    rng = np.random.default_rng(7)
+    D, dt, n, frames, box = 0.35, 0.01, 1000, 201, 3.0
+    steps = rng.normal(0.0, np.sqrt(2 * D * dt), (frames - 1, n, 3))
+    x = np.concatenate([np.zeros((1, n, 3)), np.cumsum(steps, axis=0)]) + 1.5
+    space = sp.periodic(box)
+    msd = sp.mean_square_displacement(jnp.asarray(np.mod(x, box)), space)
+    times = dt * np.arange(frames)
+    got = sp.diffusion_coefficient(times, msd, dim=3)
+    # the error of the slope, from 12 independent repeats of the same estimate in numpy
+    repeats = []
+    for _ in range(12):
+        s = rng.normal(0.0, np.sqrt(2 * D * dt), (frames - 1, n, 3))
+        xx = np.concatenate([np.zeros((1, n, 3)), np.cumsum(s, axis=0)])
+        m = np.mean(np.sum(xx**2, axis=-1), axis=-1)
+        repeats.append(np.polyfit(times[40:161], m[40:161], 1)[0] / 6)
+    assert abs(got - D) < 3 * np.std(repeats) + 1e-12
+    with pytest.raises(ValueError, match="window"):
+        sp.diffusion_coefficient(times, msd, dim=3, window=(0.9, 0.5))
+    with pytest.raises(ValueError, match="equal length"):
+        sp.diffusion_coefficient(times[:-1], msd, dim=3)

@@ -15,6 +15,19 @@ Example:
 """
 
 from ._barostats import StochasticCellRescaling
+from ._bonded import (
+    AngleEnergy,
+    PairCorrection,
+    angle_energy,
+    bond_angle,
+    dihedral_angle,
+    dihedral_energy,
+    harmonic_angle,
+    harmonic_improper,
+    pair_correction,
+    periodic_torsion,
+)
+from ._cells import CellList, cell_list
 from ._checkpoint import CheckpointError, checkpoint_info
 from ._constraints import Rattle
 from ._dynamics import NVE, Integrator, Langevin, State
@@ -25,9 +38,11 @@ from ._mixing import MIXING_RULES
 from ._neighbors import NeighborList, missing_pairs, neighbor_list, reallocate
 from ._observables import (
     angular_momentum,
+    diffusion_coefficient,
     kinetic_energy,
     mean_square_displacement,
     pressure,
+    pressure_tensor,
     radial_distribution,
     temperature,
     total_momentum,
@@ -37,34 +52,49 @@ from ._sharded import ShardedEnergy, sharded
 from ._simulate import Trajectory, simulate
 from ._space import Space, free, periodic
 from ._thermostats import Bussi, NoseHooverChain
+from ._topology import Topology, TopologyError, excluded_pairs, read_lammps_data
 
 __all__ = [
     "MIXING_RULES",
     "NVE",
     "NoseHooverChain",
+    "AngleEnergy",
     "BondEnergy",
     "Bussi",
+    "CellList",
     "CheckpointError",
     "Energy",
     "Integrator",
     "Langevin",
     "MinimizeResult",
     "NeighborList",
+    "PairCorrection",
     "PairEnergy",
     "Rattle",
     "Space",
     "ShardedEnergy",
     "State",
     "StochasticCellRescaling",
+    "Topology",
+    "TopologyError",
     "Trajectory",
+    "angle_energy",
     "angular_momentum",
+    "bond_angle",
     "bond_energy",
+    "cell_list",
     "checkpoint_info",
     "coulomb",
+    "diffusion_coefficient",
+    "dihedral_angle",
+    "dihedral_energy",
+    "excluded_pairs",
     "forces",
     "free",
     "gravity",
     "harmonic",
+    "harmonic_angle",
+    "harmonic_improper",
     "kinetic_energy",
     "lattice",
     "lennard_jones",
@@ -74,11 +104,15 @@ __all__ = [
     "missing_pairs",
     "morse",
     "neighbor_list",
+    "pair_correction",
     "pair_energy",
+    "periodic_torsion",
     "periodic",
     "plummer",
     "pressure",
+    "pressure_tensor",
     "radial_distribution",
+    "read_lammps_data",
     "reallocate",
     "sharded",
     "simulate",

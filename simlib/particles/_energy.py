@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import _native
+from ._cells import CellList, cell_pass, check_cells
 from ._mixing import MIXING_RULES, PairParams
 from ._potentials import gravity, is_long_range, lennard_jones
 from ._space import Space, free
@@ -57,6 +58,11 @@ class Energy:
     def virial(self, positions, params, neighbors=None):
         r"""The pair virial :math:`W = \sum_{i<j} r_{ij}\cdot f_{ij}`, for the pressure."""
         raise NotImplementedError(f"{type(self).__name__} has no virial")
+
+    def virial_tensor(self, positions, params, neighbors=None):
+        r"""The virial tensor :math:`W_{ab} = \sum_{i<j} r_{ij,a} f_{ij,b}` ``(d, d)``, for the
+        pressure tensor; its trace is :meth:`virial`."""
+        raise NotImplementedError(f"{type(self).__name__} has no virial tensor")
 
     def __add__(self, other):
         if not isinstance(other, Energy):
@@ -93,6 +99,9 @@ class SumEnergy(Energy):
 
     def virial(self, positions, params, neighbors=None):
         return sum(t.virial(positions, params, neighbors) for t in self.terms)
+
+    def virial_tensor(self, positions, params, neighbors=None):
+        return sum(t.virial_tensor(positions, params, neighbors) for t in self.terms)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -187,7 +196,9 @@ class PairEnergy(Energy):
             raise ValueError(f"positions must have shape (n, d), got {positions.shape}")
         if positions.shape[0] == 0:
             raise ValueError(f"positions has no particles (shape {positions.shape})")
-        if neighbors is not None:
+        if isinstance(neighbors, CellList):
+            check_cells(neighbors, self, positions)
+        elif neighbors is not None:
             if self.r_cut is None:
                 raise ValueError("a neighbour list was given but this energy has no r_cut; "
                                  "build it with pair_energy(..., r_cut=...)")
@@ -235,6 +246,8 @@ class PairEnergy(Energy):
         """The total energy :math:`U = \\sum_{i<j} u(r_{ij})` (plus :meth:`tail_energy`)."""
         positions = self._check(positions, neighbors)
         tail = self.tail_energy(positions, params)
+        if isinstance(neighbors, CellList):
+            return cell_pass(self, positions, params, neighbors, False)[0] + tail
         if neighbors is not None:
             u, _, _, _ = self._neighbor_pass(positions, params, neighbors, False)
             return 0.5 * jnp.sum(u) + tail
@@ -251,6 +264,9 @@ class PairEnergy(Energy):
         return self._pair_energy_and_forces(positions, params, neighbors)
 
     def _pair_energy_and_forces(self, positions, params, neighbors):
+        if isinstance(neighbors, CellList):
+            u, f, _ = cell_pass(self, positions, params, neighbors, True)
+            return u, f[neighbors.atom_slot]
         if self._direct_gravity(positions, params, neighbors):
             if _native.load() is not None:
                 return _gravity_native(positions, params, self)
@@ -318,6 +334,8 @@ class PairEnergy(Energy):
         r"""The pair virial :math:`W = \sum_{i<j} r_{ij}\cdot f_{ij} = -\sum_{i<j} r u'(r)`."""
         positions = self._check(positions, neighbors)
         tail = self.tail_virial(positions, params)
+        if isinstance(neighbors, CellList):
+            return cell_pass(self, positions, params, neighbors, True)[2] + tail
         if neighbors is not None:
             _, c, r, _ = self._neighbor_pass(positions, params, neighbors, True)
             return -0.5 * jnp.sum(c * r * r) + tail
@@ -327,6 +345,30 @@ class PairEnergy(Energy):
             return jnp.sum(c * r * r)
 
         return -0.5 * jnp.sum(self._tiles(positions, params, body)) + tail
+
+    def virial_tensor(self, positions, params, neighbors=None):
+        r"""The pair virial tensor :math:`W_{ab} = -\sum_{i<j} r_a r_b u'(r)/r`, ``(d, d)``."""
+        positions = self._check(positions, neighbors)
+        if isinstance(neighbors, CellList):
+            raise NotImplementedError("virial_tensor over a cell list: use a neighbour list "
+                                      "(or none) for the pressure tensor")
+        d = positions.shape[1]
+
+        def tensor(c, dr):
+            return jnp.stack([jnp.stack([jnp.sum(c * dr[a] * dr[b]) for b in range(d)])
+                              for a in range(d)])
+
+        # the tail correction is isotropic: a third of its virial on each diagonal entry
+        tail = self.tail_virial(positions, params) / d * jnp.eye(d, dtype=positions.dtype)
+        if neighbors is not None:
+            _, c, _, dr = self._neighbor_pass(positions, params, neighbors, True)
+            return -0.5 * tensor(c, dr) + tail
+
+        def body(dr, valid, pp):
+            _, c, _ = self._terms(dr, valid, pp, True)
+            return tensor(c, dr)
+
+        return -0.5 * jnp.sum(self._tiles(positions, params, body), axis=0) + tail
 
 
 def _gravity_arguments(positions, params):
@@ -576,6 +618,10 @@ class BondEnergy(Energy):
     def virial(self, positions, params, neighbors=None):
         _, c, _, r = self._pass(jnp.asarray(positions), params, True)
         return -jnp.sum(c * r * r)
+
+    def virial_tensor(self, positions, params, neighbors=None):
+        _, c, dr, _ = self._pass(jnp.asarray(positions), params, True)
+        return -jnp.einsum("m,ma,mb->ab", c, dr, dr)
 
 
 def bond_energy(potential: Callable, space: Space, bonds) -> BondEnergy:

@@ -476,7 +476,11 @@ def _first_build(nl, positions):
 
 def reallocate(nl: NeighborList, positions, capacity_multiplier: float = 1.5) -> NeighborList:
     """A larger list after an overflow, built at ``positions``: room for ``capacity_multiplier``
-    times the most neighbours (and cell occupants) seen so far or found at ``positions``."""
+    times the most neighbours (and cell occupants) seen so far or found at ``positions``.
+    A :class:`~simlib.particles.CellList` gets larger cells the same way."""
+    from ._cells import CellList, reallocate_cells
+    if isinstance(nl, CellList):
+        return reallocate_cells(nl, positions, capacity_multiplier)
     return _allocate(nl.space, jnp.asarray(positions), nl.r_cut, nl.skin, None, None,
                      capacity_multiplier, nl.debug,
                      min_capacity=max(nl.capacity + 1,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._energy import as_energy
 from ._space import Space
@@ -63,6 +64,24 @@ def pressure(energy, positions, velocities, masses, params, *, space: Space | No
     return (2.0 * kinetic_energy(velocities, masses) + virial) / (d * space.volume(d))
 
 
+def pressure_tensor(energy, positions, velocities, masses, params, *,
+                    space: Space | None = None, neighbors=None) -> jax.Array:
+    r"""Instantaneous pressure tensor :math:`P_{ab} = \frac{1}{V}\left(\sum_i m_i v_{ia}
+    v_{ib} + W_{ab}\right)` with the virial tensor :math:`W_{ab} = \sum_{i<j} r_{ij,a}
+    f_{ij,b}` (Allen & Tildesley 2017, §2.7), ``(d, d)``; its trace over ``d`` is
+    :func:`pressure`. For anisotropic barostats (the diagonal) and shear stress (the
+    off-diagonal terms, e.g. for viscosity by Green-Kubo).
+    """
+    energy = as_energy(energy)
+    space = energy.space if space is None else space
+    x = jnp.asarray(positions)
+    v = jnp.asarray(velocities)
+    d = x.shape[-1]
+    m = _mass_column(masses, v)
+    kinetic = jnp.einsum("na,nb->ab", m * v, v)
+    return (kinetic + energy.virial_tensor(x, params, neighbors)) / space.volume(d)
+
+
 def radial_distribution(positions, space: Space, *, r_max: float, n_bins: int = 100):
     r"""The radial distribution function :math:`g(r)` of one or more frames.
 
@@ -116,3 +135,39 @@ def mean_square_displacement(positions, space: Space | None = None) -> jax.Array
         x = jnp.concatenate([x[:1], x[:1] + jnp.cumsum(steps, axis=0)])
     dx = x - x[:1]
     return jnp.mean(jnp.sum(dx * dx, axis=-1), axis=-1)
+
+
+def diffusion_coefficient(times, msd, *, dim: int, window: tuple[float, float] = (0.2, 0.8)):
+    r"""The self-diffusion coefficient from the Einstein relation
+    :math:`\langle |x(t) - x(0)|^2 \rangle \to 2 d D t`: the slope of a least-squares line
+    through the mean-square displacement over a window of times, divided by :math:`2d`
+    (Allen & Tildesley, *Computer Simulation of Liquids*, 2nd ed., 2017, §8.7).
+
+    Args:
+        times: ``(n_frames,)`` times of the frames.
+        msd: ``(n_frames,)``, e.g. from :func:`mean_square_displacement`.
+        dim: The number of dimensions ``d``.
+        window: The fraction of the run fitted, ``(start, stop)``: the start skips the
+            ballistic regime (``msd ~ t^2`` over the first collisions), the stop the last
+            frames, where the average rests on few independent intervals.
+
+    The statistical error is not estimated here: compare runs, or blocks of particles
+    (the MSD of each block through :func:`mean_square_displacement`).
+    """
+    t = np.asarray(times, float)
+    m = np.asarray(msd, float)
+    if t.ndim != 1 or t.shape != m.shape:
+        raise ValueError(f"diffusion_coefficient: times and msd must be 1-D of equal length, "
+                         f"got shapes {t.shape} and {m.shape}")
+    if not (isinstance(dim, int) and dim >= 1):
+        raise ValueError(f"diffusion_coefficient: dim must be a positive integer, got {dim!r}")
+    start, stop = window
+    if not 0.0 <= start < stop <= 1.0:
+        raise ValueError(f"diffusion_coefficient: window must be (start, stop) with "
+                         f"0 <= start < stop <= 1, got {window!r}")
+    i0, i1 = int(start * (len(t) - 1)), int(np.ceil(stop * (len(t) - 1)))
+    if i1 - i0 < 2:
+        raise ValueError(f"diffusion_coefficient: the window {window} holds {i1 - i0 + 1} "
+                         f"frames of {len(t)}; at least 3 are needed")
+    slope = np.polyfit(t[i0:i1 + 1], m[i0:i1 + 1], 1)[0]
+    return float(slope / (2 * dim))

@@ -32,6 +32,7 @@ from .._errors import Result, SolverError, check_in_graph, raise_on_failure
 from .._util import inside_trace
 from ..progress import bar as progress_bar
 from . import _checkpoint
+from ._cells import CellList
 from ._dynamics import NVE, Carry, Integrator, State
 from ._energy import as_energy
 from ._neighbors import NeighborList, reallocate
@@ -368,11 +369,13 @@ def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neigh
     if integrator.stochastic and key is None:
         raise ValueError(f"simulate: {type(integrator).__name__} is stochastic and needs an "
                          f"explicit key=jax.random.key(...)")
-    if neighbors is not None and not isinstance(neighbors, NeighborList):
-        raise TypeError(f"simulate: neighbors must come from neighbor_list(...), got "
-                        f"{type(neighbors).__name__}")
-    if neighbors is not None and neighbors.idx.shape[0] != x.shape[0]:
-        raise ValueError(f"simulate: the neighbour list is for {neighbors.idx.shape[0]} "
+    if neighbors is not None and not isinstance(neighbors, (NeighborList, CellList)):
+        raise TypeError(f"simulate: neighbors must come from neighbor_list(...) or "
+                        f"cell_list(...), got {type(neighbors).__name__}")
+    n_listed = (neighbors.n_particles if isinstance(neighbors, CellList)
+                else None if neighbors is None else neighbors.idx.shape[0])
+    if neighbors is not None and n_listed != x.shape[0]:
+        raise ValueError(f"simulate: the neighbour list is for {n_listed} "
                          f"particles, state has {x.shape[0]}")
     if neighbors is not None and getattr(energy, "r_cut", None) is None:
         raise ValueError("simulate: a neighbour list was given but the energy has no r_cut")

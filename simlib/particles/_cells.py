@@ -1,0 +1,329 @@
+r"""Cell-dense pair sums: particles sorted into cells of fixed capacity, cells against cells.
+
+A neighbour list gathers the coordinates of every listed pair (``x[idx]``: ``n * capacity``
+indexed reads), which suits a CPU and is slow on an accelerator. Here the periodic box is
+cut into a grid of cells at least ``r_cut`` wide, the particles are sorted by cell (one
+``argsort``) and laid out as a dense array ``(gx, gy, gz, capacity)`` padded to a fixed
+capacity per cell, and each cell meets its neighbour cells as dense ``capacity x capacity``
+blocks (a half shell of them: each pair of cells once). The neighbour blocks come from
+``jnp.roll`` of the whole grid: no per-pair index is ever gathered. Only ``n`` rows are
+gathered, to lay the particles out and to read their forces back. Cell lists: Allen &
+Tildesley, *Computer Simulation of Liquids*, 2nd ed. (2017), §5.3; dense cell blocks as in
+GPU codes, e.g. Anderson, Lorenz & Travesset, J. Comput. Phys. 227, 5342 (2008).
+
+The price is wasted pairs: a block holds ``capacity^2`` slots where a cell pair has on
+average ``(rho w^d)^2`` pairs, of which only those within ``r_cut`` count.
+:meth:`CellList.pair_slots` says how many slots one evaluation computes.
+
+A :class:`CellList` stands wherever a :class:`NeighborList` does (``energy(x, params,
+neighbors=cells)``, ``simulate(..., neighbors=cells)``). It is rebuilt at every update (a
+sort, no skin). A cell over capacity sets the sticky ``overflow`` flag, which ``simulate``
+repairs as it does for neighbour lists (:func:`~simlib.particles.reallocate`, then the
+chunk again); a box that shrinks below ``grid * r_cut`` on some side (a barostat) would
+miss pairs, and counts in ``missed_pairs`` instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .._util import inside_trace, is_tracer
+from ._mixing import PairParams
+from ._space import Space
+
+
+@jax.tree_util.register_pytree_node_class
+class CellList:
+    """Particles sorted into a periodic grid of cells of fixed capacity (a pytree).
+
+    Build it with :func:`cell_list`.
+
+    Attributes:
+        slot_atom: ``(n_cells * capacity,)`` int32: the particle in each cell slot, ``n``
+            for an empty slot.
+        atom_slot: ``(n,)`` int32: the slot of each particle (``n_cells * capacity`` if its
+            cell was full).
+        overflow: Whether any build since allocation found a cell over capacity (sticky).
+        max_cell_occupancy: The most particles seen in one cell.
+        n_builds: How many times the cells were built.
+        missed_pairs: 1 if the box became narrower than ``grid * r_cut`` on some side in an
+            update (pairs within ``r_cut`` could then be missed), else 0.
+        space, r_cut, capacity, grid: Its configuration (``capacity``: slots per cell).
+    """
+
+    skin = 0.0       # rebuilt at every update: no particle may move before the next build
+    debug = False
+
+    def __init__(self, slot_atom, atom_slot, overflow, max_cell_occupancy, n_builds,
+                 missed_pairs, space, *, r_cut, capacity, grid):
+        self.slot_atom = slot_atom
+        self.atom_slot = atom_slot
+        self.overflow = overflow
+        self.max_cell_occupancy = max_cell_occupancy
+        self.n_builds = n_builds
+        self.missed_pairs = missed_pairs
+        self.space = space
+        self.r_cut = r_cut
+        self.capacity = capacity
+        self.grid = grid
+
+    def _static(self):
+        return dict(r_cut=self.r_cut, capacity=self.capacity, grid=self.grid)
+
+    def tree_flatten(self):
+        return ((self.slot_atom, self.atom_slot, self.overflow, self.max_cell_occupancy,
+                 self.n_builds, self.missed_pairs, self.space),
+                tuple(sorted(self._static().items())))
+
+    @classmethod
+    def tree_unflatten(cls, static, children):
+        return cls(*children, **dict(static))
+
+    def __repr__(self):
+        return (f"CellList(n={self.n_particles}, grid={self.grid}, capacity={self.capacity}, "
+                f"r_cut={self.r_cut})")
+
+    def replace(self, **kw) -> CellList:
+        children = dict(slot_atom=self.slot_atom, atom_slot=self.atom_slot,
+                        overflow=self.overflow, max_cell_occupancy=self.max_cell_occupancy,
+                        n_builds=self.n_builds, missed_pairs=self.missed_pairs,
+                        space=self.space)
+        static = self._static()
+        for k, v in kw.items():
+            (static if k in static else children)[k] = v
+        return CellList(**children, **static)
+
+    @property
+    def n_particles(self) -> int:
+        return self.atom_slot.shape[0]
+
+    @property
+    def n_cells(self) -> int:
+        return math.prod(self.grid)
+
+    def pair_slots(self) -> int:
+        """Pair slots one evaluation computes: ``n_cells * (3^d + 1)/2 * capacity^2`` (a half
+        shell of neighbour cells; each pair within ``r_cut`` is one of them)."""
+        return self.n_cells * (3 ** len(self.grid) + 1) // 2 * self.capacity**2
+
+    def build(self, positions) -> CellList:
+        """The cells rebuilt at ``positions`` (jittable): one sort by cell."""
+        if not (inside_trace() or is_tracer((self, positions))):
+            return _build_jit(self, positions)
+        slot_atom, atom_slot, occupancy = _sort_into_cells(self, positions)
+        box = self.space.box_vector(len(self.grid), positions.dtype)
+        narrow = jnp.any(box / jnp.asarray(self.grid, positions.dtype) < self.r_cut)
+        return self.replace(
+            slot_atom=slot_atom, atom_slot=atom_slot,
+            overflow=self.overflow | (occupancy > self.capacity),
+            max_cell_occupancy=jnp.maximum(self.max_cell_occupancy, occupancy),
+            n_builds=self.n_builds + 1,
+            missed_pairs=jnp.maximum(self.missed_pairs, narrow.astype(jnp.int32)))
+
+    def update(self, positions) -> CellList:
+        """Rebuilt at every update (no skin): the same as :meth:`build`."""
+        return self.build(positions)
+
+    def needs_rebuild(self, positions) -> jax.Array:
+        return jnp.asarray(True)
+
+    def did_overflow(self) -> bool:
+        """``overflow`` as a Python bool (eager use)."""
+        return bool(self.overflow)
+
+
+@jax.jit
+def _build_jit(cells, positions):
+    return cells.build(positions)
+
+
+def _cell_ids(space: Space, grid, positions):
+    """The flat cell id of each particle (positions wrapped into the box first; a
+    non-finite position goes to cell 0, where its distances are nan and mask themselves)."""
+    g = jnp.asarray(grid, positions.dtype)
+    box = space.box_vector(len(grid), positions.dtype)
+    c = jnp.floor(space.wrap(positions) / (box / g))
+    c = jnp.clip(jnp.where(jnp.isfinite(c), c, 0.0), 0.0, g - 1.0).astype(jnp.int32)
+    flat = c[:, 0]
+    for k in range(1, len(grid)):
+        flat = flat * grid[k] + c[:, k]
+    return flat
+
+
+def _sort_into_cells(cells: CellList, positions):
+    """``(slot_atom, atom_slot, largest occupancy)`` by a stable sort of the cell ids."""
+    n = positions.shape[0]
+    n_cells, cap = cells.n_cells, cells.capacity
+    cid = _cell_ids(cells.space, cells.grid, positions)
+    order = jnp.argsort(cid, stable=True).astype(jnp.int32)
+    sorted_cid = cid[order]
+    counts = jnp.zeros(n_cells, jnp.int32).at[cid].add(1)
+    start = jnp.cumsum(counts) - counts
+    rank = jnp.arange(n, dtype=jnp.int32) - start[sorted_cid]
+    slot = jnp.where(rank < cap, sorted_cid * cap + rank, n_cells * cap)
+    slot_atom = jnp.full(n_cells * cap, n, jnp.int32).at[slot].set(order, mode="drop")
+    atom_slot = jnp.zeros(n, jnp.int32).at[order].set(slot)
+    return slot_atom, atom_slot, jnp.max(counts)
+
+
+def cell_list(space: Space, positions, r_cut: float, *, capacity: int | None = None,
+              capacity_multiplier: float = 1.5) -> CellList:
+    """Sort particles into a periodic grid of cells at least ``r_cut`` wide, for the
+    cell-dense pair sum (the accelerator path; see the module docstring).
+
+    Args:
+        space: A :func:`~simlib.particles.periodic` space; its box must be at least
+            ``3 r_cut`` on every side (3 cells, so that the 27 cells around one are distinct;
+            use :func:`~simlib.particles.neighbor_list` in smaller boxes).
+        positions: ``(n, d)`` positions (concrete: the grid and capacity are sized from them).
+        r_cut: The cutoff of the energy it serves.
+        capacity: Slots per cell; default ``capacity_multiplier`` times the fullest cell at
+            ``positions``, rounded up to a multiple of 8.
+        capacity_multiplier: Headroom of the default capacity.
+    """
+    if not isinstance(space, Space) or not space.periodic:
+        raise ValueError("cell_list: space must be periodic(box); the cell-dense path tiles a "
+                         "periodic box (use neighbor_list in free space)")
+    if is_tracer((space.box, positions)):
+        raise TypeError("cell_list: positions and the box must be concrete (the grid and the "
+                        "capacity are sized from them); build the cells outside jit")
+    positions = jnp.asarray(positions)
+    if positions.ndim != 2 or positions.shape[0] == 0:
+        raise ValueError(f"cell_list: positions must have shape (n, d) with n > 0, got "
+                         f"{positions.shape}")
+    d = positions.shape[1]
+    if not np.all(np.isfinite(np.asarray(positions))):
+        raise ValueError("cell_list: positions has non-finite entries")
+    if not (isinstance(r_cut, (int, float)) and math.isfinite(r_cut) and r_cut > 0):
+        raise ValueError(f"cell_list: r_cut must be a positive finite number, got {r_cut!r}")
+    box = np.broadcast_to(np.asarray(space.box, float), (d,))
+    grid = tuple(int(g) for g in np.floor(box / r_cut))
+    if min(grid) < 3:
+        raise ValueError(f"cell_list: the box {box.tolist()} holds fewer than 3 cells of width "
+                         f"r_cut={r_cut} on some side (grid {grid}); the 27 cells around one "
+                         f"would not be distinct: use neighbor_list in a box this small")
+    if capacity is None:
+        counts = np.bincount(np.asarray(_cell_ids(space, grid, positions)),
+                             minlength=math.prod(grid))
+        capacity = max(8, 8 * math.ceil(capacity_multiplier * int(counts.max()) / 8))
+    if not (isinstance(capacity, (int, np.integer)) and capacity > 0):
+        raise ValueError(f"cell_list: capacity must be a positive integer, got {capacity!r}")
+    n = positions.shape[0]
+    empty = CellList(jnp.full(math.prod(grid) * int(capacity), n, jnp.int32),
+                     jnp.zeros(n, jnp.int32), jnp.asarray(False), jnp.asarray(0, jnp.int32),
+                     jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), space,
+                     r_cut=float(r_cut), capacity=int(capacity), grid=grid)
+    return empty.build(positions)
+
+
+def reallocate_cells(cells: CellList, positions, capacity_multiplier: float = 1.5) -> CellList:
+    """Larger cells after an overflow: room for ``capacity_multiplier`` times the fullest cell
+    seen so far or found at ``positions``."""
+    fresh = cell_list(cells.space, positions, cells.r_cut,
+                      capacity_multiplier=capacity_multiplier)
+    capacity = max(fresh.capacity, cells.capacity + 8,
+                   8 * math.ceil(capacity_multiplier * int(cells.max_cell_occupancy) / 8))
+    return cell_list(cells.space, positions, cells.r_cut, capacity=capacity)
+
+
+def _half_shell(d: int) -> np.ndarray:
+    """The cell itself and the ``(3^d - 1) / 2`` neighbour offsets that come first in
+    lexicographic order after it: each unordered pair of cells once (Newton's third law)."""
+    offsets = [o for o in itertools.product((-1, 0, 1), repeat=d) if o > (0,) * d]
+    return np.asarray([(0,) * d, *offsets], np.int32)
+
+
+def cell_pass(energy, positions, params, cells: CellList, want_derivative: bool):
+    r"""The pair sum over cells, a half shell of neighbour blocks at a time.
+
+    Each cell meets itself (pairs ``i < j``) and the ``(3^d - 1)/2`` neighbour cells of the
+    half shell; the force of a pair goes to both particles (the neighbour side is rolled
+    back onto its own cell), so every pair within ``r_cut`` is computed once.
+
+    Returns ``(U, per-slot forces (n_cells * capacity, d) or None, W)``: the energy
+    :math:`U = \sum_{i<j} u(r_{ij})` and the virial :math:`W = -\sum_{i<j} r u'(r)` (``None``
+    without the derivative). ``energy`` is a :class:`~simlib.particles.PairEnergy`; its
+    kernel ``_terms`` masks empty slots, the self pair and pairs beyond ``r_cut``.
+    """
+    n, d = positions.shape
+    grid, cap = cells.grid, cells.capacity
+    n_cells = cells.n_cells
+    shape = (*grid, cap)
+    occupied = (cells.slot_atom < n).reshape(shape)
+    atom = cells.slot_atom.reshape(shape)
+    safe = jnp.where(cells.slot_atom < n, cells.slot_atom, 0)
+    x = [positions[:, k][safe].reshape(shape) for k in range(d)]      # n rows, per axis
+    axes = tuple(range(d))
+
+    # Per-slot arrays are rolled in the grid layout (*grid, capacity) and paired in the
+    # layout (capacity, n_cells): the long cell axis last, so that the pair blocks
+    # (capacity, capacity, n_cells) fill an accelerator's vector lanes (a capacity-long
+    # last axis would pad each row of 48 to 128 lanes on a TPU).
+    def lanes(a):
+        return a.reshape(n_cells, cap).T
+
+    def grid_of(b):
+        return b.T.reshape(shape)
+
+    def cellwise(a):
+        return jnp.asarray(a)[safe].reshape(shape)
+
+    def block(offset):
+        def roll(a, sign=-1):
+            return jnp.roll(a, tuple(sign * offset[k] for k in range(d)), axes)
+
+        def pair_i(a):
+            return lanes(a)[:, None, :]
+
+        def pair_j(a):
+            return lanes(roll(a))[None, :, :]
+
+        dr = [energy.space.minimum_image(pair_i(x[k]) - pair_j(x[k]), k) for k in range(d)]
+        # a distinct cell: every pair of occupied slots; the cell itself: i < j only
+        order = jnp.where(jnp.all(offset == 0), pair_i(atom) < pair_j(atom), True)
+        valid = pair_i(occupied) & pair_j(occupied) & order
+        pp = PairParams(params, n, lambda a: pair_i(cellwise(a)),
+                        lambda a: pair_j(cellwise(a)), energy.rules)
+        u, c, r = energy._terms(dr, valid, pp, want_derivative)
+        if not want_derivative:
+            return jnp.sum(u), None, None
+        fi = jnp.stack([-jnp.sum(c * dr[k], axis=1) for k in range(d)])      # (d, cap, cells)
+        fj = jnp.stack([lanes(roll(grid_of(jnp.sum(c * dr[k], axis=0)), sign=1))
+                        for k in range(d)])
+        return jnp.sum(u), fi + fj, -jnp.sum(c * r * r)
+
+    def body(acc, offset):
+        u, f, w = block(offset)
+        if not want_derivative:
+            return (acc[0] + u, None, None), None
+        return (acc[0] + u, acc[1] + f, acc[2] + w), None
+
+    zero = jnp.zeros((), positions.dtype)
+    init = (zero, jnp.zeros((d, cap, n_cells), positions.dtype) if want_derivative else None,
+            zero if want_derivative else None)
+    (u, f, w), _ = lax.scan(body, init, jnp.asarray(_half_shell(d)))
+    if f is not None:
+        f = jnp.transpose(f, (2, 1, 0)).reshape(-1, d)       # slot = cell * capacity + s
+    return u, f, w
+
+
+def check_cells(cells: CellList, energy, positions) -> None:
+    """Eager checks of a cell list against the energy and positions it is used with."""
+    if energy.r_cut is None:
+        raise ValueError("a cell list was given but this energy has no r_cut; build it with "
+                         "pair_energy(..., r_cut=...)")
+    if cells.r_cut < energy.r_cut:
+        raise ValueError(f"the cell list's r_cut={cells.r_cut} is below the energy's "
+                         f"r_cut={energy.r_cut}; pairs would be missed")
+    if cells.n_particles != positions.shape[0]:
+        raise ValueError(f"the cell list is for {cells.n_particles} particles, positions has "
+                         f"{positions.shape[0]}")
+    if len(cells.grid) != positions.shape[1]:
+        raise ValueError(f"the cell list is {len(cells.grid)}-D, positions are "
+                         f"{positions.shape[1]}-D")
