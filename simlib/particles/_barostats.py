@@ -15,7 +15,7 @@ from jax import lax
 
 from .._errors import Result
 from ._dynamics import Carry, Integrator, kinetic
-from ._neighbors import missing_pairs
+from ._neighbors import NeighborList, missing_pairs
 from ._space import Space
 from ._thermostats import _dof, bussi_kinetic
 
@@ -135,6 +135,9 @@ class StochasticCellRescaling(Integrator):
         x = carry.positions
         if not model.space.periodic or x.shape[1] != 3:
             raise ValueError("StochasticCellRescaling needs a periodic 3D space")
+        if carry.neighbors is not None and not isinstance(carry.neighbors, NeighborList):
+            raise ValueError(f"StochasticCellRescaling follows a neighbor_list(...) as the box "
+                             f"changes, not a {type(carry.neighbors).__name__}")
         box = jnp.asarray(model.space.box, x.dtype)       # a cube stays one: shape () or (3,)
         r_cut = getattr(model.energy, "r_cut", None) or 0.0
         builds = carry.neighbors.n_builds if carry.neighbors is not None else jnp.int32(0)

@@ -706,7 +706,7 @@ def _sizing_list(nbrs, records):
     smallest box of the chunk, less 5% for the steps between frames (cells sized for it fit
     every larger box), but at least twice the list's reach; else ``nbrs`` itself."""
     boxes = records[4].get("box") if isinstance(records[4], dict) else None
-    if boxes is None:
+    if boxes is None or not isinstance(nbrs, NeighborList):
         return nbrs
     b = np.asarray(boxes)
     b = b[np.all(np.isfinite(b), axis=1)]
