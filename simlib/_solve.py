@@ -24,6 +24,7 @@ from ._fixed import fixed_jit as _fixed_jit
 from ._sde import solve_sde
 from ._solution import SaveAt, Solution
 from ._solver._base import AbstractSolver, PyTree, VectorField
+from ._solver._implicit import configure as configure_linear_solver
 from ._solver._sde import AbstractSDESolver
 from ._util import inside_trace, is_tracer, time_dtype
 from .progress import active
@@ -38,7 +39,8 @@ __all__ = ["DEFAULT_MAX_STEPS", "SaveAt", "Solution", "solve"]
 # the entry point
 
 _KEYWORDS = ("solver", "dt", "rtol", "atol", "args", "saveat", "max_steps", "throw", "adjoint",
-             "events", "progress", "diffusion", "key", "noise", "brownian")
+             "events", "progress", "diffusion", "key", "noise", "brownian", "jac_sparsity",
+             "jac_bandwidth", "linear_solver")
 
 
 def _as_array_tree(y0, name: str) -> PyTree:
@@ -148,6 +150,9 @@ def solve(
     key: Any = None,
     noise: str | None = None,
     brownian: str | None = None,
+    jac_sparsity: Any = None,
+    jac_bandwidth: tuple[int, int] | None = None,
+    linear_solver: Any = None,
     **unknown: Any,
 ) -> Solution:
     """Integrate ``dy/dt = f(t, y, args)`` from ``t0`` to ``t1``.
@@ -205,6 +210,24 @@ def solve(
             :class:`BrownianPath`, the same path whatever ``dt``) or ``"steps"`` (a
             ``BrownianSteps``: one normal per step, fastest, but the path depends on
             the step sequence). See docs/sde.md.
+        jac_sparsity: For the implicit solvers: the pattern of ``df/dy`` on the
+            flattened state (a boolean ``(n, n)`` array or a scipy sparse matrix, as
+            scipy's ``solve_ivp`` takes it; ``simlib.pde.pattern`` builds it for PDEs).
+            ``J`` then comes from one JVP per colour of the pattern's columns and
+            ``I - c J`` is factorised by a sparse LU.
+        jac_bandwidth: For the implicit solvers: ``(lower, upper)``, ``df_i/dy_j = 0``
+            for ``j < i - lower`` or ``j > i + upper``: ``J`` from ``lower + upper + 1``
+            JVPs and a banded LU.
+        linear_solver: ``"auto"`` (default), ``"dense"``, ``"banded"``, ``"sparse"``,
+            ``"krylov"`` (matrix-free GMRES, ILU(0)-preconditioned when the native kernels
+            load) or a linear-solver instance (:class:`DenseLU`, :class:`BandedLU`,
+            :class:`SparseLU`, :class:`NewtonKrylov`). ``"auto"`` takes the banded LU for
+            ``jac_bandwidth``; for ``jac_sparsity`` the banded LU when the pattern's band
+            is at most 16 wide, else the sparse LU; with neither, dense LU below 256
+            states, and from 256 states the pattern detected from ``f`` (banded or sparse
+            as before) when at most 10% of ``J`` may be non-zero. ``"banded"``,
+            ``"sparse"`` and ``"krylov"`` without a pattern detect it. The method and its
+            step sequence are the same whichever is used (docs/pde.md).
 
     Returns:
         A :class:`Solution`.
@@ -300,6 +323,9 @@ def solve(
 
     if events is not None:
         check_events(events, y0, args, tdtype)
+    solver = configure_linear_solver(solver, f, y0, jnp.zeros((), tdtype), args,
+                                     jac_sparsity=jac_sparsity, jac_bandwidth=jac_bandwidth,
+                                     linear_solver=linear_solver)
 
     adaptive = rtol is not None or atol is not None
     concrete_span = not is_tracer((t0, t1))

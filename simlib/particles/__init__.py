@@ -31,6 +31,7 @@ from ._cells import CellList, cell_list
 from ._checkpoint import CheckpointError, checkpoint_info
 from ._constraints import Rattle
 from ._dynamics import NVE, Integrator, Langevin, State
+from ._electrostatics import PME, Ewald, EwaldParameters, ewald, ewald_parameters, pme
 from ._energy import BondEnergy, Energy, PairEnergy, bond_energy, forces, pair_energy
 from ._initial import lattice, maxwell_boltzmann, plummer
 from ._minimize import MinimizeResult, minimize
@@ -63,6 +64,9 @@ __all__ = [
     "Bussi",
     "CellList",
     "CheckpointError",
+    "Ewald",
+    "EwaldParameters",
+    "PME",
     "Energy",
     "Integrator",
     "Langevin",
@@ -85,6 +89,8 @@ __all__ = [
     "cell_list",
     "checkpoint_info",
     "coulomb",
+    "ewald",
+    "ewald_parameters",
     "diffusion_coefficient",
     "dihedral_angle",
     "dihedral_energy",
@@ -108,6 +114,7 @@ __all__ = [
     "pair_energy",
     "periodic_torsion",
     "periodic",
+    "pme",
     "plummer",
     "pressure",
     "pressure_tensor",
