@@ -323,6 +323,7 @@ def test_rattle_keeps_bonds_and_conserves_energy():
     assert abs(order - 2.0) < 0.35, (excursion, order)
 
 
+@pytest.mark.slow
 def test_rattle_rigid_rotor_against_the_exact_rotation():
     """A free rigid dimer spinning at omega = 2: the angular momentum stays exact (1e-12),
     and the rotation angle's error per unit time goes as dt^2 against theta = omega t."""
