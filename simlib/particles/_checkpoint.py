@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-FORMAT = "simlib-simulate-checkpoint-1"
+FORMAT = "simlib-simulate-checkpoint-2"  # 2: frames hold the integrator records
 
 
 class CheckpointError(ValueError):
