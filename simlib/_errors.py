@@ -41,9 +41,9 @@ class Result(IntEnum):
     TIME_NOT_RESOLVED = 12
     NONFINITE_Y0 = 13
     NONFINITE_ARGS = 14
-
     BOX_TOO_SMALL = 15
     INVALID_BOX = 16
+    CONSTRAINTS_NOT_CONVERGED = 20
 
     def __str__(self) -> str:
         return self.name
@@ -114,7 +114,6 @@ _MESSAGES = {
     ),
     Result.NONFINITE_Y0: "y0 must be finite, but it contains nan or inf",
     Result.NONFINITE_ARGS: "args must not contain nan",
-
     Result.BOX_TOO_SMALL: (
         "the periodic box is smaller than twice the interaction range (found at t={t:.17g}, "
         "step {step}): its shortest side is below 2 r_cut (the energy's cutoff, or the "
@@ -124,6 +123,12 @@ _MESSAGES = {
     Result.INVALID_BOX: (
         "the periodic box has a side length that is zero, negative or not finite (found at "
         "t={t:.17g}, step {step}); periodic(box) needs positive, finite side lengths"
+    ),
+    Result.CONSTRAINTS_NOT_CONVERGED: (
+        "the bond constraints (SHAKE/RATTLE) did not converge to their tolerance within "
+        "max_iterations sweeps at t={t:.17g} (step {step}); dt may be too large, the start "
+        "state may violate the constraints, or constraints may conflict (a rigid triangle "
+        "needs more sweeps: raise Rattle(..., max_iterations=...))"
     ),
 }
 

@@ -168,7 +168,7 @@ def test_result_codes():
         "NEIGHBOR_LIST_OVERFLOW", "NEIGHBOR_LIST_MISSED_PAIRS", "UNSTABLE_DYNAMICS",
         "NEWTON_FAILED", "EVENT_CAPACITY_EXCEEDED", "INVALID_SAVE_TIMES", "INVALID_TOLERANCE",
         "INVALID_TIME_ARGUMENT", "TIME_NOT_RESOLVED", "NONFINITE_Y0", "NONFINITE_ARGS",
-        "BOX_TOO_SMALL", "INVALID_BOX",
+        "BOX_TOO_SMALL", "INVALID_BOX", "CONSTRAINTS_NOT_CONVERGED",
     }
     assert issubclass(sl.SolverError, RuntimeError)
 
@@ -211,6 +211,7 @@ PARTICLES_PUBLIC = [
     "Topology", "TopologyError", "read_lammps_data", "excluded_pairs", "diffusion_coefficient",
     "PairCorrection", "pair_correction", "pressure_tensor",
 ]
+PARTICLES_PUBLIC += ["Bussi", "NoseHooverChain", "Rattle", "StochasticCellRescaling"]  # issue 27
 
 
 def test_particles_all_is_pinned():

@@ -14,6 +14,7 @@ Example:
     (11, 256, 3)
 """
 
+from ._barostats import StochasticCellRescaling
 from ._bonded import (
     AngleEnergy,
     PairCorrection,
@@ -28,6 +29,7 @@ from ._bonded import (
 )
 from ._cells import CellList, cell_list
 from ._checkpoint import CheckpointError, checkpoint_info
+from ._constraints import Rattle
 from ._dynamics import NVE, Integrator, Langevin, State
 from ._electrostatics import PME, Ewald, EwaldParameters, ewald, ewald_parameters, pme
 from ._energy import BondEnergy, Energy, PairEnergy, bond_energy, forces, pair_energy
@@ -50,13 +52,16 @@ from ._potentials import coulomb, gravity, harmonic, lennard_jones, morse, wca
 from ._sharded import ShardedEnergy, sharded
 from ._simulate import Trajectory, simulate
 from ._space import Space, free, periodic
+from ._thermostats import Bussi, NoseHooverChain
 from ._topology import Topology, TopologyError, excluded_pairs, read_lammps_data
 
 __all__ = [
     "MIXING_RULES",
     "NVE",
+    "NoseHooverChain",
     "AngleEnergy",
     "BondEnergy",
+    "Bussi",
     "CellList",
     "CheckpointError",
     "Ewald",
@@ -69,9 +74,11 @@ __all__ = [
     "NeighborList",
     "PairCorrection",
     "PairEnergy",
+    "Rattle",
     "Space",
     "ShardedEnergy",
     "State",
+    "StochasticCellRescaling",
     "Topology",
     "TopologyError",
     "Trajectory",

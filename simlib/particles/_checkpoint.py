@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-FORMAT = "simlib-simulate-checkpoint-1"
+FORMAT = "simlib-simulate-checkpoint-2"  # 2: frames hold the integrator records
 
 
 class CheckpointError(ValueError):
@@ -198,8 +198,9 @@ class Checkpoint:
         leaves = jax.tree_util.tree_leaves(carry)
         arrays = {f"carry/{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)}
         if pieces:
-            for i in range(4):
-                arrays[f"records/{i}"] = np.concatenate([np.asarray(p[i]) for p in pieces])
+            columns = zip(*(jax.tree_util.tree_leaves(p) for p in pieces), strict=True)
+            for i, column in enumerate(columns):
+                arrays[f"records/{i}"] = np.concatenate([np.asarray(c) for c in column])
         header = dict(format=FORMAT, signature=self.signature, done=int(done),
                       code=int(code), failed_at=int(failed_at), failed_atom=int(failed_atom),
                       reallocations=int(reallocations), n_leaves=len(leaves),
@@ -211,9 +212,10 @@ class Checkpoint:
 
         atomic_write(self.path, writer)
 
-    def load(self, carry0):
+    def load(self, carry0, records0):
         """``(carry, done, pieces, code, failed_at, failed_atom, reallocations)``, the carry
-        rebuilt on ``carry0``'s structure (with the list's size from the file)."""
+        rebuilt on ``carry0``'s structure (with the list's size from the file) and the
+        frames on ``records0``'s (an empty record of the run's integrator)."""
         try:
             header = read_header(self.path)
         except CheckpointError as err:
@@ -253,7 +255,9 @@ class Checkpoint:
             _check_finite(self.path, carry)
         pieces = []
         if "records/0" in arrays:
-            pieces = [tuple(jnp.asarray(arrays[f"records/{i}"]) for i in range(4))]
+            r_leaves, r_treedef = jax.tree_util.tree_flatten(records0)
+            pieces = [jax.tree_util.tree_unflatten(
+                r_treedef, [jnp.asarray(arrays[f"records/{i}"]) for i in range(len(r_leaves))])]
         return (carry, header["done"], pieces, header["code"], header["failed_at"],
                 header["failed_atom"], header["reallocations"])
 

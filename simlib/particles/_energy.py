@@ -112,7 +112,7 @@ class PairEnergy(Energy):
     A pytree: the space (its box) is a leaf; the potential, cutoff and options are static.
     """
 
-    def __init__(self, potential, space, r_cut, shift, mixing, tile):
+    def __init__(self, potential, space, r_cut, shift, mixing, tile, tail=False):
         self.potential = potential
         self.space = space
         self.r_cut = r_cut
@@ -120,18 +120,56 @@ class PairEnergy(Energy):
         self.mixing = tuple(sorted((mixing or {}).items()))
         self.rules = {**MIXING_RULES, **dict(self.mixing)}
         self.tile = tile
+        self.tail = tail
 
     def tree_flatten(self):
-        return (self.space,), (self.potential, self.r_cut, self.shift, self.mixing, self.tile)
+        return (self.space,), (self.potential, self.r_cut, self.shift, self.mixing, self.tile,
+                               self.tail)
 
     @classmethod
     def tree_unflatten(cls, static, children):
-        potential, r_cut, shift, mixing, tile = static
-        return cls(potential, children[0], r_cut, shift, dict(mixing), tile)
+        potential, r_cut, shift, mixing, tile, tail = static
+        return cls(potential, children[0], r_cut, shift, dict(mixing), tile, tail)
 
     def __repr__(self):
         name = getattr(self.potential, "__name__", repr(self.potential))
-        return f"pair_energy({name}, {self.space!r}, r_cut={self.r_cut}, shift={self.shift})"
+        tail = ", tail_correction=True" if self.tail else ""
+        return (f"pair_energy({name}, {self.space!r}, r_cut={self.r_cut}, "
+                f"shift={self.shift}{tail})")
+
+    # -- long-range (tail) corrections ---------------------------------------------------
+    def _tail_constants(self, positions, params):
+        """``(n, V, eps sigma^3, (sigma/r_c)^3)`` for the Lennard-Jones tail terms."""
+        n, d = positions.shape
+        if d != 3:
+            raise ValueError(f"tail_correction is the 3D tail; positions are {d}D")
+        sigma = jnp.asarray(params["sigma"], positions.dtype)
+        epsilon = jnp.asarray(params["epsilon"], positions.dtype)
+        if sigma.ndim or epsilon.ndim:
+            raise ValueError(f"tail_correction needs one sigma and one epsilon (scalars), got "
+                             f"shapes {sigma.shape} and {epsilon.shape}")
+        s3 = (sigma / self.r_cut) ** 3
+        return n, self.space.volume(d), epsilon * sigma**3, s3
+
+    def tail_energy(self, positions, params) -> jax.Array:
+        r"""The energy that the truncation leaves out, with :math:`g(r) = 1` beyond
+        :math:`r_c`: :math:`U_{tail} = \frac{8}{3}\pi \frac{n^2}{V}\epsilon\sigma^3
+        \left[\frac13\left(\frac{\sigma}{r_c}\right)^9 - \left(\frac{\sigma}{r_c}\right)^3
+        \right]` (Allen & Tildesley 2017, §2.8). Zero without ``tail_correction``."""
+        if not self.tail:
+            return jnp.zeros((), jnp.result_type(positions))
+        n, volume, es3, s3 = self._tail_constants(positions, params)
+        return 8.0 / 3.0 * jnp.pi * n * n / volume * es3 * (s3**3 / 3.0 - s3)
+
+    def tail_virial(self, positions, params) -> jax.Array:
+        r""":math:`W_{tail} = 3 V P_{tail}` with :math:`P_{tail} = \frac{16}{3}\pi\rho^2
+        \epsilon\sigma^3\left[\frac23\left(\frac{\sigma}{r_c}\right)^9
+        - \left(\frac{\sigma}{r_c}\right)^3\right]` (Allen & Tildesley 2017, §2.8);
+        zero without ``tail_correction``."""
+        if not self.tail:
+            return jnp.zeros((), jnp.result_type(positions))
+        n, volume, es3, s3 = self._tail_constants(positions, params)
+        return 16.0 * jnp.pi * n * n / volume * es3 * (2.0 * s3**3 / 3.0 - s3)
 
     # -- the pair kernel ---------------------------------------------------------------
     def _terms(self, dr, valid, pp, want_derivative):
@@ -210,27 +248,31 @@ class PairEnergy(Energy):
 
     # -- public ------------------------------------------------------------------------
     def __call__(self, positions, params, neighbors=None):
-        """The total energy :math:`U = \\sum_{i<j} u(r_{ij})`, a scalar (NaN for a traced
-        box that :func:`check_box` refuses)."""
+        """The total energy :math:`U = \\sum_{i<j} u(r_{ij})` (plus :meth:`tail_energy`), a
+        scalar (NaN for a traced box that :func:`check_box` refuses)."""
         positions, code = self._check(positions, neighbors)
+        tail = self.tail_energy(positions, params)
         if isinstance(neighbors, CellList):
             return nan_unless_valid(code, cell_pass(self, positions, params, neighbors,
-                                                    False)[0])
+                                                    False)[0] + tail)
         if neighbors is not None:
             u, _, _, _ = self._neighbor_pass(positions, params, neighbors, False)
-            return nan_unless_valid(code, 0.5 * jnp.sum(u))
+            return nan_unless_valid(code, 0.5 * jnp.sum(u) + tail)
         out = self._tiles(positions, params,
                           lambda dr, valid, pp: jnp.sum(self._terms(dr, valid, pp, False)[0]))
-        return nan_unless_valid(code, 0.5 * jnp.sum(out))
+        return nan_unless_valid(code, 0.5 * jnp.sum(out) + tail)
 
     def energy_and_forces(self, positions, params, neighbors=None):
-        """The energy and the forces ``(n, d)`` in one pass (NaN for a traced box that
-        :func:`check_box` refuses)."""
+        """The energy and the forces ``(n, d)`` in one pass (the tail adds no force; NaN for
+        a traced box that :func:`check_box` refuses)."""
         positions, code = self._check(positions, neighbors)
-        return nan_unless_valid(code, *self._dispatch(positions, params, neighbors))
+        e, f = self._pair_energy_and_forces(positions, params, neighbors)
+        if self.tail:
+            e = e + self.tail_energy(positions, params)
+        return nan_unless_valid(code, e, f)
 
-    def _dispatch(self, positions, params, neighbors):
-        """Energy and forces from the kernel that serves this call."""
+    def _pair_energy_and_forces(self, positions, params, neighbors):
+        """Energy and forces of the pairs from the kernel that serves this call."""
         if isinstance(neighbors, CellList):
             u, f, _ = cell_pass(self, positions, params, neighbors, True)
             return u, f[neighbors.atom_slot]
@@ -300,18 +342,20 @@ class PairEnergy(Energy):
     def virial(self, positions, params, neighbors=None):
         r"""The pair virial :math:`W = \sum_{i<j} r_{ij}\cdot f_{ij} = -\sum_{i<j} r u'(r)`."""
         positions, code = self._check(positions, neighbors)
+        tail = self.tail_virial(positions, params)
         if isinstance(neighbors, CellList):
             return nan_unless_valid(code, cell_pass(self, positions, params, neighbors,
-                                                    True)[2])
+                                                    True)[2] + tail)
         if neighbors is not None:
             _, c, r, _ = self._neighbor_pass(positions, params, neighbors, True)
-            return nan_unless_valid(code, -0.5 * jnp.sum(c * r * r))
+            return nan_unless_valid(code, -0.5 * jnp.sum(c * r * r) + tail)
 
         def body(dr, valid, pp):
             _, c, r = self._terms(dr, valid, pp, True)
             return jnp.sum(c * r * r)
 
-        return nan_unless_valid(code, -0.5 * jnp.sum(self._tiles(positions, params, body)))
+        return nan_unless_valid(code, -0.5 * jnp.sum(self._tiles(positions, params, body))
+                                + tail)
 
     def virial_tensor(self, positions, params, neighbors=None):
         r"""The pair virial tensor :math:`W_{ab} = -\sum_{i<j} r_a r_b u'(r)/r`, ``(d, d)``."""
@@ -325,16 +369,18 @@ class PairEnergy(Energy):
             return jnp.stack([jnp.stack([jnp.sum(c * dr[a] * dr[b]) for b in range(d)])
                               for a in range(d)])
 
+        # the tail correction is isotropic: a third of its virial on each diagonal entry
+        tail = self.tail_virial(positions, params) / d * jnp.eye(d, dtype=positions.dtype)
         if neighbors is not None:
             _, c, _, dr = self._neighbor_pass(positions, params, neighbors, True)
-            return nan_unless_valid(code, -0.5 * tensor(c, dr))
+            return nan_unless_valid(code, -0.5 * tensor(c, dr) + tail)
 
         def body(dr, valid, pp):
             _, c, _ = self._terms(dr, valid, pp, True)
             return tensor(c, dr)
 
         return nan_unless_valid(code, -0.5 * jnp.sum(self._tiles(positions, params, body),
-                                                     axis=0))
+                                                     axis=0) + tail)
 
 
 def _with_finite_positions(code, positions):
@@ -492,7 +538,7 @@ def _lj_kernel_jvp(config, primals, tangents):
 
 def pair_energy(potential: Callable, space: Space, r_cut: float | None = None, *,
                 shift: bool = False, mixing: Mapping[str, Callable] | None = None,
-                tile: int = 256) -> PairEnergy:
+                tile: int = 256, tail_correction: bool = False) -> PairEnergy:
     r"""The total energy of a pair potential, ``energy(positions, params, neighbors=None)``.
 
     :math:`U = \sum_{i<j,\ r_{ij} < r_c} [u(r_{ij}) - s\,u(r_c)]` with :math:`s = 1` when
@@ -505,6 +551,12 @@ def pair_energy(potential: Callable, space: Space, r_cut: float | None = None, *
         shift: Subtract ``u(r_cut)`` so the energy goes to zero at the cutoff.
         mixing: Extra mixing rules ``{name: rule(a_i, a_j)}`` for per-particle parameters.
         tile: Rows per tile when visiting all pairs (memory ``~ n * tile``).
+        tail_correction: Add the Lennard-Jones long-range corrections, the energy and
+            virial of the pairs beyond ``r_cut`` with :math:`g(r) = 1` there
+            (:meth:`PairEnergy.tail_energy`, :meth:`PairEnergy.tail_virial`; Allen &
+            Tildesley 2017, §2.8): the energy and :func:`pressure` then estimate the
+            untruncated potential's. Forces are unchanged. :func:`lennard_jones` in a
+            periodic 3D box with one ``sigma`` and ``epsilon``, not with ``shift``.
 
     Returns:
         A :class:`PairEnergy`; call it as ``energy(positions, params, neighbors=None)``.
@@ -535,8 +587,15 @@ def pair_energy(potential: Callable, space: Space, r_cut: float | None = None, *
                          f"to the lattice sum (use Ewald summation)")
     if int(tile) < 1:
         raise ValueError(f"pair_energy: tile must be a positive integer, got {tile!r}")
+    if tail_correction:
+        if potential is not lennard_jones or r_cut is None or not space.periodic:
+            raise ValueError("pair_energy: tail_correction=True is the Lennard-Jones tail: it "
+                             "needs potential=lennard_jones, an r_cut and a periodic space")
+        if shift:
+            raise ValueError("pair_energy: tail_correction=True estimates the untruncated, "
+                             "unshifted potential; it cannot be combined with shift=True")
     return PairEnergy(potential, space, None if r_cut is None else float(r_cut), bool(shift),
-                      mixing, int(tile))
+                      mixing, int(tile), bool(tail_correction))
 
 
 @jax.tree_util.register_pytree_node_class

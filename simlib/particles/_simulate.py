@@ -55,6 +55,8 @@ class Trajectory(NamedTuple):
             allocated, this call included), ``n_reallocations`` (in this call),
             ``failed_step`` (the step of the first failure, -1 if none) and
             ``failed_atom`` (the atom a non-finite or unstable failure names, -1 if none).
+        extras: The integrator's per-frame records, a dict of ``(n_frames, ...)`` arrays:
+            always ``conserved`` (:attr:`conserved`); ``box`` for a barostat.
     """
 
     times: jax.Array
@@ -66,10 +68,25 @@ class Trajectory(NamedTuple):
     neighbors: NeighborList | None
     result: jax.Array
     stats: dict
+    extras: dict | None = None
 
     @property
     def total_energy(self) -> jax.Array:
         return self.potential_energy + self.kinetic_energy
+
+    @property
+    def conserved(self) -> jax.Array:
+        """``(n_frames,)`` the integrator's conserved quantity: the total energy for
+        :class:`NVE`, the extended energy for :class:`NoseHooverChain`, the effective
+        energy (total energy plus the heat the thermostat took out) for :class:`Bussi`
+        and :class:`StochasticCellRescaling`; for :class:`Langevin` the total energy,
+        which it does not conserve."""
+        return self.extras["conserved"]
+
+    @property
+    def box(self) -> jax.Array | None:
+        """``(n_frames, d)`` box side lengths under a barostat (``None`` otherwise)."""
+        return (self.extras or {}).get("box")
 
     @property
     def status(self) -> Result:
@@ -234,6 +251,14 @@ def _merge(first, then):
                      jnp.where(keep, fail0.atom, fail1.atom)))
 
 
+def _checked_status(integrator, c, masses, dt, limit):
+    """:func:`_status`, then the integrator's own check (a box collapse) where that passes."""
+    code, atom = _status(c, masses, dt, limit)
+    own = integrator.check(c)
+    use_own = (code == 0) & (own != 0)
+    return jnp.where(use_own, own, code), jnp.where(use_own, -1, atom)
+
+
 def _frames(model, integrator, carry, masses, params, dt, key, n_frames, save_every, adjoint):
     """Run ``n_frames * save_every`` steps; return ``(carry, code, _Failure)`` and the
     per-frame records. Every step is checked (:func:`_status`); the first failure sticks."""
@@ -242,7 +267,7 @@ def _frames(model, integrator, carry, masses, params, dt, key, n_frames, save_ev
     limit = _move_limit(model, carry.neighbors, carry.positions.dtype)
 
     def checked(c):
-        new, atom = _status(c, masses, dt, limit)
+        new, atom = _checked_status(integrator, c, masses, dt, limit)
         return new, _Failure(jnp.where(new != 0, c.step, -1), atom)
 
     def one_step(state, _):
@@ -254,7 +279,8 @@ def _frames(model, integrator, carry, masses, params, dt, key, n_frames, save_ev
     def one_frame(state, _):
         state, _ = inner.scan(one_step, state, save_every)
         c = state[0]
-        record = (c.positions, c.velocities, c.potential_energy, _kinetic(c.velocities, masses))
+        record = (c.positions, c.velocities, c.potential_energy, _kinetic(c.velocities, masses),
+                  integrator.observe(c, masses))
         return state, record
 
     init = (carry, *checked(carry))
@@ -264,18 +290,21 @@ def _frames(model, integrator, carry, masses, params, dt, key, n_frames, save_ev
 _frames_jit = jax.jit(_frames, static_argnums=(7, 8, 9))
 
 
-def _start(model, state: State, params, neighbors):
+def _start(model, state: State, params, neighbors, integrator=None):
     x = model.space.wrap(jnp.asarray(state.positions))
     nbrs = neighbors.update(x) if neighbors is not None else None
     e, f = model.energy_and_forces(x, params, nbrs)
     step = jnp.zeros((), jnp.int32)
-    return Carry(x, jnp.asarray(state.velocities, x.dtype), f, e, nbrs, step)
+    carry = Carry(x, jnp.asarray(state.velocities, x.dtype), f, e, nbrs, step)
+    if integrator is not None:
+        carry = carry._replace(extra=integrator.init(model, carry, state.masses, params))
+    return carry
 
 
-def _begin(model, state: State, params, neighbors, masses, dt):
+def _begin(model, integrator, state: State, params, neighbors, masses, dt):
     """The first carry (one force evaluation) and the start's failure, in one call."""
-    carry0 = _start(model, state, params, neighbors)
-    code, failure = _initial_checks(model, carry0, state.positions, masses, dt)
+    carry0 = _start(model, state, params, neighbors, integrator)
+    code, failure = _initial_checks(model, integrator, carry0, state.positions, masses, dt)
     return carry0, code, failure
 
 
@@ -506,18 +535,20 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
                              ckpt)
 
 
-def _assemble(carry0, records, carry, masses, dt, save_every, code, failure, builds,
+def _assemble(integrator, carry0, records, carry, masses, dt, save_every, code, failure, builds,
               reallocations):
-    x, v, e, k = records
+    x, v, e, k, extras = records
     x = jnp.concatenate([carry0.positions[None], x])
     v = jnp.concatenate([carry0.velocities[None], v])
     e = jnp.concatenate([carry0.potential_energy[None], e])
     k = jnp.concatenate([_kinetic(carry0.velocities, masses)[None], k])
+    extras = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b]),
+                                    integrator.observe(carry0, masses), extras)
     times = jnp.arange(x.shape[0], dtype=x.dtype) * (save_every * dt)
     stats = dict(n_steps=carry.step, n_builds=builds, n_reallocations=reallocations,
                  failed_step=failure.step, failed_atom=failure.atom)
     return Trajectory(times, x, v, e, k, State(carry.positions, carry.velocities, masses),
-                      carry.neighbors, code, stats)
+                      carry.neighbors, code, stats, extras)
 
 
 def _builds(nbrs):
@@ -564,11 +595,11 @@ def _run_traced(model, integrator, state, masses, params, dt, key, n_frames, sav
             model, integrator, neighbors, dt, key, n_frames, save_every,
             jnp.asarray(state.positions), jnp.asarray(state.velocities), masses, params)
     else:
-        carry0 = _start(model, state, params, neighbors)
+        carry0 = _start(model, state, params, neighbors, integrator)
         (carry, code, failure), records = _frames(model, integrator, carry0, masses, params,
                                                   dt, key, n_frames, save_every, adjoint)
     code, failure = _merge(_initial(model, state.positions, neighbors), (code, failure))
-    return _assemble(carry0, records, carry, masses, dt, save_every, code, failure,
+    return _assemble(integrator, carry0, records, carry, masses, dt, save_every, code, failure,
                      _builds(carry.neighbors), jnp.int32(0))
 
 
@@ -604,17 +635,18 @@ def _signature(model, integrator, state, masses, params, dt, key, n_frames, save
 def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frames, save_every,
                       neighbors, adjoint, throw, progress, chunk_steps, ckpt=None):
     reallocations = 0
-    carry0, code, failure = _begin_jit(model, state, params, neighbors, masses, dt)
+    carry0, code, failure = _begin_jit(model, integrator, state, params, neighbors, masses, dt)
     while neighbors is not None and bool(carry0.neighbors.overflow):
         # The list given (or its update at the start) is too small: reallocate first.
         neighbors = reallocate(carry0.neighbors, carry0.positions)
         reallocations += 1
-        carry0, code, failure = _begin_jit(model, state, params, neighbors, masses, dt)
+        carry0, code, failure = _begin_jit(model, integrator, state, params, neighbors, masses, dt)
     frames_per_chunk = max(1, int(chunk_steps) // save_every)
     carry, done, pieces = carry0, 0, []
     code, failed_at, failed_atom = map(int, jax.device_get((code, failure.step, failure.atom)))
     if ckpt is not None and ckpt.resume:
-        carry, done, pieces, code, failed_at, failed_atom, reallocations = ckpt.load(carry0)
+        carry, done, pieces, code, failed_at, failed_atom, reallocations = ckpt.load(
+            carry0, _empty_records(integrator, carry0, masses))
     bar = _progress_bar(progress, n_frames * save_every)
     if bar is not None and done:
         bar.update(done * save_every)
@@ -632,7 +664,7 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
                 new_code = int(new_code)
                 if new_code == Result.NEIGHBOR_LIST_OVERFLOW:
                     # Re-run this chunk from its start with a list sized from what overflowed.
-                    bigger = reallocate(new.neighbors, carry.positions)
+                    bigger = reallocate(_sizing_list(new.neighbors, records), carry.positions)
                     bigger = bigger.replace(n_builds=carry.neighbors.n_builds + 1)
                     carry = carry._replace(neighbors=bigger)
                     reallocations += 1
@@ -663,9 +695,9 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
     if pieces:
         records = _concatenate(pieces) if len(pieces) > 1 else pieces[0]
     else:
-        records = _empty_records(carry0, masses)
+        records = _empty_records(integrator, carry0, masses)
     failure = _Failure(np.int32(failed_at), np.int32(failed_atom))
-    traj = _assemble_jit(carry0, records, carry, masses, dt, save_every, np.int32(code),
+    traj = _assemble_jit(integrator, carry0, records, carry, masses, dt, save_every, np.int32(code),
                          failure, _builds(carry.neighbors), np.int32(reallocations))
     if code and throw:
         try:
@@ -680,15 +712,32 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
     return traj
 
 
-def _initial_checks(model, carry0, positions, masses, dt):
+def _sizing_list(nbrs, records):
+    """The list whose box sizes a reallocation: under a barostat (frames with a ``box``) the
+    smallest box of the chunk, less 5% for the steps between frames (cells sized for it fit
+    every larger box), but at least twice the list's reach; else ``nbrs`` itself."""
+    boxes = records[4].get("box") if isinstance(records[4], dict) else None
+    if boxes is None or not isinstance(nbrs, NeighborList):
+        return nbrs
+    b = np.asarray(boxes)
+    b = b[np.all(np.isfinite(b), axis=1)]
+    if not len(b):
+        return nbrs
+    smallest = np.maximum(0.95 * b.min(axis=0), 2.0 * (nbrs.r_cut + nbrs.skin))
+    like = jnp.asarray(nbrs.space.box)
+    box = smallest.min() if like.ndim == 0 else smallest
+    return nbrs.replace(space=Space(jnp.asarray(box, like.dtype), True))
+
+
+def _initial_checks(model, integrator, carry0, positions, masses, dt):
     """The start's failure: its own (:func:`_initial`), then the first carry's."""
     limit = _move_limit(model, carry0.neighbors, carry0.positions.dtype)
-    code, atom = _status(carry0, masses, dt, limit)
+    code, atom = _checked_status(integrator, carry0, masses, dt, limit)
     return _merge(_initial(model, positions, carry0.neighbors),
                   (code, _Failure(jnp.where(code != 0, 0, -1).astype(jnp.int32), atom)))
 
 
-_assemble_jit = jax.jit(_assemble, static_argnums=5)
+_assemble_jit = jax.jit(_assemble, static_argnums=6)
 
 
 @jax.jit
@@ -696,10 +745,12 @@ def _concatenate(pieces):
     return jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *pieces)
 
 
-def _empty_records(carry, masses):
+def _empty_records(integrator, carry, masses):
     x = carry.positions
+    extras = jax.tree_util.tree_map(lambda a: jnp.asarray(a)[None][:0],
+                                    integrator.observe(carry, masses))
     return (x[None][:0], carry.velocities[None][:0], carry.potential_energy[None][:0],
-            _kinetic(carry.velocities, masses)[None][:0])
+            _kinetic(carry.velocities, masses)[None][:0], extras)
 
 
 def _progress_bar(progress, total):
@@ -726,7 +777,7 @@ def _reversible(model, integrator, neighbors, dt, key, n_frames, save_every, x0,
 
     def start(x0, v0, params, mf, nf):
         return _start(merge_model(mf, model_others), State(x0, v0, masses),
-                      params, merge_nbrs(nf, nbr_others))
+                      params, merge_nbrs(nf, nbr_others), integrator)
 
     @jax.custom_vjp
     def run(x0, v0, masses, params, mf, nf):
@@ -742,7 +793,9 @@ def _reversible(model, integrator, neighbors, dt, key, n_frames, save_every, x0,
     def run_bwd(res, cotangents):
         final, x0, v0, masses, params, mf, nf = res
         model = merge_model(mf, model_others)
-        ct0, (ct_final, _, _), (ct_x, ct_v, ct_e, ct_k) = cotangents
+        ct0, (ct_final, _, _), (ct_x, ct_v, ct_e, ct_k, ct_extras) = cotangents
+        # NVE's conserved quantity is K + U: its cotangent joins theirs.
+        ct_e, ct_k = ct_e + ct_extras["conserved"], ct_k + ct_extras["conserved"]
         zero_p = jax.tree_util.tree_map(jnp.zeros_like, (params, mf))
         m_col = jnp.asarray(masses)[:, None] if jnp.ndim(masses) == 1 else masses
 
