@@ -133,7 +133,7 @@ def test_tail_corrections_match_quadrature():
     """The energy, virial and pressure that tail_correction=True adds equal the integrals of
     the full potential beyond r_cut (scipy quad) to 1e-12, at the triple-point density where
     the pressure tail is -0.762 (sigma = epsilon = 1, r_c = 2.5), and with sigma, epsilon != 1."""
-    x, box = sp.lattice(2, 0.8442)           # the tails depend on n / V alone
+    x, box = sp.lattice(3, 0.8442)   # the tails depend on n / V alone (box 5.04 > 2 r_cut)
     space = sp.periodic(box)
     v = jnp.zeros_like(x)
     plain = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
