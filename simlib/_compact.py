@@ -41,13 +41,14 @@ from ._solve import (
     DEFAULT_MAX_STEPS,
     _as_array_tree,
     _CastToState,
-    _check_finite_scalar,
+    _check_scalar,
     _describe,
     _tolerances,
 )
 from ._solver._base import AbstractSolver, PyTree, VectorField
 from ._solver._sde import AbstractSDESolver
 from ._util import buffer, inside_trace, is_tracer, time_dtype, tree_where
+from ._validate import Checks, check_args, check_resolution, check_state, check_times
 from .progress import bar as progress_bar
 
 __all__ = ["solve_ensemble"]
@@ -307,7 +308,8 @@ def solve_ensemble(
         raise TypeError("solve_ensemble runs eagerly (the host drops finished members between "
                         "compiled chunks), so it cannot be traced by jax.jit, jax.vmap or "
                         "jax.grad; call it outside them, or use jax.vmap(solve) there")
-    rtol, atol = _tolerances(rtol, atol)
+    checks = Checks("solve_ensemble")  # eager only: a bad value raises ValueError at once
+    rtol, atol = _tolerances(rtol, atol, checks)
     if not isinstance(saveat, SaveAt):
         raise TypeError(f"saveat must be a simlib.SaveAt, got {saveat!r}")
     mode = saveat.mode()
@@ -319,9 +321,7 @@ def solve_ensemble(
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     max_steps, chunk_steps, min_bucket = int(max_steps), int(chunk_steps), int(min_bucket)
-    _check_finite_scalar(dt, "dt")
-    if dt is not None and float(dt) == 0.0:
-        raise ValueError("dt must be nonzero, got 0.0")
+    _check_scalar(dt, "dt")
 
     # members
     y0s = _as_array_tree(y0s, "y0s")
@@ -334,9 +334,8 @@ def solve_ensemble(
     n = sizes.pop()
     if n == 0:
         raise ValueError(f"y0s has no members (leading axis of length 0): {_describe(y0s)}")
-    for leaf in leaves:
-        if not np.all(np.isfinite(np.asarray(leaf))):
-            raise ValueError("y0s must be finite, but it contains nan or inf")
+    check_state(checks, y0s, "y0s")
+    check_args(checks, args)
     tdtype = time_dtype(y0s)
     spans = []
     for name, t in (("t0", t0), ("t1", t1)):
@@ -346,14 +345,11 @@ def solve_ensemble(
         if arr.shape != (n,):
             raise ValueError(f"{name} must be a scalar or have shape ({n},) (one per member), "
                              f"got shape {arr.shape}")
-        if not np.all(np.isfinite(arr)):
-            raise ValueError(f"{name} must be finite, but it contains nan or inf")
         spans.append(arr)
     t0_np, t1_np = spans
+    check_times(checks, t0_np, t1_np, dt)
+    check_resolution(checks, t0_np, t1_np, dt, tdtype)
     direction = np.where(t1_np >= t0_np, 1.0, -1.0)
-    if dt is not None and float(dt) < 0 and np.any(direction > 0):
-        raise ValueError(f"dt={float(dt)!r} is negative but some members' spans run forward; "
-                         "give a positive dt")
     if mode == "ts":
         ts_np = np.asarray(saveat.ts, np.float64)
         if ts_np.ndim != 1 or ts_np.shape[0] == 0:

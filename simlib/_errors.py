@@ -6,6 +6,7 @@ import contextlib
 import contextvars
 import logging
 import math
+import re
 from collections.abc import Iterator
 from enum import IntEnum
 
@@ -34,6 +35,15 @@ class Result(IntEnum):
     UNSTABLE_DYNAMICS = 6
     NEWTON_FAILED = 7
     EVENT_CAPACITY_EXCEEDED = 8
+    INVALID_SAVE_TIMES = 9
+    INVALID_TOLERANCE = 10
+    INVALID_TIME_ARGUMENT = 11
+    TIME_NOT_RESOLVED = 12
+    NONFINITE_Y0 = 13
+    NONFINITE_ARGS = 14
+    BOX_TOO_SMALL = 15
+    INVALID_BOX = 16
+    CONSTRAINTS_NOT_CONVERGED = 20
 
     def __str__(self) -> str:
         return self.name
@@ -87,6 +97,39 @@ _MESSAGES = {
         "(step {step}); crossings beyond the capacity were not recorded: raise "
         "Event(..., capacity=...)"
     ),
+    # Invalid inputs found in the graph (traced arguments; simlib/_validate.py). The
+    # in-graph check names the argument and value; these are the messages without them.
+    Result.INVALID_SAVE_TIMES: (
+        "saveat.ts must lie within [t0, t1] and be ordered in the direction of integration"
+    ),
+    Result.INVALID_TOLERANCE: "rtol and atol must be positive and finite",
+    Result.INVALID_TIME_ARGUMENT: (
+        "t0, t1 and dt must be finite, dt nonzero and pointing from t0 to t1"
+    ),
+    Result.TIME_NOT_RESOLVED: (
+        "the time step is below 16 units in the last place of t, so the time grid "
+        "cannot be represented in the time's dtype; enable float64 "
+        "(jax.config.update('jax_enable_x64', True)), shift t0 towards zero, or take a "
+        "larger dt"
+    ),
+    Result.NONFINITE_Y0: "y0 must be finite, but it contains nan or inf",
+    Result.NONFINITE_ARGS: "args must not contain nan",
+    Result.BOX_TOO_SMALL: (
+        "the periodic box is smaller than twice the interaction range (found at t={t:.17g}, "
+        "step {step}): its shortest side is below 2 r_cut (the energy's cutoff, or the "
+        "neighbour list's r_cut + skin), so minimum images miss pairs within the cutoff; "
+        "use a larger box or a smaller r_cut"
+    ),
+    Result.INVALID_BOX: (
+        "the periodic box has a side length that is zero, negative or not finite (found at "
+        "t={t:.17g}, step {step}); periodic(box) needs positive, finite side lengths"
+    ),
+    Result.CONSTRAINTS_NOT_CONVERGED: (
+        "the bond constraints (SHAKE/RATTLE) did not converge to their tolerance within "
+        "max_iterations sweeps at t={t:.17g} (step {step}); dt may be too large, the start "
+        "state may violate the constraints, or constraints may conflict (a rigid triangle "
+        "needs more sweeps: raise Rattle(..., max_iterations=...))"
+    ),
 }
 
 
@@ -97,12 +140,21 @@ class SolverError(RuntimeError):
         result: The :class:`Result` code.
         solution: The partial :class:`~simlib.Solution` (eager calls only), so
             nothing computed is lost.
+        member: Under ``vmap``, the index of the failing member (the first one, in
+            row-major order over nested ``vmap`` levels), which the message names
+            (``"solve: member 3 of 8: ..."``); ``None`` for an unbatched call.
+        jax_error: The ``jax.errors.JaxRuntimeError`` this error was recovered from
+            (a failure raised inside compiled code), kept here rather than chained, so
+            that the message comes first; ``None`` otherwise.
     """
 
-    def __init__(self, message: str, result: Result, solution=None):
+    def __init__(self, message: str, result: Result, solution=None, *,
+                 member: int | None = None):
         super().__init__(message)
         self.result = result
         self.solution = solution
+        self.member = member
+        self.jax_error = None
 
     @classmethod
     def from_exception(cls, exc: BaseException) -> SolverError | None:
@@ -122,10 +174,29 @@ class SolverError(RuntimeError):
         if at < 0:
             return None
         message = text[at + len(marker):].splitlines()[0].strip()
-        code = _code_of(message)
-        if code is None:
-            return None
-        return cls(message, code)
+        raised = _RAISED.get(message)  # the error our callback raised, when in this process
+        if raised is not None:
+            err = cls(message, raised.result, member=raised.member)
+        else:
+            code = _code_of(message)
+            if code is None:
+                return None
+            found = re.search(r": member (\d+) of \d+: ", message)
+            err = cls(message, code, member=int(found.group(1)) if found else None)
+        err.jax_error = exc
+        return err
+
+
+# The errors the in-graph check's callback raised, by message (the last few), so that
+# SolverError.from_exception recovers the code and member from the JAX error's text.
+_RAISED: dict[str, SolverError] = {}
+
+
+def _remember(err: SolverError) -> SolverError:
+    _RAISED[str(err)] = err
+    while len(_RAISED) > 32:
+        del _RAISED[next(iter(_RAISED))]
+    return err
 
 
 def _code_of(message: str) -> Result | None:
@@ -158,7 +229,8 @@ def raise_solver_errors() -> Iterator[None]:
     callback, which JAX wraps in a ``jax.errors.JaxRuntimeError`` (the original message is
     the last line of its text) and logs with a traceback. In this block such an error is
     re-raised as the :class:`SolverError` it carries (with ``result`` set; the JAX error
-    is its ``__cause__``), and the log record is dropped. Other errors pass unchanged.
+    is its ``jax_error`` attribute, not chained, so the message is what the traceback ends
+    with), and the log record is dropped. Other errors pass unchanged.
     Put the line that waits for the result (a ``float()``, ``np.asarray`` or
     ``block_until_ready``) inside the block too: JAX dispatches asynchronously.
 
@@ -184,13 +256,19 @@ def raise_solver_errors() -> Iterator[None]:
         log.addFilter(dropper)
     try:
         yield
-    except SolverError:
-        raise
+    except SolverError as err:
+        if err.__cause__ is None:
+            raise
+        # raised in the callback as it ran (an eager vmap executes there): a fresh error,
+        # so that JAX's chained stack trace is not printed before the message
+        fresh = SolverError(str(err), err.result, err.solution, member=err.member)
+        fresh.jax_error = err.__cause__
+        raise fresh from None
     except Exception as exc:  # noqa: BLE001 - re-raised unchanged unless it carries one
         err = SolverError.from_exception(exc)
         if err is None:
             raise
-        raise err from exc
+        raise err from None
     finally:
         for log in logs:
             log.removeFilter(dropper)
@@ -228,16 +306,20 @@ def raise_on_failure(result, t, step, t1, max_steps, caller="solve"):
         )
 
 
-def _pick_first_failure(result, t, step, t1, batched):
-    """In-graph reduction of a batch (axis 0 of the ``batched`` arguments) to its first
-    failing member: ``(result, t, step, t1)`` of that member (of an arbitrary member, all
-    with result zero, when none failed).
+def _pick_first_failure(fields, batched):
+    """In-graph reduction of a batch (axis 0 of the ``batched`` fields) to its first
+    failing member. ``fields`` is ``(result, ..., member, count)``: the failure code, the
+    values its message needs, and the member index among ``count`` members of the levels
+    already reduced. Returns the fields of that member (of an arbitrary member, all with
+    result zero, when none failed), its index in this batch folded into ``member`` and
+    ``count`` (row-major over nested ``vmap`` levels).
 
     A variadic ``lax.reduce`` keyed on the member index, so that with the batch axis
     sharded XLA reduces each device's slice and then gathers one candidate per
     device: no device ever receives the whole batch.
     """
-    n = next(x.shape[0] for x, b in zip((result, t, step, t1), batched, strict=True) if b)
+    result = fields[0]
+    n = next(x.shape[0] for x, b in zip(fields, batched, strict=True) if b)
     bad = result != 0
     if batched[0]:
         bad = jnp.any(bad.reshape(n, math.prod(result.shape[1:])), axis=1)
@@ -249,18 +331,20 @@ def _pick_first_failure(result, t, step, t1, batched):
         take_a = a[0] <= b[0]
         return tuple(jnp.where(take_a, u, v) for u, v in zip(a, b, strict=True))
 
-    args = (result, t, step, t1)
-    out = list(args)
+    out = list(fields)
     # members' scalars share one reduction (the usual case), other shapes get one each
-    groups = [[i for i, x in enumerate(args) if batched[i] and x.ndim == 1]]
-    groups += [[i] for i, x in enumerate(args) if batched[i] and x.ndim > 1]
+    groups = [[i for i, x in enumerate(fields) if batched[i] and x.ndim == 1]]
+    groups += [[i] for i, x in enumerate(fields) if batched[i] and x.ndim > 1]
     for group in filter(None, groups):
-        shape = args[group[0]].shape
+        shape = fields[group[0]].shape
         k = jnp.broadcast_to(key.reshape((n,) + (1,) * (len(shape) - 1)), shape)
-        init = (jnp.int32(n),) + tuple(jnp.zeros((), args[i].dtype) for i in group)
-        picked = lax.reduce((k,) + tuple(args[i] for i in group), init, earlier, (0,))
+        init = (jnp.int32(n),) + tuple(jnp.zeros((), fields[i].dtype) for i in group)
+        picked = lax.reduce((k,) + tuple(fields[i] for i in group), init, earlier, (0,))
         for i, v in zip(group, picked[1:], strict=True):
             out[i] = v
+    first = jnp.minimum(jnp.min(key), n - 1)
+    out[-2] = first * out[-1] + out[-2]
+    out[-1] = out[-1] * n
     return tuple(out)
 
 
@@ -318,14 +402,16 @@ def _share_candidate(picked, sharing):
     with its code kept only on the devices that raise."""
     axes, raisers = sharing
     gathered = tuple(lax.all_gather(x, axes, tiled=False) for x in picked)
-    result, t, step, t1 = _pick_first_failure(*gathered, (True,) * 4)
+    out = _pick_first_failure(gathered, (True,) * len(gathered))
     here = jnp.isin(lax.axis_index(axes), jnp.asarray(raisers, jnp.int32))
-    return jnp.where(here, result, jnp.zeros_like(result)), t, step, t1
+    return (jnp.where(here, out[0], jnp.zeros_like(out[0])),) + out[1:]
 
 
-def _in_graph_check(caller: str, max_steps):
-    """A ``custom_vmap`` function ``check(result, t, step, t1)`` whose host callback
-    raises :class:`SolverError` for the first failure; it returns an int32 zero.
+def _in_graph_check(caller: str, max_steps, describe=None):
+    """A ``custom_vmap`` function ``check(result, t, step, t1, *detail, member, count)``
+    whose host callback raises :class:`SolverError` for the first failure; it returns an
+    int32 zero. ``describe(code, *detail)``, when given, writes the message of the codes
+    it knows (``None`` for the others, which take :func:`result_message`).
 
     Under ``vmap`` the batch is first reduced in the graph to its first failing member
     (:func:`_pick_first_failure`), so the callback only ever receives one member's values
@@ -333,20 +419,32 @@ def _in_graph_check(caller: str, max_steps):
     sharded over devices, each device sends one candidate member.
     """
 
-    def callback(result, t, step, t1):
-        raise_on_failure(result, t, step, t1, max_steps, caller)
+    def callback(result, t, step, t1, *rest):
+        code = int(result)
+        if code == 0:
+            return
+        *detail, member, count = rest
+        message = describe(code, *detail) if describe is not None else None
+        if message is None:
+            message = result_message(code, t=float(t), step=int(step), t1=float(t1),
+                                     max_steps=max_steps)
+        count = int(count)
+        member = int(member) if count > 1 else None
+        where = f"member {member} of {count}: " if member is not None else ""
+        raise _remember(SolverError(f"{caller}: {where}{message}", Result(code),
+                                    member=member))
 
     @custom_vmap
-    def check(result, t, step, t1):
-        jax.debug.callback(callback, result, t, step, t1)
+    def check(*fields):
+        jax.debug.callback(callback, *fields)
         return jnp.zeros((), jnp.int32)
 
     @check.def_vmap
-    def _rule(axis_size, in_batched, result, t, step, t1):
+    def _rule(axis_size, in_batched, *fields):
         del axis_size
         if not any(in_batched):
-            return check(result, t, step, t1), False
-        picked = _pick_first_failure(result, t, step, t1, tuple(in_batched))
+            return check(*fields), False
+        picked = _pick_first_failure(fields, tuple(in_batched))
         sharing = _SHARED_OVER.get()
         if sharing is not None:
             picked = _share_candidate(picked, sharing)
@@ -356,8 +454,8 @@ def _in_graph_check(caller: str, max_steps):
     # zero); a custom JVP keeps autodiff away from custom_vmap, which some JAX versions
     # cannot linearise.
     @jax.custom_jvp
-    def guarded(result, t, step, t1):
-        return check(result, t, step, t1)
+    def guarded(*fields):
+        return check(*fields)
 
     @guarded.defjvp
     def _jvp(primals, tangents):
@@ -367,17 +465,22 @@ def _in_graph_check(caller: str, max_steps):
     return guarded
 
 
-def check_in_graph(outputs, result, t, step, t1, max_steps, caller="solve"):  # noqa: D417
+def check_in_graph(outputs, result, t, step, t1, max_steps, caller="solve", *,  # noqa: D417
+                   detail=(), describe=None):
     """Raise from inside a traced computation when ``result`` reports a failure.
 
     A ``jax.debug.callback`` (an effect: it runs whether or not the outputs are used, and
     nothing waits for it, so a raise on one device cannot leave the others blocked in a
     collective). Under ``vmap`` it is called once, with the first failing member only (see
-    :func:`_in_graph_check`): a batch sharded over devices is checked on each device's
-    slice, then one candidate per device is gathered. Returns ``outputs`` plus a zero.
+    :func:`_in_graph_check`), and the message names that member; a batch sharded over
+    devices is checked on each device's slice, then one candidate per device is gathered.
+    ``detail`` (scalars) and ``describe(code, *detail) -> str | None`` give the message of
+    codes whose text needs more than ``t`` and ``step`` (simlib/_validate.py).
+    Returns ``outputs`` plus a zero.
     """
-    args = [lax.stop_gradient(jnp.asarray(x)) for x in (result, t, step, t1)]
-    zero = _in_graph_check(caller, max_steps)(*args)
+    fields = [lax.stop_gradient(jnp.asarray(x)) for x in (result, t, step, t1, *detail)]
+    fields += [jnp.zeros((), jnp.int32), jnp.ones((), jnp.int32)]  # member, count
+    zero = _in_graph_check(caller, max_steps, describe)(*fields)
     # the (constant) zero keeps the check alive where JAX prunes effects it cannot see
     # through custom_vmap (older versions); no device waits for it
     return jax.tree_util.tree_map(lambda x: x + zero.astype(x.dtype), outputs)

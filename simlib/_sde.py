@@ -26,6 +26,14 @@ from ._solution import SaveAt, Solution
 from ._solver._base import AbstractSolver
 from ._solver._sde import NOISE_TYPES, AbstractSDESolver
 from ._util import inside_trace, is_tracer, time_dtype
+from ._validate import (
+    Checks,
+    check_args,
+    check_resolution,
+    check_save_times,
+    check_state,
+    check_times,
+)
 
 __all__ = ["solve_sde"]
 
@@ -126,7 +134,7 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
               adjoint: AbstractAdjoint | None, events, progress: bool = False) -> Solution:
     """The SDE branch of :func:`simlib.solve` (arguments as there); checks its arguments
     eagerly, naming the bad one."""
-    from ._solve import _as_array_tree, _bar, _check_finite_scalar, _raise_if_failed, _tolerances
+    from ._solve import _as_array_tree, _bar, _check_scalar, _raise_if_failed, _tolerances
 
     if key is None:
         raise ValueError("key is required for an SDE (diffusion=...): give a JAX key, e.g. "
@@ -152,6 +160,7 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
         raise ValueError(f"noise={noise!r} is not supported by {type(solver).__name__}() "
                          f"(it takes {', '.join(map(repr, solver.noise_types))}); "
                          "EulerMaruyama() and StochasticHeun() take every noise type")
+    checks = Checks("solve")
     adaptive = rtol is not None or atol is not None
     if adaptive:
         if not solver.adaptive:
@@ -164,7 +173,7 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
                 "brownian='steps' cannot drive an adaptive solve (a rejected step would "
                 "redraw its increment from the same normal, biasing the path); use the "
                 "default brownian='tree' with rtol/atol")
-        rtol, atol = _tolerances(rtol, atol)
+        rtol, atol = _tolerances(rtol, atol, checks)
     elif dt is None:
         raise ValueError(f"{type(solver).__name__} needs a step size: give dt")
     if events is not None:
@@ -182,17 +191,12 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
     mode = saveat.mode()
 
     y0 = _as_array_tree(y0, "y0")
-    for leaf in jax.tree_util.tree_leaves(y0):
-        if not is_tracer(leaf) and not np.all(np.isfinite(np.asarray(leaf))):
-            raise ValueError(f"y0 must be finite, but it contains nan or inf: {y0!r}")
-    for name, x in (("t0", t0), ("t1", t1)) + ((("dt", dt),) if dt is not None else ()):
-        _check_finite_scalar(x, name)
+    for name, x in (("t0", t0), ("t1", t1), ("dt", dt)):
+        _check_scalar(x, name)
+    check_state(checks, y0)
+    check_times(checks, t0, t1, dt, forward_only=True)
+    check_args(checks, args)
     concrete = not is_tracer((t0, t1, dt, saveat.ts))
-    if not is_tracer((t0, t1)) and not float(t1) > float(t0):
-        raise ValueError(f"t1 must be greater than t0 for an SDE (forward time only), got "
-                         f"t0={float(t0)!r}, t1={float(t1)!r}")
-    if dt is not None and not is_tracer(dt) and not float(dt) > 0:
-        raise ValueError(f"dt must be positive, got {float(dt)!r}")
     tdtype = time_dtype(y0)
     shape = _noise_shape(noise, f, diffusion, y0, args, tdtype)
     if solver.additive_noise_only and _diffusion_depends_on_state(diffusion, y0, args, tdtype):
@@ -201,28 +205,24 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
             "depends on y: use Milstein() or StochasticHeun() (or EulerMaruyama()) for "
             "multiplicative noise; with additive noise, write g without y (e.g. "
             "sigma * jnp.ones_like(y))")
+    check_resolution(checks, t0, t1, dt, tdtype)
 
     if mode == "ts":
         ts = jnp.asarray(saveat.ts, tdtype)
         if ts.ndim != 1 or ts.shape[0] == 0:
             raise ValueError(f"saveat.ts must be a non-empty 1-D array, got shape {ts.shape}")
-        if concrete:
-            ts_np = np.asarray(saveat.ts, np.float64)
-            if np.any(ts_np < float(t0)) or np.any(ts_np > float(t1)):
-                raise ValueError(f"saveat.ts must lie within [t0, t1] = [{float(t0)}, "
-                                 f"{float(t1)}]")
-            if np.any(np.diff(ts_np) < 0):
-                raise ValueError("saveat.ts must be increasing")
+        check_save_times(checks, saveat.ts, t0, t1)
         n_save = int(ts.shape[0])
     else:
         ts, n_save = None, 0
 
     traced = is_tracer((y0, t0, t1, dt, rtol, atol, args, saveat.ts, key)) or inside_trace()
-    in_graph_check = bool(throw) and traced
+    # the run's own failures and the traced argument checks share one in-graph check
+    in_graph_check = bool(throw) and traced and not checks.pending
     if adaptive:
         return _solve_adaptive(f, diffusion, solver, y0, t0, t1, dt, rtol, atol, key, noise,
                                shape, tdtype, args, saveat, mode, ts, n_save, max_steps,
-                               throw, traced, in_graph_check, adjoint, progress)
+                               throw, traced, in_graph_check, adjoint, progress, checks)
 
     if concrete:
         levels = levels_for(float(t0), float(t1), float(dt))
@@ -251,6 +251,7 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
         if every:
             jax.block_until_ready(sol)
             bar.set(n_iter)
+    sol = checks.apply(sol, throw=bool(throw), t1=t1, max_steps=max_steps)
     if throw and not traced:
         _raise_if_failed(sol, t1, max_steps)
     return sol
@@ -263,7 +264,7 @@ leaf is ``(t1 - t0) / 2^levels`` long (float32 resolves positions to ~2^-24 of t
 
 def _solve_adaptive(f, diffusion, solver, y0, t0, t1, dt, rtol, atol, key, noise, shape,
                     tdtype, args, saveat, mode, ts, n_save, max_steps, throw, traced,
-                    in_graph_check, adjoint, progress) -> Solution:
+                    in_graph_check, adjoint, progress, checks) -> Solution:
     """An adaptive SDE solve on the adaptive driver of ODEs, the path a
     :class:`VirtualBrownianPath` (queried at any time, consistent with the tree)."""
     from ._adaptive import adaptive_jit
@@ -282,6 +283,7 @@ def _solve_adaptive(f, diffusion, solver, y0, t0, t1, dt, rtol, atol, key, noise
         if every:
             jax.block_until_ready(sol)
             bar.set(abs(float(sol.stats["t_final"]) - float(t0)))
+    sol = checks.apply(sol, throw=bool(throw), t1=t1, max_steps=max_steps)
     if throw and not traced:
         _raise_if_failed(sol, t1, max_steps)
     return sol

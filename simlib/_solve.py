@@ -8,6 +8,7 @@ when a run fails and ``throw=True``.
 from __future__ import annotations
 
 import difflib
+import functools
 from typing import Any
 
 import jax
@@ -17,15 +18,31 @@ import numpy as np
 from ._adaptive import adaptive_jit as _adaptive_jit
 from ._adjoint import AbstractAdjoint, Reversible, is_time_symmetric
 from ._auto import AUTOMATIC
-from ._errors import Result, SolverError, reporting_failures, result_message
+from ._errors import (
+    Result,
+    SolverError,
+    raise_solver_errors,
+    reporting_failures,
+    result_message,
+)
 from ._events import Event, as_events, check_events
 from ._fixed import fixed_iterations, grid_count, has_interpolant
 from ._fixed import fixed_jit as _fixed_jit
 from ._sde import solve_sde
 from ._solution import SaveAt, Solution
 from ._solver._base import AbstractSolver, PyTree, VectorField
+from ._solver._implicit import configure as configure_linear_solver
 from ._solver._sde import AbstractSDESolver
 from ._util import inside_trace, is_tracer, time_dtype
+from ._validate import (
+    Checks,
+    check_args,
+    check_resolution,
+    check_save_times,
+    check_state,
+    check_times,
+    check_tolerances,
+)
 from .progress import active
 from .progress import bar as progress_bar
 
@@ -38,7 +55,8 @@ __all__ = ["DEFAULT_MAX_STEPS", "SaveAt", "Solution", "solve"]
 # the entry point
 
 _KEYWORDS = ("solver", "dt", "rtol", "atol", "args", "saveat", "max_steps", "throw", "adjoint",
-             "events", "progress", "diffusion", "key", "noise", "brownian")
+             "events", "progress", "diffusion", "key", "noise", "brownian", "jac_sparsity",
+             "jac_bandwidth", "linear_solver")
 
 
 def _as_array_tree(y0, name: str) -> PyTree:
@@ -54,14 +72,14 @@ def _as_array_tree(y0, name: str) -> PyTree:
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _check_finite_scalar(x, name: str):
-    if x is None or is_tracer(x):
+def _check_scalar(x, name: str):
+    """``x`` a scalar (a structural check, also for tracers); its value is checked by
+    :func:`simlib._validate.check_times`, concrete or traced."""
+    if x is None:
         return
-    arr = np.asarray(x)
-    if arr.ndim != 0:
-        raise ValueError(f"{name} must be a scalar, got shape {arr.shape}")
-    if not np.isfinite(arr):
-        raise ValueError(f"{name} must be finite, got {float(arr)!r}")
+    shape = jnp.shape(x)
+    if shape != ():
+        raise ValueError(f"{name} must be a scalar, got shape {shape}")
 
 
 class _CastToState:
@@ -81,14 +99,15 @@ class _CastToState:
         return isinstance(other, _CastToState) and other.f == self.f
 
 
-def _tolerances(rtol, atol):
+def _tolerances(rtol, atol, checks: Checks | None = None):
     """``(rtol, atol)`` of an adaptive run, one standing in for the other when missing;
-    concrete values must be positive and finite."""
+    both must be positive and finite (concrete: refused now; traced: in the graph through
+    ``checks``)."""
     rtol = atol if rtol is None else rtol
     atol = rtol if atol is None else atol
-    for name, tol in (("rtol", rtol), ("atol", atol)):
-        if not is_tracer(tol) and not (np.isfinite(float(tol)) and float(tol) > 0):
-            raise ValueError(f"{name} must be positive and finite, got {tol!r}")
+    _check_scalar(rtol, "rtol")
+    _check_scalar(atol, "atol")
+    check_tolerances(Checks("solve") if checks is None else checks, rtol, atol)
     return rtol, atol
 
 
@@ -127,6 +146,21 @@ def _describe(tree) -> str:
     return str(jax.tree_util.tree_map(lambda x: f"{x.dtype}{list(x.shape)}", tree))
 
 
+def _message_first(fn):
+    """``fn`` with a failure raised by compiled code while it runs (an eager ``vmap`` of
+    ``solve`` executes there) re-raised as the :class:`SolverError` it carries: the
+    message first, naming the member, the JAX error kept as ``err.jax_error`` instead of
+    55 lines of chained traceback (:func:`simlib.raise_solver_errors`)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with raise_solver_errors():
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+@_message_first
 def solve(
     f: VectorField,
     y0: PyTree,
@@ -148,6 +182,9 @@ def solve(
     key: Any = None,
     noise: str | None = None,
     brownian: str | None = None,
+    jac_sparsity: Any = None,
+    jac_bandwidth: tuple[int, int] | None = None,
+    linear_solver: Any = None,
     **unknown: Any,
 ) -> Solution:
     """Integrate ``dy/dt = f(t, y, args)`` from ``t0`` to ``t1``.
@@ -205,6 +242,24 @@ def solve(
             :class:`BrownianPath`, the same path whatever ``dt``) or ``"steps"`` (a
             ``BrownianSteps``: one normal per step, fastest, but the path depends on
             the step sequence). See docs/sde.md.
+        jac_sparsity: For the implicit solvers: the pattern of ``df/dy`` on the
+            flattened state (a boolean ``(n, n)`` array or a scipy sparse matrix, as
+            scipy's ``solve_ivp`` takes it; ``simlib.pde.pattern`` builds it for PDEs).
+            ``J`` then comes from one JVP per colour of the pattern's columns and
+            ``I - c J`` is factorised by a sparse LU.
+        jac_bandwidth: For the implicit solvers: ``(lower, upper)``, ``df_i/dy_j = 0``
+            for ``j < i - lower`` or ``j > i + upper``: ``J`` from ``lower + upper + 1``
+            JVPs and a banded LU.
+        linear_solver: ``"auto"`` (default), ``"dense"``, ``"banded"``, ``"sparse"``,
+            ``"krylov"`` (matrix-free GMRES, ILU(0)-preconditioned when the native kernels
+            load) or a linear-solver instance (:class:`DenseLU`, :class:`BandedLU`,
+            :class:`SparseLU`, :class:`NewtonKrylov`). ``"auto"`` takes the banded LU for
+            ``jac_bandwidth``; for ``jac_sparsity`` the banded LU when the pattern's band
+            is at most 16 wide, else the sparse LU; with neither, dense LU below 256
+            states, and from 256 states the pattern detected from ``f`` (banded or sparse
+            as before) when at most 10% of ``J`` may be non-zero. ``"banded"``,
+            ``"sparse"`` and ``"krylov"`` without a pattern detect it. The method and its
+            step sequence are the same whichever is used (docs/pde.md).
 
     Returns:
         A :class:`Solution`.
@@ -269,11 +324,12 @@ def solve(
             f"be a tuple (q, p), got {type(y0).__name__}"
         )
     y0 = _as_array_tree(y0, "y0")
-    for leaf in jax.tree_util.tree_leaves(y0):
-        if not is_tracer(leaf) and not np.all(np.isfinite(np.asarray(leaf))):
-            raise ValueError(f"y0 must be finite, but it contains nan or inf: {y0!r}")
-    _check_finite_scalar(t0, "t0")
-    _check_finite_scalar(t1, "t1")
+    for name, x in (("t0", t0), ("t1", t1), ("dt", dt)):
+        _check_scalar(x, name)
+    checks = Checks("solve")
+    check_state(checks, y0)
+    check_times(checks, t0, t1, dt)
+    check_args(checks, args)
 
     # The vector field must map y0's structure, shapes and dtypes onto themselves.
     tdtype = time_dtype(y0)
@@ -300,39 +356,17 @@ def solve(
 
     if events is not None:
         check_events(events, y0, args, tdtype)
+    solver = configure_linear_solver(solver, f, y0, jnp.zeros((), tdtype), args,
+                                     jac_sparsity=jac_sparsity, jac_bandwidth=jac_bandwidth,
+                                     linear_solver=linear_solver)
 
     adaptive = rtol is not None or atol is not None
-    concrete_span = not is_tracer((t0, t1))
-    if concrete_span:
-        direction = 1.0 if float(t1) >= float(t0) else -1.0
-    if dt is not None:
-        _check_finite_scalar(dt, "dt")
-        if not is_tracer(dt):
-            if float(dt) == 0.0:
-                raise ValueError("dt must be nonzero, got 0.0")
-            if concrete_span and float(dt) < 0 and direction > 0:
-                raise ValueError(
-                    f"dt={float(dt)!r} is negative but the span t0={float(t0)!r} -> "
-                    f"t1={float(t1)!r} runs forward; give a positive dt"
-                )
-
+    check_resolution(checks, t0, t1, dt, tdtype)
     if mode == "ts":
         ts = jnp.asarray(saveat.ts, tdtype)
         if ts.ndim != 1 or ts.shape[0] == 0:
             raise ValueError(f"saveat.ts must be a non-empty 1-D array, got shape {ts.shape}")
-        if concrete_span and not is_tracer(saveat.ts):
-            ts_np = np.asarray(saveat.ts, np.float64)
-            lo, hi = sorted((float(t0), float(t1)))
-            if np.any(ts_np < lo) or np.any(ts_np > hi):
-                raise ValueError(
-                    f"saveat.ts must lie within [t0, t1] = [{float(t0)}, {float(t1)}]; got "
-                    f"values from {ts_np.min()} to {ts_np.max()}"
-                )
-            if np.any(direction * np.diff(ts_np) < 0):
-                raise ValueError(
-                    "saveat.ts must be ordered in the direction of integration "
-                    f"({'increasing' if direction > 0 else 'decreasing'})"
-                )
+        check_save_times(checks, saveat.ts, t0, t1)
         n_save = int(ts.shape[0])
     else:
         ts, n_save = None, 0
@@ -340,7 +374,6 @@ def solve(
     # Concreteness is judged on what the caller passed: under an outer jit, jnp.asarray of
     # a numpy array is already a tracer, and the step count must still come from the host.
     traced = is_tracer((y0, t0, t1, dt, rtol, atol, args, saveat.ts)) or inside_trace()
-    in_graph_check = bool(throw) and traced
 
     if adaptive:
         if not solver.adaptive:
@@ -354,7 +387,9 @@ def solve(
                 f"events need the solver's dense output to locate crossings in an adaptive "
                 f"run, and {type(solver).__name__} has no interpolate(); use a solver with "
                 "one (the explicit Runge-Kutta methods, Rosenbrock23) or a fixed-step run")
-        rtol, atol = _tolerances(rtol, atol)
+        rtol, atol = _tolerances(rtol, atol, checks)
+        # the run's own failures and the traced argument checks share one in-graph check
+        in_graph_check = bool(throw) and traced and not checks.pending
         every = max(64, min(4096, max_steps // 100)) if progress and not traced else 0
         with _bar(every, abs(float(t1) - float(t0)) if every else 0.0, "t") as bar:
             sol = _adaptive_jit(f, solver, mode, saveat.t0, n_save, in_graph_check, max_steps,
@@ -386,6 +421,7 @@ def solve(
         if events is not None:  # a step cut by an event with apply adds one step
             n_iter += sum(ev.capacity for ev in events
                           if ev.apply is not None and not ev.terminal)
+        in_graph_check = bool(throw) and traced and not checks.pending
         every = -(-n_iter // 100) if progress and not traced and n_iter > 0 else 0
         with _bar(every, n_iter, "step") as bar:
             sol = _fixed_jit(f, solver, mode, saveat.t0, n_iter, n_save, in_graph_check,
@@ -395,6 +431,7 @@ def solve(
                 jax.block_until_ready(sol)
                 bar.set(n_iter)
 
+    sol = checks.apply(sol, throw=bool(throw), t1=t1, max_steps=max_steps)
     if throw and not traced:
         _raise_if_failed(sol, t1, max_steps)
     return sol

@@ -54,8 +54,19 @@ def write(buf: PyTree, index, y: PyTree) -> PyTree:
 
 
 def time_dtype(y0: PyTree):
-    dtypes = [leaf.dtype for leaf in jax.tree_util.tree_leaves(y0)]
-    return jnp.result_type(*dtypes)
+    """The dtype of ``t``, ``dt`` and ``Solution.ts``: JAX's default float (float64 when
+    x64 is enabled, else float32), or the state's real dtype if that is wider.
+
+    Not the state's own dtype: a float32 state at ``t = 1e5`` would round every step of
+    ``1e-3`` to a multiple of float32's spacing there (``2**-7``), and the run would end
+    at a time that is not ``t1`` (see docs/solving-odes.md, "Time and its precision").
+    """
+    dtype = jnp.dtype(jnp.result_type(float))
+    for leaf in jax.tree_util.tree_leaves(y0):
+        leaf_dtype = jnp.result_type(leaf)
+        if jnp.issubdtype(leaf_dtype, jnp.inexact):
+            dtype = jnp.promote_types(dtype, jnp.finfo(leaf_dtype).dtype)
+    return dtype
 
 
 def convert_closure(f, t, y, args):

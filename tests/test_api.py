@@ -16,6 +16,10 @@ PUBLIC = [
     "AbstractSDESolver",
     "AbstractSolver",
     "BDF",
+    "BandedLU",
+    "DenseLU",
+    "NewtonKrylov",
+    "SparseLU",
     "BackwardEuler",
     "Bosh3",
     "Bounded",
@@ -162,7 +166,9 @@ def test_result_codes():
     assert {r.name for r in sl.Result} == {
         "SUCCESSFUL", "MAX_STEPS_REACHED", "NONFINITE_STATE", "STEP_SIZE_TOO_SMALL",
         "NEIGHBOR_LIST_OVERFLOW", "NEIGHBOR_LIST_MISSED_PAIRS", "UNSTABLE_DYNAMICS",
-        "NEWTON_FAILED", "EVENT_CAPACITY_EXCEEDED",
+        "NEWTON_FAILED", "EVENT_CAPACITY_EXCEEDED", "INVALID_SAVE_TIMES", "INVALID_TOLERANCE",
+        "INVALID_TIME_ARGUMENT", "TIME_NOT_RESOLVED", "NONFINITE_Y0", "NONFINITE_ARGS",
+        "BOX_TOO_SMALL", "INVALID_BOX", "CONSTRAINTS_NOT_CONVERGED",
     }
     assert issubclass(sl.SolverError, RuntimeError)
 
@@ -198,12 +204,14 @@ PARTICLES_PUBLIC = [
     "lattice", "lennard_jones", "maxwell_boltzmann", "mean_square_displacement", "minimize",
     "missing_pairs", "morse", "neighbor_list", "pair_energy", "periodic", "plummer", "pressure",
     "radial_distribution", "reallocate", "simulate", "temperature", "total_momentum", "wca",
+    "Ewald", "EwaldParameters", "PME", "ewald", "ewald_parameters", "pme",
     "ShardedEnergy", "sharded", "CheckpointError", "checkpoint_info", "CellList", "cell_list",
     "AngleEnergy", "angle_energy", "dihedral_energy", "bond_angle", "dihedral_angle",
     "harmonic_angle", "periodic_torsion", "harmonic_improper",
     "Topology", "TopologyError", "read_lammps_data", "excluded_pairs", "diffusion_coefficient",
     "PairCorrection", "pair_correction", "pressure_tensor",
 ]
+PARTICLES_PUBLIC += ["Bussi", "NoseHooverChain", "Rattle", "StochasticCellRescaling"]  # issue 27
 
 
 def test_particles_all_is_pinned():

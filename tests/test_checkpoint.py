@@ -123,6 +123,22 @@ def test_corrupt_or_missing_checkpoint(tmp_path):
         run(n_steps=40, checkpoint=path, resume=True)
 
 
+def test_a_nan_in_a_checkpoint_is_refused_naming_the_atom_and_field(tmp_path):
+    # Old code: resumed, and failed at the next step naming the fastest atom (a nan on
+    # atom 5 of a 4,000-atom run was reported as atom 786).
+    path = tmp_path / "run.npz"
+    run(n_steps=40, checkpoint=path)
+    with np.load(path) as data:
+        arrays = dict(data)
+    header = json.loads(str(arrays["__checkpoint__"]))
+    header["done"] = 0                                  # as if stopped at the start
+    arrays["__checkpoint__"] = np.asarray(json.dumps(header))
+    arrays["carry/0"][5, 1] = np.nan                    # the carry's positions
+    np.savez(path, **arrays)
+    with pytest.raises(CheckpointError, match=r"its positions of atom 5 are not finite"):
+        run(n_steps=40, checkpoint=path, resume=True)
+
+
 def test_checkpoint_is_refused_under_jit():
     args, kw = setup(40)
     with pytest.raises(ValueError, match="eager calls only"):

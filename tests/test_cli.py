@@ -421,6 +421,7 @@ TINY = {  # settings that finish in seconds
     "fit_lotka_volterra": ["--steps", "2", "--points", "10", "--no-scipy"],
     "fit_pendulum": ["--steps", "2"],
     "gravity": ["--steps", "100"],
+    "heat": ["--n", "10", "--rtol", "1e-6"],
     "kepler": ["--orbits", "20", "--steps-per-orbit", "50"],
     "kramers": ["--n", "10", "--steps", "100"],
     "lj_fluid": TINY_LJ,
@@ -433,6 +434,7 @@ TINY = {  # settings that finish in seconds
     "robertson": ["--t1", "1"],
     "robertson_bayes": ["--chains", "2", "--warmup", "5", "--samples", "5"],
     "sir_boarding_school": ["--chains", "2", "--warmup", "10", "--samples", "10"],
+    "turing": ["--n", "8", "--length", "16", "--t1", "5", "--rtol", "1e-4"],
 }
 
 

@@ -271,7 +271,8 @@ DOCTESTS = _doctests()
 # doctests that compile a particle simulation (about 8 s) or a neighbour-list update
 # (3-4 s): slow set
 SLOW_DOCTESTS = {"simlib.particles", "simlib.particles._simulate.simulate",
-                 "simlib.particles._neighbors.neighbor_list"}
+                 "simlib.particles._neighbors.neighbor_list",
+                 "simlib.particles._electrostatics.ewald", "simlib.particles._electrostatics.pme"}
 
 
 @pytest.mark.parametrize("name", [

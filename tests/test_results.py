@@ -157,7 +157,8 @@ def test_raise_solver_errors_unwraps_the_jit_error(caplog):
     err = info.value
     assert err.result is sl.Result.MAX_STEPS_REACHED
     assert str(err).startswith("solve: the step budget max_steps=3 was exhausted at t=")
-    assert isinstance(err.__cause__, jax.errors.JaxRuntimeError)
+    # the JAX error is kept, not chained: the traceback ends with the message
+    assert err.__cause__ is None and isinstance(err.jax_error, jax.errors.JaxRuntimeError)
     assert not [r for r in caplog.records if "callback failed" in r.getMessage()]
     # Other errors pass through unchanged; an error without a SolverError is not one.
     with pytest.raises(KeyError), sl.raise_solver_errors():

@@ -32,6 +32,7 @@ from validation import (  # noqa: E402
     common,
     convergence,
     energy,
+    fitting,
     gradients,
     particles,
     pde,
@@ -50,6 +51,7 @@ PARTS = {
     "stiff": stiff,
     "sde": sde,
     "pde": pde,
+    "fitting": fitting,
 }
 
 
@@ -62,7 +64,9 @@ PARTS = {
 # runs every check on smaller ensembles (strong and weak orders, OU with its negative control,
 # a 400-path Kramers run). The PDE part measures the spatial and temporal orders on the heat
 # equation and runs BDF on a 100-state Brusselator (no cached references, no cross-check).
-QUICK_PARTS = ("convergence", "accuracy", "energy", "gradients", "stiff", "sde", "pde")
+# The fitting part runs six of the 47 Moré-Garbow-Hillstrom cases (no Lotka-Volterra fit).
+QUICK_PARTS = ("convergence", "accuracy", "energy", "gradients", "stiff", "sde", "pde",
+               "fitting")
 
 
 def _header(quick: bool, parts: list[str], seconds: float) -> str:

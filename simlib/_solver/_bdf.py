@@ -34,10 +34,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
-from jax.scipy.linalg import lu_factor
 
-from ._base import AbstractSolver, PyTree, VectorField, register_static, safe_sqrt
-from ._implicit import NewtonResult, check_jac, exact_lu_solve, flat_field, jacobian
+from .._linalg._base import Factorisation
+from ._base import AbstractSolver, PyTree, VectorField, register_static
+from ._implicit import (
+    LinearAlgebra,
+    check_jac,
+    check_linear_solver,
+    flat_field,
+    newton,
+    rms_norm,
+    tangent_solver,
+)
 
 MAX_ORDER = 5
 _ROWS = MAX_ORDER + 3  # D_0 .. D_{k+2}
@@ -57,8 +65,9 @@ class BDFState(NamedTuple):
         order: Current order ``k``.
         h: The step size ``D`` is scaled for.
         n_equal: Steps taken at this size and order (an order change needs ``k + 1``).
-        J: ``df/dy`` (the last one evaluated).
-        lu: LU factors of ``I - c J``; ``c_lu`` the ``c`` they were built for.
+        fac: The linear solver's factorisation of ``I - c J`` (``fac.jac``: ``df/dy``,
+            the last one evaluated, in the linear solver's format); ``c_lu`` the ``c`` it
+            was built for (``nan`` before the first).
         jac_current: Whether ``J`` was evaluated at this step (no refresh on failure).
         n_jac, n_lu, n_newton: Counters (Jacobians, factorisations, Newton iterations).
         rtol, atol: Tolerances (set by the adaptive driver, :meth:`BDF.set_tolerances`).
@@ -68,8 +77,7 @@ class BDFState(NamedTuple):
     order: jax.Array
     h: jax.Array
     n_equal: jax.Array
-    J: jax.Array
-    lu: tuple
+    fac: Factorisation
     c_lu: jax.Array
     jac_current: jax.Array
     n_jac: jax.Array
@@ -115,64 +123,7 @@ def _rescale_matrix(order, factor, dtype):
     return r @ u
 
 
-def _rms(x, scale):
-    return safe_sqrt(jnp.mean(jnp.square(x / scale)))
-
-
-def _newton(g, t_new, y_pred, psi, c, lu, scale, tol, max_iters: int) -> NewtonResult:
-    """Simplified Newton for the NDF corrector ``d - c g(t_new, y_pred + d) + psi = 0``,
-    with the stopping rules of scipy's BDF.
-
-    Iterates ``dy = M^-1 (c g(t_new, y) - psi - d)``, ``y <- y + dy``, ``d <- d + dy``
-    from ``y = y_pred``, ``d = 0`` (``M = I - c J`` factorised in ``lu``). ``y`` is
-    accumulated rather than recomputed as ``y_pred + d``: once the corrections fall below
-    half an ulp of a large component, that component stops moving, whereas re-rounding
-    ``y_pred + d`` at every iteration can flip it by an ulp back and forth, and through a
-    conservation law feed an error of that size into a small component (Robertson's at
-    atol 1e-16: a floor near 1e-2 tolerance units, far above the Newton tolerance).
-    With the rate ``theta = ||dy_k|| / ||dy_{k-1}||`` (RMS norm over ``scale``)
-    iteration ``k`` (from 0):
-
-    - diverges, its ``dy`` not applied, when ``theta >= 1`` or
-      ``theta^(max_iters - k) / (1 - theta) ||dy_k|| > tol`` (no test at ``k = 0``);
-    - converges when ``||dy_k|| = 0`` or ``theta / (1 - theta) ||dy_k|| < tol``.
-
-    So a rate is needed: the first iterate is never accepted on its own (unless ``dy = 0``),
-    unlike :func:`simlib._solver._implicit.newton`, which accepts ``||dy_0|| <= tol``.
-    Returns the correction ``d`` as ``z``.
-    """
-    dtype = y_pred.dtype
-    tol = jnp.asarray(tol, dtype)
-    tiny = jnp.finfo(dtype).eps
-
-    def body(carry):
-        y, d, _, k, _, prev, _ = carry
-        dy = exact_lu_solve(lu, c * g(t_new, y) - psi - d)
-        size = _rms(dy, scale)
-        has_rate = k > 0
-        theta = jnp.where(has_rate, size / jnp.where(prev > 0, prev, 1.0), 0.0).astype(dtype)
-        one_minus = jnp.maximum(1 - theta, tiny)
-        remaining = (max_iters - k).astype(dtype)
-        finite = jnp.all(jnp.isfinite(dy))
-        diverged = ~finite | (has_rate & ((theta >= 1)
-                                          | (theta ** remaining / one_minus * size > tol)))
-        y = jnp.where(diverged, y, y + dy)
-        d = jnp.where(diverged, d, d + dy)
-        converged = ~diverged & ((size == 0) | (has_rate & (theta / one_minus * size < tol)))
-        return y, d, converged, k + 1, diverged, size, theta
-
-    def cond(carry):
-        _, _, converged, k, diverged, *_ = carry
-        return ~converged & ~diverged & (k < max_iters)
-
-    zero = jnp.asarray(0.0, dtype)
-    init = (y_pred, jnp.zeros_like(y_pred), jnp.asarray(False), jnp.asarray(0, jnp.int32),
-            jnp.asarray(False), zero, zero)
-    _, d, converged, k, _, _, theta = lax.while_loop(cond, body, init)
-    return NewtonResult(d, converged, k, theta)
-
-
-class BDF(AbstractSolver):
+class BDF(LinearAlgebra, AbstractSolver):
     """Variable-order (1 to ``max_order`` <= 5), variable-step NDF/BDF in quasi-constant
     step-size form (Shampine and Reichelt 1997, the method of ``ode15s`` and scipy's
     ``BDF``), for stiff problems, large ones especially.
@@ -189,6 +140,11 @@ class BDF(AbstractSolver):
         ndf: The numerical differentiation formulas (``True``, ode15s's default) or the
             plain BDFs (``False``, ``kappa = 0``).
         newton_max_iters: Newton iterations per attempt before a Jacobian refresh.
+        linear_solver: How ``I - c J`` is stored, factorised and solved: ``None`` (dense
+            LU, the default), ``simlib.BandedLU(lower, upper)``,
+            ``simlib.SparseLU(jac_sparsity)`` or ``simlib.NewtonKrylov(...)``; usually
+            set through ``solve``'s ``jac_sparsity``/``jac_bandwidth``/``linear_solver``
+            (docs/pde.md).
     """
 
     order = 1  # the order it starts at (and the first step's size is chosen for)
@@ -200,7 +156,7 @@ class BDF(AbstractSolver):
     )
 
     def __init__(self, max_order: int = MAX_ORDER, jac="fwd", ndf: bool = True,
-                 newton_max_iters: int = 4):
+                 newton_max_iters: int = 4, linear_solver=None):
         if not isinstance(max_order, int) or not 1 <= max_order <= MAX_ORDER:
             raise ValueError(f"max_order must be an int from 1 to {MAX_ORDER}; got {max_order!r}")
         if not isinstance(newton_max_iters, int) or newton_max_iters < 1:
@@ -209,6 +165,7 @@ class BDF(AbstractSolver):
         self.jac = check_jac(jac)
         self.ndf = bool(ndf)
         self.newton_max_iters = newton_max_iters
+        self.linear_solver = check_linear_solver(linear_solver, self.jac)
 
     # ------------------------------------------------------------------ coefficients
     def _coefficients(self, dtype):
@@ -227,12 +184,13 @@ class BDF(AbstractSolver):
         D = jnp.zeros((_ROWS, n), dtype).at[0].set(v)
         # D_1 = h f0 for the step h: stored for h = 1 and rescaled to the first step
         D = D.at[1].set(f0v)
-        J = lax.stop_gradient(jacobian(self.jac, g, f, t, v, unravel, args))
-        lu = lu_factor(jnp.eye(n, dtype=dtype))
+        ls = self.bound_linear_solver(g, t, v)
+        J = lax.stop_gradient(self.linearise(ls, g, f, t, v, unravel, args))
+        fac = ls.factor(J, jnp.asarray(0.0, dtype))  # A = I: a placeholder (c_lu = nan)
         nan = jnp.asarray(jnp.nan, dtype)
         zero = jnp.asarray(0, jnp.int32)
         return BDFState(D=D, order=jnp.asarray(1, jnp.int32), h=jnp.asarray(1.0, dtype),
-                        n_equal=zero, J=J, lu=lu, c_lu=nan,
+                        n_equal=zero, fac=fac, c_lu=nan,
                         jac_current=jnp.asarray(True), n_jac=jnp.asarray(1, jnp.int32),
                         n_lu=zero, n_newton=zero, rtol=jnp.asarray(1e-3, dtype),
                         atol=jnp.asarray(1e-6, dtype))
@@ -248,7 +206,6 @@ class BDF(AbstractSolver):
     def step(self, f: VectorField, t, y: PyTree, h, args, state: BDFState):
         g, v, unravel = flat_field(f, y, args)
         dtype = v.dtype
-        n = v.size
         gamma, alpha, error_const = self._coefficients(dtype)
         hh = jnp.asarray(h, dtype)
         k = state.order
@@ -271,10 +228,10 @@ class BDF(AbstractSolver):
         eps = jnp.finfo(dtype).eps
         newton_tol = jnp.maximum(10 * eps / state.rtol, jnp.minimum(0.03, jnp.sqrt(state.rtol)))
 
-        eye = jnp.eye(n, dtype=dtype)
         refactor = c != state.c_lu
-        lu = lax.cond(refactor, lambda: lu_factor(eye - c * state.J), lambda: state.lu)
-        lu = jax.tree_util.tree_map(lax.stop_gradient, lu)
+        sg = lax.stop_gradient
+        ls = self.bound_linear_solver(g, t, v)
+        fac = lax.cond(refactor, lambda: ls.factor(state.fac.jac, sg(c)), lambda: state.fac)
 
         def residual(d):
             return d + psi - c * g(t_new, y_pred + d)
@@ -282,33 +239,31 @@ class BDF(AbstractSolver):
         # Newton runs on values cut from the autodiff graph (its while_loop is not
         # reverse-differentiable); lax.custom_root then gives the converged correction
         # its derivatives by the implicit function theorem, with the exact I - c J(y*).
-        sg = lax.stop_gradient
         g_sg, _, _ = flat_field(f, y, jax.tree_util.tree_map(sg, args))
         t_sg, y_pred_sg, psi_sg, c_sg = sg(t_new), sg(y_pred), sg(psi), sg(c)
         scale_sg = sg(scale)
 
-        def attempt(lu_):
-            return _newton(g_sg, t_sg, y_pred_sg, psi_sg, c_sg, lu_, scale_sg,
-                           sg(newton_tol), self.newton_max_iters)
+        def attempt(fac_):
+            return newton(lambda y_, d_: c_sg * g_sg(t_sg, y_) - psi_sg - d_,
+                          lambda b: ls.solve(fac_, b, field=g_sg), y_pred_sg, scale_sg,
+                          tol=sg(newton_tol), max_iters=self.newton_max_iters,
+                          accept_first=False)
 
-        first = attempt(lu)
+        first = attempt(fac)
         refreshed = ~first.converged & ~state.jac_current
 
         def refresh():
-            J_ = sg(jacobian(self.jac, g_sg, f, t_sg, y_pred_sg, unravel,
-                             jax.tree_util.tree_map(sg, args)))
-            lu_ = lu_factor(eye - c_sg * J_)
-            return J_, lu_, attempt(lu_)
+            J_ = sg(self.linearise(ls, g_sg, f, t_sg, y_pred_sg, unravel,
+                                   jax.tree_util.tree_map(sg, args)))
+            fac_ = ls.factor(J_, c_sg)
+            return fac_, attempt(fac_)
 
-        J, lu, second = lax.cond(refreshed, refresh, lambda: (state.J, lu, first))
+        fac, second = lax.cond(refreshed, refresh, lambda: (fac, first))
         converged = second.converged
         iterations = first.iterations + jnp.where(refreshed, second.iterations, 0)
 
-        def tangent_solve(lin, b):  # (I - c J(y*)) x = b at the converged correction
-            return jnp.linalg.solve(jax.jacfwd(lin)(b), b)
-
-        d = lax.custom_root(residual, jnp.zeros_like(y_pred), lambda _, __: second.z,
-                            tangent_solve)
+        d = lax.custom_root(residual, jnp.zeros_like(y_pred), lambda _, __: second.d,
+                            tangent_solver(ls))
         y_new = y_pred + d
         error = error_const[k] * d
 
@@ -321,7 +276,7 @@ class BDF(AbstractSolver):
         D1 = jnp.where(rows <= k, tail, D1)
 
         state1 = BDFState(
-            D=D1, order=k, h=hh, n_equal=n_equal + 1, J=J, lu=lu, c_lu=c,
+            D=D1, order=k, h=hh, n_equal=n_equal + 1, fac=fac, c_lu=c,
             jac_current=refreshed | state.jac_current,
             n_jac=state.n_jac + refreshed.astype(jnp.int32),
             n_lu=state.n_lu + refactor.astype(jnp.int32) + refreshed.astype(jnp.int32),
@@ -333,7 +288,7 @@ class BDF(AbstractSolver):
 
     def error_ratio(self, y: PyTree, y1: PyTree, err: BDFError, h, rtol, atol):
         """RMS norm of the local error over ``atol + rtol |y_{n+1}|`` (as scipy's BDF)."""
-        ratio = _rms(err.error, atol + rtol * jnp.abs(err.y1))
+        ratio = rms_norm(err.error, atol + rtol * jnp.abs(err.y1))
         return jnp.where(err.newton_failed, jnp.inf, ratio)
 
     def step_failed(self, err: BDFError):
@@ -368,9 +323,9 @@ class BDF(AbstractSolver):
         d_k = jnp.sum(jnp.where(rows == k, state1.D, 0.0), axis=0)
         d_k2 = jnp.sum(jnp.where(rows == k + 2, state1.D, 0.0), axis=0)
         tiny = jnp.asarray(1e-10, dtype)
-        norm_m = jnp.where(k > 1, _rms(error_const[k - 1] * d_k, scale), jnp.inf)
+        norm_m = jnp.where(k > 1, rms_norm(error_const[k - 1] * d_k, scale), jnp.inf)
         norm_p = jnp.where(k < self.max_order,
-                           _rms(error_const[jnp.minimum(k + 1, MAX_ORDER)] * d_k2, scale),
+                           rms_norm(error_const[jnp.minimum(k + 1, MAX_ORDER)] * d_k2, scale),
                            jnp.inf)
         norms = jnp.maximum(jnp.stack([norm_m, ratio, norm_p]), tiny)
         usable = jnp.isfinite(norms)
@@ -382,7 +337,7 @@ class BDF(AbstractSolver):
                                     1.0)
         new_order = jnp.where(change, k + best.astype(jnp.int32) - 1, k)
 
-        kept = state._replace(J=state1.J, lu=state1.lu, c_lu=state1.c_lu,
+        kept = state._replace(fac=state1.fac, c_lu=state1.c_lu,
                               jac_current=state1.jac_current, n_jac=state1.n_jac,
                               n_lu=state1.n_lu, n_newton=state1.n_newton)
         accepted = state1._replace(order=new_order, jac_current=jnp.asarray(False))
@@ -393,13 +348,14 @@ class BDF(AbstractSolver):
 
     def interpolate(self, f: VectorField, args, t, y: PyTree, h, y1: PyTree, dense, theta):
         """``y(t + theta h)`` from the interpolating polynomial through the differences:
-        ``sum_j D_j prod_{i<j} (theta - 1 + i) / (i + 1)``."""
-        _, unravel = ravel_pytree(y)
+        ``sum_j D_j prod_{i<j} (theta - 1 + i) / (i + 1)``; ``y`` itself when ``h = 0``
+        (a save time at ``t0``, before any step, whose ``dense`` is a placeholder)."""
+        v, unravel = ravel_pytree(y)
         th = jnp.asarray(theta, dense.dtype)
         i = jnp.arange(MAX_ORDER, dtype=dense.dtype)
         weights = jnp.concatenate([jnp.ones((1,), dense.dtype),
                                    jnp.cumprod((th - 1 + i) / (i + 1))])
-        return unravel(weights @ dense)
+        return unravel(jnp.where(h == 0, v.astype(dense.dtype), weights @ dense))
 
     def num_fevals(self, n_steps, n_accepted):
         """None per se: every evaluation is a Newton iteration, counted in the state."""

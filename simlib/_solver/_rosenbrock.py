@@ -62,7 +62,8 @@ smaller error on stiff Prothero-Robinson problems ``y' = -lam (y - phi(t)) + phi
 better dense output. The coefficients (``gamma``, ``a``, ``C``, ``c``, ``d`` and the dense
 ``H``) are those of the ``Rodas5`` and ``Rodas5P`` tableaus of OrdinaryDiffEq.jl (SciML);
 tests/test_rosenbrock.py measures their orders. Every method here takes ``J`` from
-:func:`simlib._solver._implicit.jacobian` (``jac="fwd"``, ``"rev"`` or a callable).
+:class:`simlib._solver._implicit.LinearAlgebra` (``jac="fwd"``, ``"rev"`` or a callable, and
+the ``linear_solver``: dense LU by default, banded, sparse or Newton-Krylov).
 """
 
 from __future__ import annotations
@@ -74,37 +75,40 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
-from jax.scipy.linalg import lu_factor
 
 from ._base import AbstractSolver, PyTree, VectorField, register_static
-from ._implicit import check_jac, flat_field, jacobian, refined_lu_solve
+from ._implicit import LinearAlgebra, check_jac, check_linear_solver, flat_field, refined_solve
 
 _D = 1.0 / (2.0 + math.sqrt(2.0))
 _E32 = 6.0 + math.sqrt(2.0)
 
 
-class _Rosenbrock(AbstractSolver):
-    """What the Rosenbrock methods share: the ``jac=`` setting and ``J``, ``df/dt``."""
+class _Rosenbrock(LinearAlgebra, AbstractSolver):
+    """What the Rosenbrock methods share: the ``jac=``/``linear_solver=`` settings and
+    ``J``, ``df/dt`` and the stage solves."""
 
-    def __init__(self, jac: str | Callable = "fwd"):
+    def __init__(self, jac: str | Callable = "fwd", linear_solver=None):
         self.jac = check_jac(jac)
+        self.linear_solver = check_linear_solver(linear_solver, self.jac)
 
     def _linearise(self, f, t, y, args, c):
         """``g`` (flat field), ``v`` (flat ``y``), ``unravel``, ``T = df/dt`` and
         ``solve(b)``, which solves ``(I - c J) x = b`` with ``J = df/dy`` at ``(t, y)``:
-        one LU factorisation of the assembled ``J`` and one refinement whose residual
-        takes ``J x`` from ``f``'s ``jvp`` (see :func:`refined_lu_solve`)."""
+        one factorisation by the linear solver and one refinement whose residual takes
+        ``J x`` from ``f``'s ``jvp`` (see :func:`refined_solve`)."""
         g, v, unravel = flat_field(f, y, args)
         tt = jnp.asarray(t, jnp.result_type(t))
-        jac = jacobian(self.jac, g, f, tt, v, unravel, args)
+        ls = self.bound_linear_solver(g, tt, v)
+        jac = self.linearise(ls, g, f, tt, v, unravel, args)
         _, tangent = jax.linearize(g, tt, v)  # (dt, dv) -> df/dt dt + df/dy dv
         dfdt = tangent(jnp.ones_like(tt), jnp.zeros_like(v)).astype(v.dtype)
         c = jnp.asarray(c, v.dtype)
-        lu = lu_factor(jnp.eye(v.size, dtype=v.dtype) - c * jac)
+        fac = ls.factor(jac, c)
         zero_t = jnp.zeros_like(tt)
 
         def solve(b):
-            return refined_lu_solve(lu, lambda x: x - c * tangent(zero_t, x).astype(x.dtype), b)
+            return refined_solve(ls, fac, lambda x: x - c * tangent(zero_t, x).astype(x.dtype),
+                                 b, field=g)
 
         return g, v, unravel, dfdt, solve
 

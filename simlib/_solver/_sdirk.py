@@ -36,7 +36,10 @@ constant ``kappa`` of 0.03 to 3e-3 left Van der Pol 22-37 tolerances off at 1e-8
 ``max(1e-10, 100 eps) |y|``. ``newton_rtol``/``newton_atol``, when given, override both:
 the scale is then ``newton_atol + newton_rtol |y|``.
 
-Dense linear algebra (``O(n^3)`` per step): practical up to a few thousand states.
+The linear algebra (one Jacobian and one factorisation of ``I - h gamma J`` per step) is
+the solver's ``linear_solver`` (:mod:`simlib._linalg`): dense LU by default, ``O(n^3)``
+per step and practical up to a few thousand states; banded, sparse or Newton-Krylov for
+larger systems (docs/pde.md).
 """
 
 from __future__ import annotations
@@ -49,10 +52,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
-from jax.scipy.linalg import lu_factor
 
 from ._base import AbstractSolver, PyTree, VectorField, register_static
-from ._implicit import check_jac, flat_field, jacobian, newton
+from ._implicit import (
+    LinearAlgebra,
+    check_jac,
+    check_linear_solver,
+    flat_field,
+    newton,
+    rms_norm,
+    tangent_solver,
+)
 
 
 def _check_tol(value, name: str):
@@ -70,7 +80,7 @@ def _safe_div(x, d):
     return jnp.where(nonzero, x / jnp.where(nonzero, d, 1.0), 0.0)
 
 
-class _ImplicitRK(AbstractSolver):
+class _ImplicitRK(LinearAlgebra, AbstractSolver):
     """Settings and the Newton stage solve shared by the diagonally implicit methods.
 
     Args:
@@ -89,12 +99,18 @@ class _ImplicitRK(AbstractSolver):
             the fixed-step ones, where it ends the run). The rate test also fails the
             iteration early when ``max_newton_iters`` cannot reach the tolerance at the
             observed contraction rate.
+        linear_solver: How ``I - h gamma J`` is stored, factorised and solved: ``None``
+            (dense LU, the default), ``simlib.BandedLU(lower, upper)``,
+            ``simlib.SparseLU(jac_sparsity)`` or ``simlib.NewtonKrylov(...)``; usually set
+            through ``solve``'s ``jac_sparsity``/``jac_bandwidth``/``linear_solver``
+            (docs/pde.md).
     """
 
     default_newton_iters = 10
 
     def __init__(self, jac="fwd", newton_rtol: float | None = None,
-                 newton_atol: float | None = None, max_newton_iters: int | None = None):
+                 newton_atol: float | None = None, max_newton_iters: int | None = None,
+                 linear_solver=None):
         if max_newton_iters is None:
             max_newton_iters = self.default_newton_iters
         self.jac = check_jac(jac)
@@ -105,6 +121,7 @@ class _ImplicitRK(AbstractSolver):
             raise ValueError(
                 f"max_newton_iters must be a positive integer, got {max_newton_iters!r}")
         self.max_newton_iters = int(max_newton_iters)
+        self.linear_solver = check_linear_solver(linear_solver, self.jac)
 
     kappa_factor: float = 0.1  # Newton tolerance / step tolerance: 0.1 min(0.03, sqrt(rtol))
 
@@ -132,40 +149,41 @@ class _ImplicitRK(AbstractSolver):
             nrtol = max(1e-10, 100 * eps) if self.newton_rtol is None else self.newton_rtol
             natol = 0.0 if self.newton_atol is None else self.newton_atol
             scale = natol + nrtol * jnp.abs(v)
-        floor = eps * (10 * (jnp.abs(v) + jnp.abs(change)) + jnp.sqrt(jnp.mean(jnp.square(v))))
+        floor = eps * (10 * (jnp.abs(v) + jnp.abs(change)) + rms_norm(v, 1.0))
         return lax.stop_gradient(jnp.maximum(scale, floor))
 
     def _setup(self, f, t, y, h, args, gamma, k=None, rtol=None, atol=None):
-        """The flattened field, state, ``h``, the LU of ``I - h gamma J(t, y)`` and the
-        Newton scale (``k``: ``f(t, y)`` flattened, when known; ``rtol``/``atol``: the
-        run's tolerances, when known)."""
+        """The flattened field, state, ``h``, the linear solver, the factorisation of
+        ``I - h gamma J(t, y)`` and the Newton scale (``k``: ``f(t, y)`` flattened, when
+        known; ``rtol``/``atol``: the run's tolerances, when known)."""
         g, v, unravel = flat_field(f, y, args)
         dtype = v.dtype
         hh = jnp.asarray(h, dtype)
-        jac = lax.stop_gradient(jacobian(self.jac, g, f, t, v, unravel, args))
-        lu = lu_factor(jnp.eye(v.size, dtype=dtype) - (hh * gamma) * jac)
+        ls = self.bound_linear_solver(g, t, v)
+        jac = lax.stop_gradient(self.linearise(ls, g, f, t, v, unravel, args))
+        fac = ls.factor(jac, lax.stop_gradient(hh * gamma))
         change = jnp.zeros_like(v) if k is None else (hh * gamma) * k
         scale = self._newton_scale(v, change, rtol, atol)
-        return g, v, unravel, hh, lax.stop_gradient(lu), scale
+        return g, v, unravel, hh, (ls, fac), scale
 
-    def _stage(self, g, ts, base, hg, z0, lu, scale):
+    def _stage(self, g, ts, base, hg, z0, linear, scale):
         """Solve ``Z = base + hg g(ts, Z)``: ``(Z, converged, iterations)``, differentiable in
         ``base``, ``hg``, ``ts`` and whatever ``g`` closes over by the implicit function
         theorem."""
         max_iters = self.max_newton_iters
+        ls, fac = linear
 
         def residual(z):
             return z - base - hg * g(ts, z)
 
         def solve(fun, x0):
-            res = newton(fun, lu, x0, scale, tol=1.0, max_iters=max_iters)
+            res = newton(lambda z, _: -fun(z),
+                         lambda b: ls.solve(fac, b, field=g), x0, scale, tol=1.0,
+                         max_iters=max_iters, accept_first=True)
             # the flags travel as floats: custom_root gives a bool aux a bool tangent
             return res.z, (res.converged.astype(z0.dtype), res.iterations.astype(z0.dtype))
 
-        def tangent_solve(lin, rhs):
-            return jnp.linalg.solve(jax.jacfwd(lin)(rhs), rhs)
-
-        z, (converged, iters) = lax.custom_root(residual, z0, solve, tangent_solve,
+        z, (converged, iters) = lax.custom_root(residual, z0, solve, tangent_solver(ls),
                                                 has_aux=True)
         return (z, lax.stop_gradient(converged) > 0.5,
                 lax.stop_gradient(iters).astype(jnp.int32))
@@ -238,7 +256,7 @@ class ESDIRK(_ImplicitRK):
         gamma = self.gamma
         k_first = ravel_pytree(state.k)[0].astype(
             jnp.result_type(*jax.tree_util.tree_leaves(y)))
-        g, v, unravel, hh, lu, scale = self._setup(f, t, y, h, args, gamma, k_first,
+        g, v, unravel, hh, linear, scale = self._setup(f, t, y, h, args, gamma, k_first,
                                                    state.rtol, state.atol)
         hg = hh * gamma
         ks, z, ok = [k_first], v, jnp.asarray(True)
@@ -251,7 +269,7 @@ class ESDIRK(_ImplicitRK):
                     base = base + (hh * a_ij) * k_j
             c_i = sum(row) + gamma
             z_prev = z
-            z, converged, iters = self._stage(g, t + c_i * h, base, hg, z, lu, scale)
+            z, converged, iters = self._stage(g, t + c_i * h, base, hg, z, linear, scale)
             ks.append(_safe_div(z - base, hg))
             ok = ok & converged
             extra = extra + iters - 1
@@ -362,8 +380,8 @@ class _OneStage(_ImplicitRK):
     def step(self, f: VectorField, t, y: PyTree, h, args, state: PyTree):
         """One step. Returns ``(y1, (None, newton_failed), (), None)``."""
         gamma = self.gamma
-        g, v, unravel, hh, lu, scale = self._setup(f, t, y, h, args, gamma)
-        z, converged, _ = self._stage(g, t + gamma * h, v, hh * gamma, v, lu, scale)
+        g, v, unravel, hh, linear, scale = self._setup(f, t, y, h, args, gamma)
+        z, converged, _ = self._stage(g, t + gamma * h, v, hh * gamma, v, linear, scale)
         v1 = v + (z - v) / gamma
         return unravel(v1), (None, ~converged), (), None
 

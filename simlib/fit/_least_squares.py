@@ -1,20 +1,30 @@
-r"""``least_squares()``: Levenberg-Marquardt on residuals, compiled as one loop.
+r"""``least_squares()``: Moré's trust-region Levenberg-Marquardt, compiled as one loop.
 
-For residuals :math:`r(u) \in \mathbb R^n` of unconstrained parameters :math:`u` (see
-``_transforms.py``), each iteration solves
+For residuals :math:`r(u) \in \mathbb R^m` of unconstrained parameters :math:`u` (see
+``_transforms.py``), each trial step :math:`p` minimises the linear model in a scaled
+trust region,
 
-.. math:: (J^T J + \lambda\,\mathrm{diag}(J^T J))\,\delta = -J^T r
+.. math:: \min_p \|r + Jp\|  \quad\text{subject to}\quad \|Dp\| \le \Delta,
 
-and accepts :math:`u + \delta` when the gain ratio
-:math:`\rho = (\|r\|^2 - \|r(u+\delta)\|^2) / (\delta^T(\lambda D\delta - J^T r))` is
-positive, with Nielsen's damping update (Madsen, Nielsen & Tingleff, *Methods for
-Non-Linear Least Squares Problems*, 2nd ed., DTU, 2004, §3.2; Marquardt, SIAM J. Appl.
-Math. 11, 431 (1963)). The Jacobian is forward mode (``jax.jacfwd``) for few parameters,
-reverse mode otherwise; the whole loop is one ``lax.while_loop`` under ``jit``.
+whose solution is :math:`(J^T J + \lambda D^2)\,p = -J^T r` with :math:`\lambda = 0` when
+the Gauss-Newton step fits in the region, and otherwise :math:`\lambda > 0` chosen so that
+:math:`\|Dp\|` is within 10 % of :math:`\Delta` (Moré's safeguarded Newton iteration on
+:math:`\phi(\lambda) = \|Dp(\lambda)\| - \Delta`). :math:`D` holds the largest column norms of
+:math:`J` seen so far; :math:`\Delta` grows or shrinks with the ratio of the actual to the
+predicted reduction, and the run stops on MINPACK's tests (relative reduction below
+``ftol``, region below ``xtol`` relative to :math:`\|Du\|`, or the cosine between
+:math:`r` and every column of :math:`J` below ``gtol``). Reference: J. J. Moré, "The
+Levenberg-Marquardt algorithm: implementation and theory", in *Numerical Analysis*,
+Lecture Notes in Mathematics 630, Springer (1978), pp. 105-116. The linear algebra here
+uses the singular value decomposition of :math:`JD^{-1}` (once per Jacobian) in place of
+MINPACK's pivoted QR factorisation, which makes :math:`\phi` and :math:`\phi'` closed forms.
+The Jacobian is forward mode (``jax.jacfwd``) for few parameters, reverse mode otherwise;
+the whole loop is one ``lax.while_loop`` under ``jit``.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +40,10 @@ from ._transforms import make_maps
 
 PyTree = Any
 
+# Status codes of the loop (what ``FitResult.message`` says for each).
+_MAX_STEPS, _GTOL, _FTOL, _XTOL, _NONFINITE, _STALLED, _ZERO = 0, 1, 2, 3, 4, 5, 6
+_CONVERGED = (_GTOL, _FTOL, _XTOL, _ZERO)
+
 
 def least_squares(
     residuals: Callable[[PyTree], jax.Array],
@@ -37,29 +51,41 @@ def least_squares(
     *,
     steps: int = 100,
     tol: float = 1e-10,
+    ftol: float | None = None,
+    xtol: float | None = None,
+    gtol: float | None = None,
+    factor: float = 1.0,
     transforms: PyTree = None,
-    damping: float = 1.0,
     jacobian: str = "auto",
     stderr: bool = False,
 ) -> FitResult:
     r"""Minimise :math:`\tfrac12\|r(x)\|^2` over a parameter pytree with Levenberg-Marquardt.
 
-    The least-squares counterpart of :func:`fit` (and of ``scipy.optimize.least_squares``):
-    for trajectory misfits it converges in a handful of iterations, each one a residual
-    Jacobian (forward mode through :func:`simlib.solve`).
+    The least-squares counterpart of :func:`fit` (and of ``scipy.optimize.least_squares``
+    with ``method="lm"``, MINPACK): Moré's trust-region Levenberg-Marquardt with the scaling
+    :math:`D` from the Jacobian's column norms. For trajectory misfits it converges in a
+    handful of iterations, each one a residual Jacobian (forward mode through
+    :func:`simlib.solve`).
 
     Args:
         residuals: ``residuals(params)`` returning the residual array (any shape; flattened),
             e.g. :func:`trajectory_residuals` of a solve.
         params0: Initial parameters (a pytree of floats, physical values).
-        steps: Maximum iterations (accepted or rejected).
-        tol: Stop when the gradient's largest component :math:`\|J^T r\|_\infty` or the
-            relative step :math:`\|\delta\| / (\|u\| + \mathrm{tol})` falls below ``tol``.
+        steps: Maximum trial steps (residual evaluations; accepted or rejected).
+        tol: The default of ``ftol``, ``xtol`` and ``gtol``.
+        ftol: Stop when both the actual and the predicted relative reduction of
+            :math:`\|r\|^2` in a step are at most ``ftol``.
+        xtol: Stop when the trust region :math:`\Delta` is at most ``xtol`` :math:`\|Du\|`.
+        gtol: Stop when the cosine of the angle between :math:`r` and every column of
+            :math:`J` is at most ``gtol`` (MINPACK's scaled gradient test). Tolerances below
+            machine epsilon act as epsilon.
+        factor: The first trust region is ``factor`` :math:`\|Du_0\|` (``factor`` when that
+            is 0), MINPACK's ``factor``. MINPACK's default is 100; simlib's is 1, a first
+            step within the scale of the start, which keeps an ODE fit away from the
+            parameters where its solve blows up, and solved one more of the
+            Moré-Garbow-Hillstrom problems (docs/fitting.md).
         transforms: :class:`Positive`/:class:`Bounded`/:class:`Identity` per leaf (as in
             :func:`fit`); the iteration runs on unconstrained values.
-        damping: Initial :math:`\lambda` (relative to the diagonal of :math:`J^T J`); the
-            default 1 starts with cautious, gradient-like steps, which keeps the first
-            iterations in the starting basin.
         jacobian: ``"auto"`` (forward mode when there are fewer parameters than residuals),
             ``"fwd"`` or ``"rev"`` (needed through custom VJPs: adaptive solves and the
             ``Checkpointed``/``Reversible``/``ForwardMode`` adjoints).
@@ -68,6 +94,11 @@ def least_squares(
     Returns:
         A :class:`FitResult`; ``loss`` and ``history`` are the mean of the squared
         residuals (about 1 at the noise level for residuals divided by the noise).
+        ``converged`` is True only at a stationary point: when the ``ftol`` or ``xtol``
+        test stops the run where the residual is neither zero nor orthogonal to the
+        Jacobian's columns (cosine above :math:`\sqrt{\mathrm{gtol}}`) and the Gauss-Newton
+        step is not negligible, the message says the iteration stalled and ``converged``
+        is False.
 
     Example:
         >>> import jax.numpy as jnp
@@ -80,10 +111,9 @@ def least_squares(
         (3.0, 1.5)
     """
     steps = _check_positive_int(steps, "steps")
-    if not tol > 0:
-        raise ValueError(f"tol must be positive, got {tol!r}")
-    if not damping > 0:
-        raise ValueError(f"damping must be positive, got {damping!r}")
+    tols = {name: _positive_number(tol if value is None else value, name)
+            for name, value in (("tol", tol), ("ftol", ftol), ("xtol", xtol), ("gtol", gtol))}
+    factor = _positive_number(factor, "factor")
     if jacobian not in ("auto", "fwd", "rev"):
         raise ValueError(f"jacobian must be 'auto', 'fwd' or 'rev', got {jacobian!r}")
     if not callable(residuals):
@@ -101,82 +131,213 @@ def least_squares(
         raise TypeError(f"calling residuals(params0) failed: {type(err).__name__}: {err}") \
             from err
     mode = jacobian if jacobian != "auto" else ("fwd" if u0.shape[0] <= n else "rev")
+    settings = (tols["ftol"], tols["xtol"], tols["gtol"], factor)
     run = jax.jit(_lm_loop(flat_res, mode, steps))
     start = time.perf_counter()
     try:
-        compiled = run.lower(u0, tol, damping).compile()
+        compiled = run.lower(u0, *settings).compile()
     except TypeError as err:
         if jacobian != "auto" or "custom_vjp" not in str(err):
             raise
         run = jax.jit(_lm_loop(flat_res, "rev", steps))
-        compiled = run.lower(u0, tol, damping).compile()
+        compiled = run.lower(u0, *settings).compile()
     compile_time = time.perf_counter() - start
     start = time.perf_counter()
-    u, cost, history, grad_inf, k, code = jax.block_until_ready(compiled(u0, tol, damping))
+    out = jax.block_until_ready(compiled(u0, *settings))
     run_time = time.perf_counter() - start
-    k, code = int(k), int(code)
-    history = np.asarray(history)[: k + 1]
-    params = to_physical(unravel(u))
-    messages = {1: "gradient below tol", 2: "step below tol",
-                0: f"stopped after steps={steps} iterations without meeting tol",
-                4: "the residuals or their Jacobian are not finite"}
-    out = dict(params=params, loss=float(cost) / n, history=history / n,
-               grad_norm=float(grad_inf), n_steps=k, converged=code in (1, 2),
-               message=messages[code], compile_time=compile_time, run_time=run_time)
+    k, code = int(out["k"]), int(out["code"])
+    history = np.asarray(out["history"])[: k + 1]
+    params = to_physical(unravel(out["u"]))
+    messages = {
+        _GTOL: "converged: the residual is orthogonal to the Jacobian's columns (gtol)",
+        _FTOL: "converged: relative reduction below ftol at a stationary point",
+        _XTOL: "converged: trust region below xtol at a stationary point",
+        _ZERO: "converged: the residuals are zero",
+        _STALLED: "not converged: the iteration stalled (ftol/xtol met) away from a "
+                  f"stationary point (scaled gradient {float(out['gnorm']):.1e})",
+        _MAX_STEPS: f"not converged: stopped after steps={steps} trial steps",
+        _NONFINITE: "the residuals or their Jacobian are not finite",
+    }
+    result = dict(params=params, loss=float(out["cost"]) / n, history=history / n,
+                  grad_norm=float(out["grad_inf"]), n_steps=k, converged=code in _CONVERGED,
+                  message=messages[code], compile_time=compile_time, run_time=run_time)
     if stderr:
         gn = gauss_newton_covariance(residuals, params, jacobian=jacobian)
-        out.update(stderr=gn.stderr, correlation=gn.correlation, covariance=gn.covariance,
-                   gauss_newton=gn)
-    return FitResult(**out)
+        result.update(stderr=gn.stderr, correlation=gn.correlation, covariance=gn.covariance,
+                      gauss_newton=gn)
+    return FitResult(**result)
+
+
+def _positive_number(value: Any, name: str) -> float:
+    """``value`` as a positive finite float, or a ValueError naming ``name``."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return number
+
+
+def _linearise(flat_res: Callable, jac_fn: Callable, u: jax.Array, scale: jax.Array | None):
+    """Residual, Jacobian and the SVD of :math:`JD^{-1}` at ``u``, with ``D`` updated."""
+    r = flat_res(u)
+    J = jac_fn(u)
+    colnorm = jnp.linalg.norm(J, axis=0)
+    if scale is None:   # MINPACK mode 1: D = column norms (1 for a zero column) ...
+        scale = jnp.where(colnorm > 0, colnorm, 1.0)
+    else:               # ... and afterwards never smaller than before
+        scale = jnp.maximum(scale, colnorm)
+    U, s, Vt = jnp.linalg.svd(J / scale, full_matrices=False)
+    fnorm = jnp.linalg.norm(r)
+    Jtr = J.T @ r
+    cosine = jnp.abs(Jtr) / jnp.where(colnorm > 0, colnorm * fnorm, 1.0)
+    gnorm = jnp.where(fnorm > 0, jnp.max(jnp.where(colnorm > 0, cosine, 0.0)), 0.0)
+    finite = jnp.all(jnp.isfinite(r)) & jnp.all(jnp.isfinite(J)) & jnp.all(jnp.isfinite(s))
+    return dict(r=r, fnorm=fnorm, scale=scale, s=s, Vt=Vt, c=U.T @ r, gnorm=gnorm,
+                grad_inf=jnp.max(jnp.abs(Jtr)), finite=finite)
+
+
+def _gauss_newton(s: jax.Array, c: jax.Array, m: int, n: int) -> jax.Array:
+    """Scaled Gauss-Newton step :math:`-(JD^{-1})^+ r` in the right singular basis."""
+    keep = s > s[0] * jnp.finfo(s.dtype).eps * max(m, n)
+    return jnp.where(keep, -c / jnp.where(keep, s, 1.0), 0.0)
+
+
+def _lm_parameter(s, c, delta, par0, m: int, n: int):
+    r"""Moré's :math:`\lambda` for the region :math:`\|Dp\| \le \Delta` (his Algorithm 5.5).
+
+    With :math:`JD^{-1} = U\,\mathrm{diag}(s)\,V^T` and :math:`c = U^T r`, the scaled step is
+    :math:`w_i(\lambda) = -s_i c_i / (s_i^2 + \lambda)` (in the basis :math:`V`), so
+    :math:`\phi(\lambda) = \|w(\lambda)\| - \Delta` and
+    :math:`\phi'(\lambda) = -\sum_i s_i^2 c_i^2 / (s_i^2 + \lambda)^3 / \|w\|`. Returns
+    :math:`\lambda = 0` with the Gauss-Newton step when :math:`\phi(0) \le 0.1\Delta`, else
+    the safeguarded Newton iterate with :math:`|\phi| \le 0.1 \Delta` (at most 10 iterations).
+    """
+    w_gn = _gauss_newton(s, c, m, n)
+    gn_norm = jnp.linalg.norm(w_gn)
+    phi0 = gn_norm - delta
+    full_rank = (s.shape[0] == n) & jnp.all(s > s[0] * jnp.finfo(s.dtype).eps * max(m, n))
+    tiny = jnp.finfo(s.dtype).tiny
+
+    def step(par):
+        den = s * s + par
+        w = jnp.where(den > 0, -s * c / jnp.where(den > 0, den, 1.0), 0.0)
+        norm = jnp.linalg.norm(w)
+        dphi = -jnp.sum(jnp.where(den > 0, (s * c) ** 2 / jnp.where(den > 0, den, 1.0) ** 3,
+                                  0.0)) / jnp.maximum(norm, tiny)
+        return w, norm - delta, dphi
+
+    # bounds: l_0 = -phi(0)/phi'(0) (0 if J is rank deficient), u_0 = ||(JD^-1)^T r|| / Delta
+    dphi0 = -jnp.sum(jnp.where(w_gn != 0, w_gn**2 / jnp.where(s > 0, s * s, 1.0), 0.0)) \
+        / jnp.maximum(gn_norm, tiny)
+    lower = jnp.where(full_rank & (dphi0 < 0), -phi0 / jnp.where(dphi0 < 0, dphi0, -1.0), 0.0)
+    upper = jnp.linalg.norm(s * c) / delta
+    par = jnp.clip(par0, lower, upper)
+    par = jnp.where(par == 0, upper * delta / jnp.maximum(gn_norm, tiny), par)
+
+    def cond(st):
+        return (~st["done"]) & (st["it"] < 10)
+
+    def body(st):
+        par, lower, upper = st["par"], st["lower"], st["upper"]
+        par = jnp.where((par <= lower) | (par >= upper),
+                        jnp.maximum(0.001 * upper, jnp.sqrt(lower * upper)), par)
+        par = jnp.maximum(par, tiny)
+        w, phi, dphi = step(par)
+        done = (jnp.abs(phi) <= 0.1 * delta) | (st["it"] == 9)
+        newton = phi / jnp.where(dphi < 0, dphi, -1.0)
+        upper = jnp.where(phi < 0, par, upper)
+        lower = jnp.maximum(lower, par - newton)
+        next_par = par - (phi + delta) / delta * newton
+        return dict(par=jnp.where(done, par, next_par), lower=lower, upper=upper, w=w,
+                    done=done, it=st["it"] + 1)
+
+    st = lax.cond(
+        phi0 <= 0.1 * delta,
+        lambda: dict(par=jnp.zeros_like(par), lower=lower, upper=upper, w=w_gn,
+                     done=jnp.array(True), it=jnp.int32(0)),
+        lambda: lax.while_loop(cond, body, dict(par=par, lower=lower, upper=upper,
+                                                w=jnp.zeros_like(w_gn),
+                                                done=jnp.array(False), it=jnp.int32(0))))
+    return st["par"], st["w"]
 
 
 def _lm_loop(flat_res: Callable, mode: str, steps: int) -> Callable:
+    """The compiled loop: one trial step per iteration, a new Jacobian after each success."""
     jac_fn = jax.jacfwd(flat_res) if mode == "fwd" else jax.jacrev(flat_res)
 
-    def linearise(u):
-        return flat_res(u), jac_fn(u)
+    def run(u0, ftol, xtol, gtol, factor):
+        n = u0.shape[0]
+        lin = _linearise(flat_res, jac_fn, u0, None)
+        m = lin["r"].shape[0]
+        dtype = lin["fnorm"].dtype
+        eps = jnp.finfo(dtype).eps
+        ftol, xtol, gtol = (jnp.maximum(jnp.asarray(t, dtype), eps) for t in (ftol, xtol, gtol))
+        xnorm = jnp.linalg.norm(lin["scale"] * u0)
+        delta = jnp.where(xnorm > 0, factor * xnorm, factor)
+        history = jnp.full((steps + 1,), jnp.nan, dtype).at[0].set(lin["fnorm"] ** 2)
 
-    def run(u0, tol, damping):
-        r, J = linearise(u0)
-        cost = jnp.sum(r * r)
-        history = jnp.full((steps + 1,), jnp.nan, cost.dtype).at[0].set(cost)
+        def status(lin, actred, prered, ratio, delta, xnorm, checked):
+            """MINPACK's tests, with ftol/xtol success only at a stationary point."""
+            w_gn = _gauss_newton(lin["s"], lin["c"], m, n)
+            stationary = ((lin["gnorm"] <= jnp.sqrt(gtol))
+                          | (jnp.linalg.norm(w_gn) <= jnp.sqrt(xtol) * xnorm))
+            ftol_met = checked & (jnp.abs(actred) <= ftol) & (prered <= ftol) & (ratio <= 2)
+            xtol_met = checked & (delta <= xtol * xnorm)
+            return jnp.select(
+                [~lin["finite"], lin["fnorm"] == 0, lin["gnorm"] <= gtol,
+                 (ftol_met | xtol_met) & ~stationary, ftol_met, xtol_met],
+                [_NONFINITE, _ZERO, _GTOL, _STALLED, _FTOL, _XTOL], _MAX_STEPS)
 
         def cond(c):
-            return (c["k"] < steps) & (c["code"] == 0)
+            return (c["k"] < steps) & (c["code"] == _MAX_STEPS)
 
         def body(c):
-            u, r, J, lam, nu = c["u"], c["r"], c["J"], c["lam"], c["nu"]
-            A = J.T @ J
-            g = J.T @ r
-            D = jnp.maximum(jnp.diag(A), jnp.finfo(A.dtype).tiny)
-            delta = -jnp.linalg.solve(A + lam * jnp.diag(D), g)
-            u_new = u + delta
+            lin, delta, par = c["lin"], c["delta"], c["par"]
+            par, w = _lm_parameter(lin["s"], lin["c"], delta, par, m, n)
+            z = lin["Vt"].T @ w
+            p = z / lin["scale"]
+            pnorm = jnp.linalg.norm(w)
+            delta = jnp.where(c["first"], jnp.minimum(delta, pnorm), delta)
+            u_new = c["u"] + p
             r_new = flat_res(u_new)
-            cost, cost_new = jnp.sum(r * r), jnp.sum(r_new * r_new)
-            predicted = delta @ (lam * D * delta - g)
-            rho = (cost - cost_new) / jnp.where(predicted > 0, predicted, jnp.inf)
-            accept = (rho > 0) & jnp.isfinite(cost_new)
-            small_step = jnp.linalg.norm(delta) <= tol * (jnp.linalg.norm(u) + tol)
-            u_next = jnp.where(accept, u_new, u)
-            r_next, J_next = lax.cond(accept, linearise, lambda _: (r, J), u_next)
-            lam_next = jnp.where(accept, lam * jnp.maximum(1 / 3, 1 - (2 * rho - 1) ** 3),
-                                 lam * nu)
-            nu_next = jnp.where(accept, 2.0, 2.0 * nu)
-            cost_next = jnp.sum(r_next * r_next)
-            g_next = J_next.T @ r_next
-            finite = jnp.all(jnp.isfinite(r_next)) & jnp.all(jnp.isfinite(J_next))
-            code = jnp.where(~finite, 4,
-                   jnp.where(jnp.max(jnp.abs(g_next)) <= tol, 1,
-                   jnp.where(small_step, 2, 0)))
+            fnorm = lin["fnorm"]
+            fnorm1 = jnp.linalg.norm(r_new)
+            fnorm1 = jnp.where(jnp.isfinite(fnorm1), fnorm1, jnp.inf)
+            # actual and predicted relative reductions of ||r||^2 (Moré §4)
+            actred = jnp.where(0.1 * fnorm1 < fnorm, 1 - (fnorm1 / fnorm) ** 2, -1.0)
+            t1 = jnp.linalg.norm(lin["s"] * w) / fnorm
+            t2 = jnp.sqrt(par) * pnorm / fnorm
+            prered = t1**2 + t2**2 / 0.5
+            dirder = -(t1**2 + t2**2)
+            ratio = jnp.where(prered != 0, actred / jnp.where(prered != 0, prered, 1.0), 0.0)
+            # trust-region update
+            den = dirder + 0.5 * actred
+            temp = jnp.where(actred >= 0, 0.5, 0.5 * dirder / jnp.where(den != 0, den, -1.0))
+            temp = jnp.where((0.1 * fnorm1 >= fnorm) | (temp < 0.1), 0.1, temp)
+            shrink = ratio <= 0.25
+            grow = ~shrink & ((par == 0) | (ratio >= 0.75))
+            delta = jnp.where(shrink, temp * jnp.minimum(delta, pnorm / 0.1),
+                              jnp.where(grow, pnorm / 0.5, delta))
+            par = jnp.where(shrink, par / temp, jnp.where(grow, 0.5 * par, par))
+            accept = ratio >= 1e-4
+            u = jnp.where(accept, u_new, c["u"])
+            lin = lax.cond(accept, lambda: _linearise(flat_res, jac_fn, u, lin["scale"]),
+                           lambda: lin)
+            xnorm = jnp.linalg.norm(lin["scale"] * u)
             k = c["k"] + 1
-            return dict(u=u_next, r=r_next, J=J_next, lam=lam_next, nu=nu_next, k=k,
-                        code=code, history=c["history"].at[k].set(cost_next))
+            code = status(lin, actred, prered, ratio, delta, xnorm, True)
+            return dict(u=u, lin=lin, delta=delta, par=par, first=c["first"] & ~accept,
+                        k=k, code=code, history=c["history"].at[k].set(lin["fnorm"] ** 2))
 
-        init = dict(u=u0, r=r, J=J, lam=jnp.asarray(damping, cost.dtype),
-                    nu=jnp.asarray(2.0, cost.dtype), k=jnp.int32(0),
-                    code=jnp.where(jnp.max(jnp.abs(J.T @ r)) <= tol, 1, 0), history=history)
+        zero = jnp.zeros((), dtype)
+        init = dict(u=u0, lin=lin, delta=delta, par=zero, first=jnp.array(True), k=jnp.int32(0),
+                    code=status(lin, zero, zero, zero, delta, xnorm, False), history=history)
         c = lax.while_loop(cond, body, init)
-        return (c["u"], jnp.sum(c["r"] ** 2), c["history"], jnp.max(jnp.abs(c["J"].T @ c["r"])),
-                c["k"], c["code"])
+        lin = c["lin"]
+        return dict(u=c["u"], cost=lin["fnorm"] ** 2, history=c["history"],
+                    grad_inf=lin["grad_inf"], gnorm=lin["gnorm"], k=c["k"], code=c["code"],
+                    )
 
     return run

@@ -14,6 +14,7 @@ Example:
     (11, 256, 3)
 """
 
+from ._barostats import StochasticCellRescaling
 from ._bonded import (
     AngleEnergy,
     PairCorrection,
@@ -28,7 +29,9 @@ from ._bonded import (
 )
 from ._cells import CellList, cell_list
 from ._checkpoint import CheckpointError, checkpoint_info
+from ._constraints import Rattle
 from ._dynamics import NVE, Integrator, Langevin, State
+from ._electrostatics import PME, Ewald, EwaldParameters, ewald, ewald_parameters, pme
 from ._energy import BondEnergy, Energy, PairEnergy, bond_energy, forces, pair_energy
 from ._initial import lattice, maxwell_boltzmann, plummer
 from ._minimize import MinimizeResult, minimize
@@ -49,15 +52,21 @@ from ._potentials import coulomb, gravity, harmonic, lennard_jones, morse, wca
 from ._sharded import ShardedEnergy, sharded
 from ._simulate import Trajectory, simulate
 from ._space import Space, free, periodic
+from ._thermostats import Bussi, NoseHooverChain
 from ._topology import Topology, TopologyError, excluded_pairs, read_lammps_data
 
 __all__ = [
     "MIXING_RULES",
     "NVE",
+    "NoseHooverChain",
     "AngleEnergy",
     "BondEnergy",
+    "Bussi",
     "CellList",
     "CheckpointError",
+    "Ewald",
+    "EwaldParameters",
+    "PME",
     "Energy",
     "Integrator",
     "Langevin",
@@ -65,9 +74,11 @@ __all__ = [
     "NeighborList",
     "PairCorrection",
     "PairEnergy",
+    "Rattle",
     "Space",
     "ShardedEnergy",
     "State",
+    "StochasticCellRescaling",
     "Topology",
     "TopologyError",
     "Trajectory",
@@ -78,6 +89,8 @@ __all__ = [
     "cell_list",
     "checkpoint_info",
     "coulomb",
+    "ewald",
+    "ewald_parameters",
     "diffusion_coefficient",
     "dihedral_angle",
     "dihedral_energy",
@@ -101,6 +114,7 @@ __all__ = [
     "pair_energy",
     "periodic_torsion",
     "periodic",
+    "pme",
     "plummer",
     "pressure",
     "pressure_tensor",

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-FORMAT = "simlib-simulate-checkpoint-1"
+FORMAT = "simlib-simulate-checkpoint-2"  # 2: frames hold the integrator records
 
 
 class CheckpointError(ValueError):
@@ -198,8 +198,9 @@ class Checkpoint:
         leaves = jax.tree_util.tree_leaves(carry)
         arrays = {f"carry/{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)}
         if pieces:
-            for i in range(4):
-                arrays[f"records/{i}"] = np.concatenate([np.asarray(p[i]) for p in pieces])
+            columns = zip(*(jax.tree_util.tree_leaves(p) for p in pieces), strict=True)
+            for i, column in enumerate(columns):
+                arrays[f"records/{i}"] = np.concatenate([np.asarray(c) for c in column])
         header = dict(format=FORMAT, signature=self.signature, done=int(done),
                       code=int(code), failed_at=int(failed_at), failed_atom=int(failed_atom),
                       reallocations=int(reallocations), n_leaves=len(leaves),
@@ -211,9 +212,10 @@ class Checkpoint:
 
         atomic_write(self.path, writer)
 
-    def load(self, carry0):
+    def load(self, carry0, records0):
         """``(carry, done, pieces, code, failed_at, failed_atom, reallocations)``, the carry
-        rebuilt on ``carry0``'s structure (with the list's size from the file)."""
+        rebuilt on ``carry0``'s structure (with the list's size from the file) and the
+        frames on ``records0``'s (an empty record of the run's integrator)."""
         try:
             header = read_header(self.path)
         except CheckpointError as err:
@@ -249,11 +251,35 @@ class Checkpoint:
                                       f"is {a.dtype}, this run's is {jnp.asarray(t).dtype}")
             leaves.append(jnp.asarray(a))
         carry = jax.tree_util.tree_unflatten(treedef, leaves)
+        if header["code"] == 0:
+            _check_finite(self.path, carry)
         pieces = []
         if "records/0" in arrays:
-            pieces = [tuple(jnp.asarray(arrays[f"records/{i}"]) for i in range(4))]
+            r_leaves, r_treedef = jax.tree_util.tree_flatten(records0)
+            pieces = [jax.tree_util.tree_unflatten(
+                r_treedef, [jnp.asarray(arrays[f"records/{i}"]) for i in range(len(r_leaves))])]
         return (carry, header["done"], pieces, header["code"], header["failed_at"],
                 header["failed_atom"], header["reallocations"])
+
+
+def _check_finite(path, carry) -> None:
+    """Refuse a checkpoint of a run without failure whose state is not finite (a run that
+    went non-finite would have stopped with a failure code): name the field and the first
+    atom, before any step runs (a step would report the atom that moved fastest)."""
+    for field in ("positions", "velocities", "forces"):
+        a = np.asarray(getattr(carry, field))
+        bad = ~np.all(np.isfinite(a), axis=-1)
+        if bad.any():
+            atom = int(np.argmax(bad))
+            raise CheckpointError(
+                f"simulate: the checkpoint {path} records a run without failure, but its "
+                f"{field} of atom {atom} are not finite ({a[atom].tolist()}): the file was "
+                f"altered or damaged; start afresh (resume=False overwrites it)")
+    if not np.isfinite(np.asarray(carry.potential_energy)):
+        raise CheckpointError(f"simulate: the checkpoint {path} records a run without "
+                              f"failure, but its potential energy is not finite: the file "
+                              f"was altered or damaged; start afresh (resume=False "
+                              f"overwrites it)")
 
 
 class _Stop:

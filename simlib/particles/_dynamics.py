@@ -34,6 +34,14 @@ class Carry(NamedTuple):
     potential_energy: jax.Array
     neighbors: object
     step: jax.Array
+    extra: object = None     # the integrator's own state (thermostat, box); None for NVE
+
+
+def kinetic(v, masses):
+    """:math:`K = \\tfrac12 \\sum_i m_i |v_i|^2`."""
+    m = jnp.asarray(masses, v.dtype)
+    m = m[:, None] if m.ndim == 1 else m
+    return 0.5 * jnp.sum(m * v * v)
 
 
 def _inverse_mass(masses, like):
@@ -56,6 +64,19 @@ class Integrator:
 
     stochastic = False
 
+    def init(self, model, carry: Carry, masses, params):
+        """The integrator's own state at the start (``carry.extra``); ``None`` by default."""
+        return None
+
+    def observe(self, carry: Carry, masses) -> dict:
+        """Per-frame records of the integrator: ``conserved`` (here the total energy
+        :math:`K + U`, which only :class:`NVE` conserves) and whatever else it adds."""
+        return dict(conserved=carry.potential_energy + kinetic(carry.velocities, masses))
+
+    def check(self, carry: Carry) -> jax.Array:
+        """A :class:`~simlib.Result` code for the integrator's own state (0: healthy)."""
+        return jnp.int32(0)
+
 
 @register_static
 @dataclass(frozen=True)
@@ -74,7 +95,8 @@ class NVE(Integrator):
         nbrs = carry.neighbors.update(x) if carry.neighbors is not None else None
         e, f = model.energy_and_forces(x, params, nbrs)
         v = v + (0.5 * dt) * f * inv_m
-        return Carry(x, v, f, e, nbrs, carry.step + 1)
+        return carry._replace(positions=x, velocities=v, forces=f, potential_energy=e,
+                              neighbors=nbrs, step=carry.step + 1)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -120,4 +142,5 @@ class Langevin(Integrator):
         nbrs = carry.neighbors.update(x) if carry.neighbors is not None else None
         e, f = model.energy_and_forces(x, params, nbrs)
         v = v + half * f * inv_m
-        return Carry(x, v, f, e, nbrs, carry.step + 1)
+        return carry._replace(positions=x, velocities=v, forces=f, potential_energy=e,
+                              neighbors=nbrs, step=carry.step + 1)

@@ -24,11 +24,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._errors import Result
 from . import _native
 from ._cells import CellList, cell_pass, check_cells
 from ._mixing import MIXING_RULES, PairParams
 from ._potentials import gravity, is_long_range, lennard_jones
-from ._space import Space, free
+from ._space import Space, check_box, checked_upstream, free, nan_unless_valid
 
 
 class Energy:
@@ -111,7 +112,7 @@ class PairEnergy(Energy):
     A pytree: the space (its box) is a leaf; the potential, cutoff and options are static.
     """
 
-    def __init__(self, potential, space, r_cut, shift, mixing, tile):
+    def __init__(self, potential, space, r_cut, shift, mixing, tile, tail=False):
         self.potential = potential
         self.space = space
         self.r_cut = r_cut
@@ -119,18 +120,56 @@ class PairEnergy(Energy):
         self.mixing = tuple(sorted((mixing or {}).items()))
         self.rules = {**MIXING_RULES, **dict(self.mixing)}
         self.tile = tile
+        self.tail = tail
 
     def tree_flatten(self):
-        return (self.space,), (self.potential, self.r_cut, self.shift, self.mixing, self.tile)
+        return (self.space,), (self.potential, self.r_cut, self.shift, self.mixing, self.tile,
+                               self.tail)
 
     @classmethod
     def tree_unflatten(cls, static, children):
-        potential, r_cut, shift, mixing, tile = static
-        return cls(potential, children[0], r_cut, shift, dict(mixing), tile)
+        potential, r_cut, shift, mixing, tile, tail = static
+        return cls(potential, children[0], r_cut, shift, dict(mixing), tile, tail)
 
     def __repr__(self):
         name = getattr(self.potential, "__name__", repr(self.potential))
-        return f"pair_energy({name}, {self.space!r}, r_cut={self.r_cut}, shift={self.shift})"
+        tail = ", tail_correction=True" if self.tail else ""
+        return (f"pair_energy({name}, {self.space!r}, r_cut={self.r_cut}, "
+                f"shift={self.shift}{tail})")
+
+    # -- long-range (tail) corrections ---------------------------------------------------
+    def _tail_constants(self, positions, params):
+        """``(n, V, eps sigma^3, (sigma/r_c)^3)`` for the Lennard-Jones tail terms."""
+        n, d = positions.shape
+        if d != 3:
+            raise ValueError(f"tail_correction is the 3D tail; positions are {d}D")
+        sigma = jnp.asarray(params["sigma"], positions.dtype)
+        epsilon = jnp.asarray(params["epsilon"], positions.dtype)
+        if sigma.ndim or epsilon.ndim:
+            raise ValueError(f"tail_correction needs one sigma and one epsilon (scalars), got "
+                             f"shapes {sigma.shape} and {epsilon.shape}")
+        s3 = (sigma / self.r_cut) ** 3
+        return n, self.space.volume(d), epsilon * sigma**3, s3
+
+    def tail_energy(self, positions, params) -> jax.Array:
+        r"""The energy that the truncation leaves out, with :math:`g(r) = 1` beyond
+        :math:`r_c`: :math:`U_{tail} = \frac{8}{3}\pi \frac{n^2}{V}\epsilon\sigma^3
+        \left[\frac13\left(\frac{\sigma}{r_c}\right)^9 - \left(\frac{\sigma}{r_c}\right)^3
+        \right]` (Allen & Tildesley 2017, §2.8). Zero without ``tail_correction``."""
+        if not self.tail:
+            return jnp.zeros((), jnp.result_type(positions))
+        n, volume, es3, s3 = self._tail_constants(positions, params)
+        return 8.0 / 3.0 * jnp.pi * n * n / volume * es3 * (s3**3 / 3.0 - s3)
+
+    def tail_virial(self, positions, params) -> jax.Array:
+        r""":math:`W_{tail} = 3 V P_{tail}` with :math:`P_{tail} = \frac{16}{3}\pi\rho^2
+        \epsilon\sigma^3\left[\frac23\left(\frac{\sigma}{r_c}\right)^9
+        - \left(\frac{\sigma}{r_c}\right)^3\right]` (Allen & Tildesley 2017, §2.8);
+        zero without ``tail_correction``."""
+        if not self.tail:
+            return jnp.zeros((), jnp.result_type(positions))
+        n, volume, es3, s3 = self._tail_constants(positions, params)
+        return 16.0 * jnp.pi * n * n / volume * es3 * (2.0 * s3**3 / 3.0 - s3)
 
     # -- the pair kernel ---------------------------------------------------------------
     def _terms(self, dr, valid, pp, want_derivative):
@@ -153,6 +192,8 @@ class PairEnergy(Energy):
         return jnp.where(mask, value, 0.0), jnp.where(mask, du / r, 0.0), r
 
     def _check(self, positions, neighbors):
+        """The positions as an array, after the eager checks, and the in-graph box code
+        (:func:`check_box`; ``None`` when the box was checked eagerly)."""
         positions = jnp.asarray(positions)
         if positions.ndim != 2:
             raise ValueError(f"positions must have shape (n, d), got {positions.shape}")
@@ -170,7 +211,9 @@ class PairEnergy(Energy):
             if neighbors.idx.shape[0] != positions.shape[0]:
                 raise ValueError(f"the neighbour list is for {neighbors.idx.shape[0]} particles, "
                                  f"positions has {positions.shape[0]}")
-        return positions
+        code = check_box(self.space, positions.shape[1], self.r_cut, caller="pair_energy",
+                         what="the energy's r_cut")
+        return positions, _with_finite_positions(code, positions)
 
     def _neighbor_pass(self, positions, params, neighbors, want_derivative):
         n, d = positions.shape
@@ -205,20 +248,31 @@ class PairEnergy(Energy):
 
     # -- public ------------------------------------------------------------------------
     def __call__(self, positions, params, neighbors=None):
-        """The total energy :math:`U = \\sum_{i<j} u(r_{ij})`, a scalar."""
-        positions = self._check(positions, neighbors)
+        """The total energy :math:`U = \\sum_{i<j} u(r_{ij})` (plus :meth:`tail_energy`), a
+        scalar (NaN for a traced box that :func:`check_box` refuses)."""
+        positions, code = self._check(positions, neighbors)
+        tail = self.tail_energy(positions, params)
         if isinstance(neighbors, CellList):
-            return cell_pass(self, positions, params, neighbors, False)[0]
+            return nan_unless_valid(code, cell_pass(self, positions, params, neighbors,
+                                                    False)[0] + tail)
         if neighbors is not None:
             u, _, _, _ = self._neighbor_pass(positions, params, neighbors, False)
-            return 0.5 * jnp.sum(u)
+            return nan_unless_valid(code, 0.5 * jnp.sum(u) + tail)
         out = self._tiles(positions, params,
                           lambda dr, valid, pp: jnp.sum(self._terms(dr, valid, pp, False)[0]))
-        return 0.5 * jnp.sum(out)
+        return nan_unless_valid(code, 0.5 * jnp.sum(out) + tail)
 
     def energy_and_forces(self, positions, params, neighbors=None):
-        """The energy and the forces ``(n, d)`` in one pass."""
-        positions = self._check(positions, neighbors)
+        """The energy and the forces ``(n, d)`` in one pass (the tail adds no force; NaN for
+        a traced box that :func:`check_box` refuses)."""
+        positions, code = self._check(positions, neighbors)
+        e, f = self._pair_energy_and_forces(positions, params, neighbors)
+        if self.tail:
+            e = e + self.tail_energy(positions, params)
+        return nan_unless_valid(code, e, f)
+
+    def _pair_energy_and_forces(self, positions, params, neighbors):
+        """Energy and forces of the pairs from the kernel that serves this call."""
         if isinstance(neighbors, CellList):
             u, f, _ = cell_pass(self, positions, params, neighbors, True)
             return u, f[neighbors.atom_slot]
@@ -287,22 +341,25 @@ class PairEnergy(Energy):
 
     def virial(self, positions, params, neighbors=None):
         r"""The pair virial :math:`W = \sum_{i<j} r_{ij}\cdot f_{ij} = -\sum_{i<j} r u'(r)`."""
-        positions = self._check(positions, neighbors)
+        positions, code = self._check(positions, neighbors)
+        tail = self.tail_virial(positions, params)
         if isinstance(neighbors, CellList):
-            return cell_pass(self, positions, params, neighbors, True)[2]
+            return nan_unless_valid(code, cell_pass(self, positions, params, neighbors,
+                                                    True)[2] + tail)
         if neighbors is not None:
             _, c, r, _ = self._neighbor_pass(positions, params, neighbors, True)
-            return -0.5 * jnp.sum(c * r * r)
+            return nan_unless_valid(code, -0.5 * jnp.sum(c * r * r) + tail)
 
         def body(dr, valid, pp):
             _, c, r = self._terms(dr, valid, pp, True)
             return jnp.sum(c * r * r)
 
-        return -0.5 * jnp.sum(self._tiles(positions, params, body))
+        return nan_unless_valid(code, -0.5 * jnp.sum(self._tiles(positions, params, body))
+                                + tail)
 
     def virial_tensor(self, positions, params, neighbors=None):
         r"""The pair virial tensor :math:`W_{ab} = -\sum_{i<j} r_a r_b u'(r)/r`, ``(d, d)``."""
-        positions = self._check(positions, neighbors)
+        positions, code = self._check(positions, neighbors)
         if isinstance(neighbors, CellList):
             raise NotImplementedError("virial_tensor over a cell list: use a neighbour list "
                                       "(or none) for the pressure tensor")
@@ -312,15 +369,30 @@ class PairEnergy(Energy):
             return jnp.stack([jnp.stack([jnp.sum(c * dr[a] * dr[b]) for b in range(d)])
                               for a in range(d)])
 
+        # the tail correction is isotropic: a third of its virial on each diagonal entry
+        tail = self.tail_virial(positions, params) / d * jnp.eye(d, dtype=positions.dtype)
         if neighbors is not None:
             _, c, _, dr = self._neighbor_pass(positions, params, neighbors, True)
-            return -0.5 * tensor(c, dr)
+            return nan_unless_valid(code, -0.5 * tensor(c, dr) + tail)
 
         def body(dr, valid, pp):
             _, c, _ = self._terms(dr, valid, pp, True)
             return tensor(c, dr)
 
-        return -0.5 * jnp.sum(self._tiles(positions, params, body), axis=0)
+        return nan_unless_valid(code, -0.5 * jnp.sum(self._tiles(positions, params, body),
+                                                     axis=0) + tail)
+
+
+def _with_finite_positions(code, positions):
+    """``code`` (from :func:`check_box`) with ``NONFINITE_STATE`` where some position is
+    not finite, so that the energy is NaN there: a pair with a NaN distance fails the
+    cutoff test and a neighbour list leaves a NaN particle out, which would otherwise sum
+    to a finite energy. Left out inside ``simulate``, which checks every step itself."""
+    if checked_upstream():
+        return code
+    finite = jnp.all(jnp.isfinite(lax.stop_gradient(positions)))
+    bad = jnp.where(finite, jnp.int32(Result.SUCCESSFUL), jnp.int32(Result.NONFINITE_STATE))
+    return bad if code is None else jnp.where(code != 0, code, bad)
 
 
 def _gravity_arguments(positions, params):
@@ -466,7 +538,7 @@ def _lj_kernel_jvp(config, primals, tangents):
 
 def pair_energy(potential: Callable, space: Space, r_cut: float | None = None, *,
                 shift: bool = False, mixing: Mapping[str, Callable] | None = None,
-                tile: int = 256) -> PairEnergy:
+                tile: int = 256, tail_correction: bool = False) -> PairEnergy:
     r"""The total energy of a pair potential, ``energy(positions, params, neighbors=None)``.
 
     :math:`U = \sum_{i<j,\ r_{ij} < r_c} [u(r_{ij}) - s\,u(r_c)]` with :math:`s = 1` when
@@ -479,6 +551,12 @@ def pair_energy(potential: Callable, space: Space, r_cut: float | None = None, *
         shift: Subtract ``u(r_cut)`` so the energy goes to zero at the cutoff.
         mixing: Extra mixing rules ``{name: rule(a_i, a_j)}`` for per-particle parameters.
         tile: Rows per tile when visiting all pairs (memory ``~ n * tile``).
+        tail_correction: Add the Lennard-Jones long-range corrections, the energy and
+            virial of the pairs beyond ``r_cut`` with :math:`g(r) = 1` there
+            (:meth:`PairEnergy.tail_energy`, :meth:`PairEnergy.tail_virial`; Allen &
+            Tildesley 2017, §2.8): the energy and :func:`pressure` then estimate the
+            untruncated potential's. Forces are unchanged. :func:`lennard_jones` in a
+            periodic 3D box with one ``sigma`` and ``epsilon``, not with ``shift``.
 
     Returns:
         A :class:`PairEnergy`; call it as ``energy(positions, params, neighbors=None)``.
@@ -509,8 +587,15 @@ def pair_energy(potential: Callable, space: Space, r_cut: float | None = None, *
                          f"to the lattice sum (use Ewald summation)")
     if int(tile) < 1:
         raise ValueError(f"pair_energy: tile must be a positive integer, got {tile!r}")
+    if tail_correction:
+        if potential is not lennard_jones or r_cut is None or not space.periodic:
+            raise ValueError("pair_energy: tail_correction=True is the Lennard-Jones tail: it "
+                             "needs potential=lennard_jones, an r_cut and a periodic space")
+        if shift:
+            raise ValueError("pair_energy: tail_correction=True estimates the untruncated, "
+                             "unshifted potential; it cannot be combined with shift=True")
     return PairEnergy(potential, space, None if r_cut is None else float(r_cut), bool(shift),
-                      mixing, int(tile))
+                      mixing, int(tile), bool(tail_correction))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -544,23 +629,34 @@ class BondEnergy(Energy):
         c = jnp.where(nonzero, du / jnp.where(nonzero, r, 1.0), 0.0)
         return u, c, dr, r
 
+    def _check(self, positions):
+        positions = jnp.asarray(positions)
+        if positions.ndim != 2:
+            raise ValueError(f"bond_energy: positions must have shape (n, d), got "
+                             f"{positions.shape}")
+        code = check_box(self.space, positions.shape[1], caller="bond_energy")
+        return positions, _with_finite_positions(code, positions)
+
     def __call__(self, positions, params, neighbors=None):
-        return jnp.sum(self._pass(jnp.asarray(positions), params, False)[0])
+        positions, code = self._check(positions)
+        return nan_unless_valid(code, jnp.sum(self._pass(positions, params, False)[0]))
 
     def energy_and_forces(self, positions, params, neighbors=None):
-        positions = jnp.asarray(positions)
+        positions, code = self._check(positions)
         u, c, dr, _ = self._pass(positions, params, True)
         f = -c[:, None] * dr
         forces = jnp.zeros_like(positions).at[self.bonds[:, 0]].add(f).at[self.bonds[:, 1]].add(-f)
-        return jnp.sum(u), forces
+        return nan_unless_valid(code, jnp.sum(u), forces)
 
     def virial(self, positions, params, neighbors=None):
-        _, c, _, r = self._pass(jnp.asarray(positions), params, True)
-        return -jnp.sum(c * r * r)
+        positions, code = self._check(positions)
+        _, c, _, r = self._pass(positions, params, True)
+        return nan_unless_valid(code, -jnp.sum(c * r * r))
 
     def virial_tensor(self, positions, params, neighbors=None):
-        _, c, dr, _ = self._pass(jnp.asarray(positions), params, True)
-        return -jnp.einsum("m,ma,mb->ab", c, dr, dr)
+        positions, code = self._check(positions)
+        _, c, dr, _ = self._pass(positions, params, True)
+        return nan_unless_valid(code, -jnp.einsum("m,ma,mb->ab", c, dr, dr))
 
 
 def bond_energy(potential: Callable, space: Space, bonds) -> BondEnergy:

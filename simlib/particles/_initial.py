@@ -50,16 +50,31 @@ def maxwell_boltzmann(masses, kT, *, key, dim: int = 3, n: int | None = None,
     Each component is normal with variance :math:`kT/m_i`; with ``zero_momentum`` the
     centre-of-mass velocity is subtracted (the drawn temperature then has :math:`d(n-1)`
     degrees of freedom). ``masses`` is ``(n,)``, or a scalar with ``n`` given.
+
+    ``kT`` must be finite and non-negative and the masses finite and positive: concrete
+    values outside are refused with a ``ValueError``; traced ones (under ``jit`` or
+    ``vmap``, where there is no result code to report) give NaN velocities.
     """
     m = jnp.asarray(masses, dtype or jnp.result_type(float))
     if m.ndim == 0:
         if n is None:
             raise ValueError("maxwell_boltzmann: give n when masses is a scalar")
         m = jnp.full((n,), m)
+    if not isinstance(kT, jax.core.Tracer):
+        if np.ndim(kT) != 0 or not (np.isfinite(kT) and kT >= 0):
+            raise ValueError(f"maxwell_boltzmann: kT must be a finite temperature >= 0, "
+                             f"got {kT!r}")
+    if not isinstance(m, jax.core.Tracer):
+        bad = ~(np.isfinite(np.asarray(m)) & (np.asarray(m) > 0))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"maxwell_boltzmann: masses must be positive and finite; "
+                             f"particle {i} has {float(m[i])!r}")
+    valid = jnp.isfinite(kT) & (kT >= 0) & jnp.all(jnp.isfinite(m) & (m > 0))
     v = jax.random.normal(key, (m.shape[0], dim), m.dtype) * jnp.sqrt(kT / m)[:, None]
     if zero_momentum:
         v = v - jnp.sum(m[:, None] * v, 0) / jnp.sum(m)
-    return v
+    return jnp.where(valid, v, jnp.nan)
 
 
 def plummer(n: int, *, key, total_mass: float = 1.0, scale: float = 1.0, G: float = 1.0,

@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._errors import Result, check_in_graph, raise_on_failure
 from ._energy import as_energy
-from ._space import Space
+from ._space import Space, check_run_box
 
 
 class MinimizeResult(NamedTuple):
@@ -29,6 +30,10 @@ class MinimizeResult(NamedTuple):
         n_steps: FIRE steps taken.
         converged: Whether ``max_force < ftol`` was reached within ``max_steps``.
         neighbors: The neighbour list at the end (``None`` without one).
+        result: A :class:`~simlib.Result` code: ``SUCCESSFUL`` (converged or not: see
+            ``converged``), ``NONFINITE_STATE`` (the energy or forces are not finite), or
+            for a traced box that the eager check would refuse ``BOX_TOO_SMALL`` (a side
+            below twice ``r_cut``) or ``INVALID_BOX``.
     """
 
     positions: jax.Array
@@ -37,20 +42,32 @@ class MinimizeResult(NamedTuple):
     n_steps: jax.Array
     converged: jax.Array
     neighbors: object
+    result: jax.Array
 
 
 def minimize(energy, positions, params, *, space: Space, neighbors=None, ftol: float = 1e-6,
              max_steps: int = 10_000, dt_start: float = 0.01, dt_max: float = 0.1,
              n_min: int = 5, f_inc: float = 1.1, f_dec: float = 0.5, alpha_start: float = 0.1,
-             f_alpha: float = 0.99) -> MinimizeResult:
+             f_alpha: float = 0.99, throw: bool = True) -> MinimizeResult:
     """Relax ``positions`` to a local energy minimum with FIRE (jittable).
 
     Stops when the largest force component is below ``ftol`` or after ``max_steps``. The
     defaults are the paper's. The neighbour list is updated as particles move; check
     ``result.neighbors.overflow`` (or use a generous capacity) for large rearrangements.
+
+    A periodic box must be at least twice the energy's ``r_cut`` (and the list's
+    ``r_cut + skin``) on every side: a concrete box is refused with a ``ValueError``, a
+    traced one (under ``jit``/``vmap``) ends in ``Result.BOX_TOO_SMALL`` or
+    ``INVALID_BOX``. A non-finite energy or force ends in ``Result.NONFINITE_STATE``.
+    With ``throw=True`` (default) a failure raises :class:`~simlib.SolverError`;
+    otherwise it is in ``result.result``.
     """
     energy = as_energy(energy)
-    x0 = space.wrap(jnp.asarray(positions))
+    positions = jnp.asarray(positions)
+    if positions.ndim != 2:
+        raise ValueError(f"minimize: positions must have shape (n, d), got {positions.shape}")
+    box_code = check_run_box(energy, space, neighbors, positions.shape[1], "minimize")
+    x0 = space.wrap(positions)
     dtype = x0.dtype
     nbrs0 = neighbors.update(x0) if neighbors is not None else None
 
@@ -85,4 +102,17 @@ def minimize(energy, positions, params, *, space: Space, neighbors=None, ftol: f
 
     x, _, f, e, nbrs, _, _, step, _ = lax.while_loop(not_done, body, init)
     max_force = jnp.max(jnp.abs(f))
-    return MinimizeResult(x, e, max_force, step, max_force < ftol, nbrs)
+    finite = jnp.isfinite(lax.stop_gradient(e)) & jnp.isfinite(lax.stop_gradient(max_force))
+    code = jnp.where(finite, jnp.int32(Result.SUCCESSFUL), jnp.int32(Result.NONFINITE_STATE))
+    if box_code is not None:       # a bad box comes first: it explains everything after it
+        code = jnp.where(box_code != 0, box_code, code)
+    out = MinimizeResult(x, e, max_force, step, max_force < ftol, nbrs, code)
+    if not throw:
+        return out
+    at = jnp.where(code == Result.NONFINITE_STATE, step, 0)
+    if isinstance(code, jax.core.Tracer):
+        return check_in_graph(out, code, at.astype(dtype), at, max_steps, max_steps,
+                              caller="minimize")
+    raise_on_failure(code, float(at), int(at), float(max_steps), max_steps, caller="minimize")
+    return out
+

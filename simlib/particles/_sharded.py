@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 from .._sharding import check_mesh, default_mesh, place, shard_map
 from ._energy import Energy, PairEnergy
 from ._mixing import PairParams
+from ._space import nan_unless_valid
 
 __all__ = ["ShardedEnergy", "sharded"]
 
@@ -64,7 +65,7 @@ class ShardedEnergy(Energy):
         """The energy and the forces ``(n, d)``; the forces come back sharded over the
         mesh along the particle axis when ``n`` divides evenly."""
         pe = self.energy
-        positions = pe._check(positions, neighbors)
+        positions, code = pe._check(positions, neighbors)
         n, _ = positions.shape
         mesh = self.mesh
         names = tuple(mesh.axis_names)
@@ -84,7 +85,7 @@ class ShardedEnergy(Energy):
 
         e, f = shard_map(local, mesh, (P(), P(), None if idx is None else P(names)),
                          (P(), P(names)), check=True)(positions, params, idx)
-        return e, (f if n_pad == 0 else f[:n])
+        return nan_unless_valid(code, e, f if n_pad == 0 else f[:n])
 
 
 def _rows_energy_and_forces(pe: PairEnergy, x, params, rows, idx):

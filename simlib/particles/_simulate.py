@@ -37,7 +37,7 @@ from ._cells import CellList
 from ._dynamics import NVE, Carry, Integrator, State
 from ._energy import as_energy
 from ._neighbors import NeighborList, reallocate
-from ._space import Space
+from ._space import Space, box_checked_upstream, check_run_box
 
 
 class Trajectory(NamedTuple):
@@ -56,6 +56,8 @@ class Trajectory(NamedTuple):
             allocated, this call included), ``n_reallocations`` (in this call),
             ``failed_step`` (the step of the first failure, -1 if none) and
             ``failed_atom`` (the atom a non-finite or unstable failure names, -1 if none).
+        extras: The integrator's per-frame records, a dict of ``(n_frames, ...)`` arrays:
+            always ``conserved`` (:attr:`conserved`); ``box`` for a barostat.
     """
 
     times: jax.Array
@@ -67,10 +69,25 @@ class Trajectory(NamedTuple):
     neighbors: NeighborList | None
     result: jax.Array
     stats: dict
+    extras: dict | None = None
 
     @property
     def total_energy(self) -> jax.Array:
         return self.potential_energy + self.kinetic_energy
+
+    @property
+    def conserved(self) -> jax.Array:
+        """``(n_frames,)`` the integrator's conserved quantity: the total energy for
+        :class:`NVE`, the extended energy for :class:`NoseHooverChain`, the effective
+        energy (total energy plus the heat the thermostat took out) for :class:`Bussi`
+        and :class:`StochasticCellRescaling`; for :class:`Langevin` the total energy,
+        which it does not conserve."""
+        return self.extras["conserved"]
+
+    @property
+    def box(self) -> jax.Array | None:
+        """``(n_frames, d)`` box side lengths under a barostat (``None`` otherwise)."""
+        return (self.extras or {}).get("box")
 
     @property
     def status(self) -> Result:
@@ -132,7 +149,9 @@ class _Model:
         return cls(*children)
 
     def energy_and_forces(self, x, params, nbrs):
-        return self.energy.energy_and_forces(x, params, nbrs)
+        # the box is checked once, at the start (check_run_box in _initial), reported as a Result
+        with box_checked_upstream():
+            return self.energy.energy_and_forces(x, params, nbrs)
 
 
 def _kinetic(v, masses):
@@ -175,8 +194,8 @@ def _status(carry: Carry, masses, dt, limit):
     At one step, the first that applies: non-finite positions or velocities
     (``NONFINITE_STATE``); an atom whose speed carries it further than ``limit`` in one step
     (``UNSTABLE_DYNAMICS``); a neighbour-list overflow, then missed pairs; a non-finite
-    potential or kinetic energy (``NONFINITE_STATE``). The atom is the fastest (the first
-    with a non-finite speed), for the first two.
+    potential or kinetic energy (``NONFINITE_STATE``). The atom named is the first with a
+    non-finite position or velocity, for a non-finite state; the fastest otherwise.
     """
     x = lax.stop_gradient(carry.positions)
     v = lax.stop_gradient(carry.velocities)
@@ -194,8 +213,11 @@ def _status(carry: Carry, masses, dt, limit):
     dt = lax.stop_gradient(dt)
     too_far = fastest * (dt * dt) > limit * limit           # nan compares False: see below
     code = jnp.where(too_far, Result.UNSTABLE_DYNAMICS, code)
-    finite = jnp.all(jnp.isfinite(x)) & jnp.all(jnp.isfinite(v))
+    finite_atoms = jnp.all(jnp.isfinite(x), axis=-1) & jnp.all(jnp.isfinite(v), axis=-1)
+    finite = jnp.all(finite_atoms)
     code = jnp.where(finite, code, Result.NONFINITE_STATE)
+    if v2.size:   # the first non-finite atom (argmax of v2 would name any nan-speed atom)
+        atom = jnp.where(finite, atom, jnp.argmin(finite_atoms).astype(jnp.int32))
     named = (code == Result.UNSTABLE_DYNAMICS) | (code == Result.NONFINITE_STATE)
     return code, jnp.where(named, atom, -1)
 
@@ -230,6 +252,14 @@ def _merge(first, then):
                      jnp.where(keep, fail0.atom, fail1.atom)))
 
 
+def _checked_status(integrator, c, masses, dt, limit):
+    """:func:`_status`, then the integrator's own check (a box collapse) where that passes."""
+    code, atom = _status(c, masses, dt, limit)
+    own = integrator.check(c)
+    use_own = (code == 0) & (own != 0)
+    return jnp.where(use_own, own, code), jnp.where(use_own, -1, atom)
+
+
 def _frames(model, integrator, carry, masses, params, dt, key, n_frames, save_every, adjoint):
     """Run ``n_frames * save_every`` steps; return ``(carry, code, _Failure)`` and the
     per-frame records. Every step is checked (:func:`_status`); the first failure sticks."""
@@ -238,7 +268,7 @@ def _frames(model, integrator, carry, masses, params, dt, key, n_frames, save_ev
     limit = _move_limit(model, carry.neighbors, carry.positions.dtype)
 
     def checked(c):
-        new, atom = _status(c, masses, dt, limit)
+        new, atom = _checked_status(integrator, c, masses, dt, limit)
         return new, _Failure(jnp.where(new != 0, c.step, -1), atom)
 
     def one_step(state, _):
@@ -250,7 +280,8 @@ def _frames(model, integrator, carry, masses, params, dt, key, n_frames, save_ev
     def one_frame(state, _):
         state, _ = inner.scan(one_step, state, save_every)
         c = state[0]
-        record = (c.positions, c.velocities, c.potential_energy, _kinetic(c.velocities, masses))
+        record = (c.positions, c.velocities, c.potential_energy, _kinetic(c.velocities, masses),
+                  integrator.observe(c, masses))
         return state, record
 
     init = (carry, *checked(carry))
@@ -260,18 +291,21 @@ def _frames(model, integrator, carry, masses, params, dt, key, n_frames, save_ev
 _frames_jit = jax.jit(_frames, static_argnums=(7, 8, 9))
 
 
-def _start(model, state: State, params, neighbors):
+def _start(model, state: State, params, neighbors, integrator=None):
     x = model.space.wrap(jnp.asarray(state.positions))
     nbrs = neighbors.update(x) if neighbors is not None else None
     e, f = model.energy_and_forces(x, params, nbrs)
     step = jnp.zeros((), jnp.int32)
-    return Carry(x, jnp.asarray(state.velocities, x.dtype), f, e, nbrs, step)
+    carry = Carry(x, jnp.asarray(state.velocities, x.dtype), f, e, nbrs, step)
+    if integrator is not None:
+        carry = carry._replace(extra=integrator.init(model, carry, state.masses, params))
+    return carry
 
 
-def _begin(model, state: State, params, neighbors, masses, dt):
+def _begin(model, integrator, state: State, params, neighbors, masses, dt):
     """The first carry (one force evaluation) and the start's failure, in one call."""
-    carry0 = _start(model, state, params, neighbors)
-    code, failure = _initial_checks(model, carry0, state.positions, masses, dt)
+    carry0 = _start(model, state, params, neighbors, integrator)
+    code, failure = _initial_checks(model, integrator, carry0, state.positions, masses, dt)
     return carry0, code, failure
 
 
@@ -351,13 +385,7 @@ def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neigh
                          f"particles, state has {x.shape[0]}")
     if neighbors is not None and getattr(energy, "r_cut", None) is None:
         raise ValueError("simulate: a neighbour list was given but the energy has no r_cut")
-    r_cut = getattr(energy, "r_cut", None)
-    if space.periodic and r_cut is not None and not isinstance(space.box, jax.core.Tracer):
-        half = 0.5 * float(np.min(np.asarray(space.box)))
-        if r_cut > half:
-            raise ValueError(f"simulate: the energy's r_cut={r_cut} exceeds half the shortest "
-                             f"side of the box ({half:.6g}): minimum images would miss pairs; "
-                             f"use a larger box (space=periodic(...)) or a smaller r_cut")
+    check_run_box(energy, space, neighbors, x.shape[1], "simulate")  # eager part
     if not np.isscalar(dt) and jnp.ndim(dt) != 0:
         raise ValueError(f"simulate: dt must be a scalar, got shape {jnp.shape(dt)}")
     if adjoint is not None and not isinstance(adjoint, (Direct, Checkpointed, Reversible,
@@ -426,9 +454,13 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
           fastest one (the farthest outside the box, at the start).
         * ``Result.NONFINITE_STATE``: positions, velocities, or the potential or kinetic
           energy (in the state's dtype) are not finite; the atom named is the first one with
-          a non-finite velocity (or position, at the start).
+          a non-finite position or velocity.
         * ``Result.NEIGHBOR_LIST_OVERFLOW`` / ``NEIGHBOR_LIST_MISSED_PAIRS``: see
           :func:`neighbor_list` (eager calls reallocate and re-run instead).
+        * ``Result.BOX_TOO_SMALL`` / ``INVALID_BOX``, at step 0, for a traced box (under
+          ``jit``, ``vmap``, ``grad``) that the eager check would refuse with a
+          ``ValueError``: a side below twice the energy's ``r_cut`` (or the neighbour
+          list's ``r_cut + skin``), or one that is not positive and finite.
 
         At the same step, a non-finite state comes first, then a blow-up, then the list's
         codes: a list that overflows at the step an atom flew off did so because of it.
@@ -484,7 +516,8 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
     dt = jnp.asarray(dt, jnp.result_type(state.positions))
     traced = inside_trace() or any(
         isinstance(leaf, jax.core.Tracer)
-        for leaf in jax.tree_util.tree_leaves((state, params, dt, neighbors, integrator)))
+        for leaf in jax.tree_util.tree_leaves((state, params, dt, neighbors, integrator,
+                                               space, model.energy)))
     if key is None:      # a cached key in eager calls (a traced one must not be kept)
         key = jax.random.key(0) if traced else _default_key()
     if traced:
@@ -505,18 +538,20 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
                              ckpt)
 
 
-def _assemble(carry0, records, carry, masses, dt, save_every, code, failure, builds,
+def _assemble(integrator, carry0, records, carry, masses, dt, save_every, code, failure, builds,
               reallocations):
-    x, v, e, k = records
+    x, v, e, k, extras = records
     x = jnp.concatenate([carry0.positions[None], x])
     v = jnp.concatenate([carry0.velocities[None], v])
     e = jnp.concatenate([carry0.potential_energy[None], e])
     k = jnp.concatenate([_kinetic(carry0.velocities, masses)[None], k])
+    extras = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b]),
+                                    integrator.observe(carry0, masses), extras)
     times = jnp.arange(x.shape[0], dtype=x.dtype) * (save_every * dt)
     stats = dict(n_steps=carry.step, n_builds=builds, n_reallocations=reallocations,
                  failed_step=failure.step, failed_atom=failure.atom)
     return Trajectory(times, x, v, e, k, State(carry.positions, carry.velocities, masses),
-                      carry.neighbors, code, stats)
+                      carry.neighbors, code, stats, extras)
 
 
 def _builds(nbrs):
@@ -563,17 +598,24 @@ def _run_traced(model, integrator, state, masses, params, dt, key, n_frames, sav
             model, integrator, neighbors, dt, key, n_frames, save_every,
             jnp.asarray(state.positions), jnp.asarray(state.velocities), masses, params)
     else:
-        carry0 = _start(model, state, params, neighbors)
+        carry0 = _start(model, state, params, neighbors, integrator)
         (carry, code, failure), records = _frames(model, integrator, carry0, masses, params,
                                                   dt, key, n_frames, save_every, adjoint)
-    code, failure = _merge(_initial(model.space, state.positions), (code, failure))
-    return _assemble(carry0, records, carry, masses, dt, save_every, code, failure,
+    code, failure = _merge(_initial(model, state.positions, neighbors), (code, failure))
+    return _assemble(integrator, carry0, records, carry, masses, dt, save_every, code, failure,
                      _builds(carry.neighbors), jnp.int32(0))
 
 
-def _initial(space, positions):
-    """The start's own failure (non-finite, or far outside the box), at step 0."""
-    code, atom = _escaped(space, positions)
+def _initial(model, positions, neighbors):
+    """The start's own failure, at step 0: a traced box that :func:`check_box` refuses
+    (``BOX_TOO_SMALL``, ``INVALID_BOX``; it makes every later test meaningless, so it comes
+    first), a non-finite position, or one far outside the box."""
+    code, atom = _escaped(model.space, positions)
+    box = check_run_box(model.energy, model.space, neighbors, jnp.shape(positions)[1],
+                        "simulate")
+    if box is not None:
+        code = jnp.where(box != 0, box, code)
+        atom = jnp.where(box != 0, -1, atom)
     return code, _Failure(jnp.where(code != 0, 0, -1).astype(jnp.int32), atom)
 
 
@@ -596,17 +638,18 @@ def _signature(model, integrator, state, masses, params, dt, key, n_frames, save
 def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frames, save_every,
                       neighbors, adjoint, throw, progress, chunk_steps, ckpt=None):
     reallocations = 0
-    carry0, code, failure = _begin_jit(model, state, params, neighbors, masses, dt)
+    carry0, code, failure = _begin_jit(model, integrator, state, params, neighbors, masses, dt)
     while neighbors is not None and bool(carry0.neighbors.overflow):
         # The list given (or its update at the start) is too small: reallocate first.
         neighbors = reallocate(carry0.neighbors, carry0.positions)
         reallocations += 1
-        carry0, code, failure = _begin_jit(model, state, params, neighbors, masses, dt)
+        carry0, code, failure = _begin_jit(model, integrator, state, params, neighbors, masses, dt)
     frames_per_chunk = max(1, int(chunk_steps) // save_every)
     carry, done, pieces = carry0, 0, []
     code, failed_at, failed_atom = map(int, jax.device_get((code, failure.step, failure.atom)))
     if ckpt is not None and ckpt.resume:
-        carry, done, pieces, code, failed_at, failed_atom, reallocations = ckpt.load(carry0)
+        carry, done, pieces, code, failed_at, failed_atom, reallocations = ckpt.load(
+            carry0, _empty_records(integrator, carry0, masses))
     bar = _progress_bar(progress, n_frames * save_every)
     if bar is not None and done:
         bar.update(done * save_every)
@@ -624,7 +667,7 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
                 new_code = int(new_code)
                 if new_code == Result.NEIGHBOR_LIST_OVERFLOW:
                     # Re-run this chunk from its start with a list sized from what overflowed.
-                    bigger = reallocate(new.neighbors, carry.positions)
+                    bigger = reallocate(_sizing_list(new.neighbors, records), carry.positions)
                     bigger = bigger.replace(n_builds=carry.neighbors.n_builds + 1)
                     carry = carry._replace(neighbors=bigger)
                     reallocations += 1
@@ -655,9 +698,9 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
     if pieces:
         records = _concatenate(pieces) if len(pieces) > 1 else pieces[0]
     else:
-        records = _empty_records(carry0, masses)
+        records = _empty_records(integrator, carry0, masses)
     failure = _Failure(np.int32(failed_at), np.int32(failed_atom))
-    traj = _assemble_jit(carry0, records, carry, masses, dt, save_every, np.int32(code),
+    traj = _assemble_jit(integrator, carry0, records, carry, masses, dt, save_every, np.int32(code),
                          failure, _builds(carry.neighbors), np.int32(reallocations))
     if code and throw:
         try:
@@ -672,15 +715,32 @@ def _simulate_chunked(model, integrator, state, masses, params, dt, key, n_frame
     return traj
 
 
-def _initial_checks(model, carry0, positions, masses, dt):
+def _sizing_list(nbrs, records):
+    """The list whose box sizes a reallocation: under a barostat (frames with a ``box``) the
+    smallest box of the chunk, less 5% for the steps between frames (cells sized for it fit
+    every larger box), but at least twice the list's reach; else ``nbrs`` itself."""
+    boxes = records[4].get("box") if isinstance(records[4], dict) else None
+    if boxes is None or not isinstance(nbrs, NeighborList):
+        return nbrs
+    b = np.asarray(boxes)
+    b = b[np.all(np.isfinite(b), axis=1)]
+    if not len(b):
+        return nbrs
+    smallest = np.maximum(0.95 * b.min(axis=0), 2.0 * (nbrs.r_cut + nbrs.skin))
+    like = jnp.asarray(nbrs.space.box)
+    box = smallest.min() if like.ndim == 0 else smallest
+    return nbrs.replace(space=Space(jnp.asarray(box, like.dtype), True))
+
+
+def _initial_checks(model, integrator, carry0, positions, masses, dt):
     """The start's failure: its own (:func:`_initial`), then the first carry's."""
     limit = _move_limit(model, carry0.neighbors, carry0.positions.dtype)
-    code, atom = _status(carry0, masses, dt, limit)
-    return _merge(_initial(model.space, positions),
+    code, atom = _checked_status(integrator, carry0, masses, dt, limit)
+    return _merge(_initial(model, positions, carry0.neighbors),
                   (code, _Failure(jnp.where(code != 0, 0, -1).astype(jnp.int32), atom)))
 
 
-_assemble_jit = jax.jit(_assemble, static_argnums=5)
+_assemble_jit = jax.jit(_assemble, static_argnums=6)
 
 
 @jax.jit
@@ -688,10 +748,12 @@ def _concatenate(pieces):
     return jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *pieces)
 
 
-def _empty_records(carry, masses):
+def _empty_records(integrator, carry, masses):
     x = carry.positions
+    extras = jax.tree_util.tree_map(lambda a: jnp.asarray(a)[None][:0],
+                                    integrator.observe(carry, masses))
     return (x[None][:0], carry.velocities[None][:0], carry.potential_energy[None][:0],
-            _kinetic(carry.velocities, masses)[None][:0])
+            _kinetic(carry.velocities, masses)[None][:0], extras)
 
 
 def _progress_bar(progress, total):
@@ -718,7 +780,7 @@ def _reversible(model, integrator, neighbors, dt, key, n_frames, save_every, x0,
 
     def start(x0, v0, params, mf, nf):
         return _start(merge_model(mf, model_others), State(x0, v0, masses),
-                      params, merge_nbrs(nf, nbr_others))
+                      params, merge_nbrs(nf, nbr_others), integrator)
 
     @jax.custom_vjp
     def run(x0, v0, masses, params, mf, nf):
@@ -734,7 +796,9 @@ def _reversible(model, integrator, neighbors, dt, key, n_frames, save_every, x0,
     def run_bwd(res, cotangents):
         final, x0, v0, masses, params, mf, nf = res
         model = merge_model(mf, model_others)
-        ct0, (ct_final, _, _), (ct_x, ct_v, ct_e, ct_k) = cotangents
+        ct0, (ct_final, _, _), (ct_x, ct_v, ct_e, ct_k, ct_extras) = cotangents
+        # NVE's conserved quantity is K + U: its cotangent joins theirs.
+        ct_e, ct_k = ct_e + ct_extras["conserved"], ct_k + ct_extras["conserved"]
         zero_p = jax.tree_util.tree_map(jnp.zeros_like, (params, mf))
         m_col = jnp.asarray(masses)[:, None] if jnp.ndim(masses) == 1 else masses
 

@@ -1,0 +1,265 @@
+r"""Thermostats with a conserved quantity: Nose-Hoover chains and stochastic velocity rescaling.
+
+Both wrap velocity Verlet in a symmetric splitting, thermostat(h/2) · Verlet(h) ·
+thermostat(h/2) (Trotter, Suzuki), so they stay second order with one force evaluation a
+step, and both report a conserved quantity in :attr:`Trajectory.conserved`, the check
+that the run samples what it should (its drift goes as :math:`h^2`).
+
+Degrees of freedom: :math:`N_f = d(n - 1)` by default, the kinetic degrees of freedom of
+a system whose total momentum is conserved and zero (a periodic box; both thermostats
+scale all velocities by one factor, so they keep it zero). Give ``dof`` otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ._dynamics import Carry, Integrator, kinetic
+
+# Suzuki-Yoshida weights (Yoshida, Phys. Lett. A 150, 262 (1990)): a symmetric composition of
+# 2nd-order steps of lengths w_j h, of order 2 (1 weight), 4 (3) or 6 (5 weights, the
+# "fourth-order" set of Martyna, Tuckerman, Tobias & Klein 1996, eq. 29).
+_W3 = 1.0 / (2.0 - 2.0 ** (1.0 / 3.0))
+_W5 = 1.0 / (4.0 - 4.0 ** (1.0 / 3.0))
+SUZUKI_YOSHIDA = {1: (1.0,), 3: (_W3, 1.0 - 2.0 * _W3, _W3),
+                  5: (_W5, _W5, 1.0 - 4.0 * _W5, _W5, _W5)}
+
+
+def _dof(dof, positions) -> int:
+    n, d = positions.shape
+    return d * (n - 1) if dof is None else int(dof)
+
+
+def _verlet(model, carry: Carry, masses, params, dt, v):
+    """Velocity Verlet from velocities ``v`` (the forces in ``carry`` are at its positions)."""
+    m = jnp.asarray(masses, v.dtype)
+    inv_m = (1.0 / m)[:, None] if m.ndim == 1 else 1.0 / m
+    v = v + (0.5 * dt) * carry.forces * inv_m
+    x = model.space.shift(carry.positions, dt * v)
+    nbrs = carry.neighbors.update(x) if carry.neighbors is not None else None
+    e, f = model.energy_and_forces(x, params, nbrs)
+    v = v + (0.5 * dt) * f * inv_m
+    return carry._replace(positions=x, velocities=v, forces=f, potential_energy=e,
+                          neighbors=nbrs, step=carry.step + 1)
+
+
+class ChainState(NamedTuple):
+    """The chain's positions :math:`\\xi_k` and momenta :math:`p_{\\xi_k}`, each ``(M,)``."""
+
+    xi: jax.Array
+    p_xi: jax.Array
+
+
+@jax.tree_util.register_pytree_node_class
+class NoseHooverChain(Integrator):
+    r"""Nose-Hoover chain thermostat (NVT): deterministic, with a conserved extended energy.
+
+    Martyna, Klein & Tuckerman, J. Chem. Phys. 97, 2635 (1992):
+
+    .. math::
+        \dot v_i = F_i/m_i - \frac{p_{\xi_1}}{Q_1} v_i,\quad
+        \dot\xi_k = \frac{p_{\xi_k}}{Q_k},\quad
+        \dot p_{\xi_k} = G_k - p_{\xi_k}\frac{p_{\xi_{k+1}}}{Q_{k+1}},\quad
+        G_1 = 2K - N_f kT,\ G_k = \frac{p_{\xi_{k-1}}^2}{Q_{k-1}} - kT,
+
+    the last thermostat without the friction term, masses :math:`Q_1 = N_f kT\tau^2` and
+    :math:`Q_{k>1} = kT\tau^2`. It conserves
+
+    .. math::
+        H = K + U + \sum_k \frac{p_{\xi_k}^2}{2Q_k} + N_f kT\,\xi_1 + kT\sum_{k>1}\xi_k
+
+    (:attr:`Trajectory.conserved`). The chain is propagated over each half step by
+    ``n_inner`` sub-steps composed with Suzuki-Yoshida weights (``suzuki_yoshida`` = 1,
+    3 or 5 of them), each a symmetric Trotter splitting (Martyna, Tuckerman, Tobias &
+    Klein, Mol. Phys. 87, 1117 (1996), §4): second order in ``dt`` overall, one force
+    evaluation a step.
+
+    Args:
+        kT: Temperature (energy units); an array leaf.
+        tau: The thermostat's time scale (a few tens of steps; e.g. ``100 * dt``).
+        chain_length: Thermostats in the chain, :math:`M` (3 by default).
+        n_inner: Sub-steps of the chain per half step.
+        suzuki_yoshida: Weights per sub-step: 1, 3 or 5.
+        dof: Degrees of freedom :math:`N_f`; ``d (n - 1)`` by default.
+    """
+
+    def __init__(self, kT, tau, chain_length: int = 3, n_inner: int = 1,
+                 suzuki_yoshida: int = 3, dof: int | None = None):
+        if int(chain_length) < 1:
+            raise ValueError(f"NoseHooverChain: chain_length must be >= 1, got {chain_length!r}")
+        if int(n_inner) < 1:
+            raise ValueError(f"NoseHooverChain: n_inner must be >= 1, got {n_inner!r}")
+        if suzuki_yoshida not in SUZUKI_YOSHIDA:
+            raise ValueError(f"NoseHooverChain: suzuki_yoshida must be 1, 3 or 5, got "
+                             f"{suzuki_yoshida!r}")
+        self.kT, self.tau = kT, tau
+        self.chain_length, self.n_inner = int(chain_length), int(n_inner)
+        self.suzuki_yoshida = suzuki_yoshida
+        self.dof = None if dof is None else int(dof)
+
+    def tree_flatten(self):
+        return (self.kT, self.tau), (self.chain_length, self.n_inner, self.suzuki_yoshida,
+                                     self.dof)
+
+    @classmethod
+    def tree_unflatten(cls, static, children):
+        return cls(*children, *static)
+
+    def __repr__(self):
+        return (f"NoseHooverChain(kT={self.kT!r}, tau={self.tau!r}, "
+                f"chain_length={self.chain_length})")
+
+    def _masses(self, nf, dtype):
+        kT, tau = jnp.asarray(self.kT, dtype), jnp.asarray(self.tau, dtype)
+        q = jnp.full((self.chain_length,), kT * tau * tau, dtype)
+        return q.at[0].multiply(nf)
+
+    def init(self, model, carry: Carry, masses, params):
+        zeros = jnp.zeros((self.chain_length,), carry.velocities.dtype)
+        return ChainState(zeros, zeros)
+
+    def _chain(self, chain: ChainState, kinetic_energy, nf, time):
+        """The chain and the velocity scale factor after ``time`` of the thermostat part."""
+        dtype = kinetic_energy.dtype
+        q = self._masses(nf, dtype)
+        kT = jnp.asarray(self.kT, dtype)
+        xi, p = chain.xi, chain.p_xi
+        m = self.chain_length
+        scale = jnp.ones((), dtype)
+
+        def force(k, p, scale):
+            if k == 0:
+                return 2.0 * kinetic_energy * scale * scale - nf * kT
+            return p[k - 1] * p[k - 1] / q[k - 1] - kT
+
+        def kick(k, p, scale, d):
+            """Half a sub-step ``d/2`` of p_k, with the friction of p_{k+1} split around it."""
+            if k == m - 1:
+                return p.at[k].add(0.5 * d * force(k, p, scale))
+            friction = jnp.exp(-0.25 * d * p[k + 1] / q[k + 1])
+            pk = p[k] * friction
+            pk = pk + 0.5 * d * force(k, p, scale)
+            return p.at[k].set(pk * friction)
+
+        for _ in range(self.n_inner):
+            for w in SUZUKI_YOSHIDA[self.suzuki_yoshida]:
+                d = w * time / self.n_inner
+                for k in reversed(range(m)):
+                    p = kick(k, p, scale, d)
+                scale = scale * jnp.exp(-d * p[0] / q[0])
+                xi = xi + d * p / q
+                for k in range(m):
+                    p = kick(k, p, scale, d)
+        return ChainState(xi, p), scale
+
+    def step(self, model, carry: Carry, masses, params, dt, key) -> Carry:
+        nf = _dof(self.dof, carry.positions)
+        half = 0.5 * dt
+        chain, s = self._chain(carry.extra, kinetic(carry.velocities, masses), nf, half)
+        carry = _verlet(model, carry, masses, params, dt, s * carry.velocities)
+        chain, s = self._chain(chain, kinetic(carry.velocities, masses), nf, half)
+        return carry._replace(velocities=s * carry.velocities, extra=chain)
+
+    def observe(self, carry: Carry, masses) -> dict:
+        dtype = carry.velocities.dtype
+        nf = _dof(self.dof, carry.positions)
+        q = self._masses(nf, dtype)
+        kT = jnp.asarray(self.kT, dtype)
+        xi, p = carry.extra
+        weights = jnp.full_like(xi, 1.0).at[0].set(nf)
+        extended = jnp.sum(0.5 * p * p / q) + kT * jnp.sum(weights * xi)
+        return dict(conserved=carry.potential_energy + kinetic(carry.velocities, masses)
+                    + extended)
+
+
+def bussi_kinetic(kinetic_energy, target, nf: int, c, key):
+    r"""The kinetic energy after stochastic velocity rescaling over a time with
+    :math:`c = e^{-t/\tau}` (Bussi, Donadio & Parrinello, J. Chem. Phys. 126, 014101 (2007),
+    eq. A7): with :math:`R_1` standard normal and :math:`S` a chi-square variable of
+    :math:`N_f - 1` degrees of freedom,
+
+    .. math::
+        K' = cK + (1 - c)\frac{\bar K}{N_f}(R_1^2 + S)
+             + 2R_1\sqrt{c(1 - c)\frac{K\bar K}{N_f}}.
+
+    ``target`` is :math:`\bar K = N_f kT / 2`. The exact solution of the kinetic energy's
+    stochastic equation, so the canonical distribution holds for any ``c``. :math:`S` is
+    drawn as a sum of :math:`N_f - 1` squared normals (as many as a Langevin step draws;
+    a gamma variate's rejection loop compiled several times slower).
+    """
+    dtype = kinetic_energy.dtype
+    normals = jax.random.normal(key, (nf,), dtype)
+    r1 = normals[0]
+    s = jnp.sum(normals[1:] ** 2)
+    return (kinetic_energy + (1.0 - c) * (target * (s + r1 * r1) / nf - kinetic_energy)
+            + 2.0 * r1 * jnp.sqrt(kinetic_energy * target / nf * (1.0 - c) * c))
+
+
+@jax.tree_util.register_pytree_node_class
+class Bussi(Integrator):
+    r"""Stochastic velocity rescaling (canonical sampling through velocity rescaling, NVT).
+
+    Bussi, Donadio & Parrinello, J. Chem. Phys. 126, 014101 (2007). All velocities are
+    scaled by one factor :math:`\alpha = \sqrt{K'/K}` drawn so that the kinetic energy
+    follows
+
+    .. math::
+        dK = (\bar K - K)\frac{dt}{\tau} + 2\sqrt{\frac{K\bar K}{N_f\tau}}\,dW,
+        \qquad \bar K = \tfrac12 N_f kT,
+
+    exactly (:func:`bussi_kinetic`), for half a step on each side of velocity Verlet.
+    The canonical distribution holds for any ``tau``; large ``tau`` perturbs the dynamics
+    least, ``tau -> 0`` is velocity resampling of the kinetic energy. The effective energy
+    :math:`\tilde H = K + U + \sum (K_{before} - K_{after})` (the total energy plus the heat
+    the thermostat took out) is conserved up to the Verlet error,
+    :attr:`Trajectory.conserved`. Needs an explicit ``key``.
+
+    Args:
+        kT: Temperature; an array leaf.
+        tau: The thermostat's relaxation time.
+        dof: Degrees of freedom :math:`N_f`; ``d (n - 1)`` by default.
+    """
+
+    stochastic = True
+
+    def __init__(self, kT, tau, dof: int | None = None):
+        self.kT, self.tau = kT, tau
+        self.dof = None if dof is None else int(dof)
+
+    def tree_flatten(self):
+        return (self.kT, self.tau), self.dof
+
+    @classmethod
+    def tree_unflatten(cls, dof, children):
+        return cls(*children, dof)
+
+    def __repr__(self):
+        return f"Bussi(kT={self.kT!r}, tau={self.tau!r})"
+
+    def init(self, model, carry: Carry, masses, params):
+        return jnp.zeros((), carry.velocities.dtype)       # the heat taken out so far
+
+    def _rescale(self, v, masses, nf, time, key, heat):
+        dtype = v.dtype
+        k = kinetic(v, masses)
+        c = jnp.exp(-time / jnp.asarray(self.tau, dtype))
+        target = 0.5 * nf * jnp.asarray(self.kT, dtype)
+        new = bussi_kinetic(k, target, nf, c, key)
+        alpha = jnp.sqrt(new / k)
+        return alpha * v, heat + k - new
+
+    def step(self, model, carry: Carry, masses, params, dt, key) -> Carry:
+        nf = _dof(self.dof, carry.positions)
+        k1, k2 = jax.random.split(jax.random.fold_in(key, carry.step))
+        half = 0.5 * dt
+        v, heat = self._rescale(carry.velocities, masses, nf, half, k1, carry.extra)
+        carry = _verlet(model, carry, masses, params, dt, v)
+        v, heat = self._rescale(carry.velocities, masses, nf, half, k2, heat)
+        return carry._replace(velocities=v, extra=heat)
+
+    def observe(self, carry: Carry, masses) -> dict:
+        return dict(conserved=carry.potential_energy + kinetic(carry.velocities, masses)
+                    + carry.extra)
