@@ -125,6 +125,7 @@ def test_simulate_default_chooses_by_what_is_differentiated(caplog):
                                rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow   # 7 s: a simulate compile per strategy
 def test_simulate_takes_forward_mode_and_refuses_a_non_adjoint_with_type_error():
     """docs/gradients.md says simulate takes the same strategies as solve: ForwardMode()
     too (it raised a ValueError), against central differences; a non-adjoint is a

@@ -86,6 +86,7 @@ def _update(nl, x):
 N_HYP = {2: 64, 3: 96}
 
 
+@pytest.mark.slow   # 9 s; the open-space brute-force check stays in the default suite
 @settings(max_examples=20)
 @given(seed=st.integers(0, 2**32 - 1), dim=st.sampled_from([2, 3]),
        sides=st.lists(st.floats(2 * (R_CUT + SKIN), 6.0 * (R_CUT + SKIN),

@@ -142,9 +142,9 @@ def test_lj_parameter_gradients_match_finite_differences(lj_setup, adjoint, use_
         assert abs(float(g) - fd) < 1e-6 * max(1.0, abs(fd)), (i, float(g), fd)
 
 
-@pytest.mark.parametrize("adjoint, use_list", [(sl.Checkpointed(), True),
-                                               (sl.Reversible(), True)],
-                         ids=["ckpt-list", "reversible-list"])
+@pytest.mark.parametrize("adjoint, use_list", [
+    pytest.param(sl.Checkpointed(), True, marks=pytest.mark.slow),   # 6 s
+    (sl.Reversible(), True)], ids=["ckpt-list", "reversible-list"])
 def test_box_gradient_matches_finite_differences(lj_setup, adjoint, use_list):
     """d/dL at fixed positions (docs/particles.md), together with d/dsigma: the box enters
     the energy's and the integrator's space; the list, built for the nominal box, is fixed."""
