@@ -103,3 +103,38 @@ def test_adaptive_second_derivatives_are_refused_by_name(adjoint):
     kw = CASES["adaptive"]
     with pytest.raises(TypeError, match="second derivatives.*fixed-step run"):
         jax.jacrev(jax.jacrev(lambda p: lv_final(p, adjoint, kw)))(P0)
+
+
+@pytest.mark.parametrize("solver_cls", [sl.Rodas5P, sl.Rosenbrock23, sl.Kvaerno5, sl.BDF,
+                                        sl.BackwardEuler])
+def test_jac_setting_chooses_the_jacobian_function_that_runs(solver_cls, monkeypatch):
+    """jac="rev" must build J with jax.jacrev and jac="fwd" with jax.jacfwd: both give the
+    same J (and the same steps), so the test spies on which one is called while the solve
+    is traced. Run against jac="rev" mapped to jacfwd in _linalg's dense solver, it fails
+    (jacrev never called)."""
+    calls = {"jacfwd": 0, "jacrev": 0}
+    real = {"jacfwd": jax.jacfwd, "jacrev": jax.jacrev}
+
+    def spy(name):
+        def wrapped(*a, **k):
+            calls[name] += 1
+            return real[name](*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(jax, "jacfwd", spy("jacfwd"))
+    monkeypatch.setattr(jax, "jacrev", spy("jacrev"))
+
+    def robertson(t, y, args):
+        k1, k2, k3 = args
+        return jnp.array([-k1 * y[0] + k3 * y[1] * y[2],
+                          k1 * y[0] - k3 * y[1] * y[2] - k2 * y[1] ** 2, k2 * y[1] ** 2])
+
+    y0 = jnp.array([1.0, 0.0, 0.0])
+    kw = dict(args=(0.04, 3e7, 1e4))
+    kw.update(dict(dt=1e-3) if solver_cls is sl.BackwardEuler else dict(rtol=1e-6, atol=1e-10))
+    for jac, used, unused in (("rev", "jacrev", "jacfwd"), ("fwd", "jacfwd", "jacrev")):
+        calls.update(jacfwd=0, jacrev=0)
+        solver = solver_cls(jac=jac)
+        jax.make_jaxpr(lambda y, solver=solver: sl.solve(robertson, y, 0.0, 0.1, solver=solver,
+                                                         **kw).ys)(y0)
+        assert calls[used] > 0 and calls[unused] == 0, (jac, calls)
