@@ -767,3 +767,8 @@ def test_least_squares_argument_errors():
         sl.least_squares(lambda p: p, jnp.ones(2), ftol=0.0)
     with pytest.raises(ValueError, match="jacobian"):
         sl.least_squares(lambda p: p, jnp.ones(2), jacobian="bad")
+
+
+def test_removed_damping_argument_names_its_replacement():
+    with pytest.raises(TypeError, match="factor="):
+        sl.least_squares(lambda p: p["a"] - 1.0, {"a": 0.0}, damping=1e-3)

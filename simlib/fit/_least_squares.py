@@ -58,6 +58,7 @@ def least_squares(
     transforms: PyTree = None,
     jacobian: str = "auto",
     stderr: bool = False,
+    damping: None = None,
 ) -> FitResult:
     r"""Minimise :math:`\tfrac12\|r(x)\|^2` over a parameter pytree with Levenberg-Marquardt.
 
@@ -90,6 +91,8 @@ def least_squares(
             ``"fwd"`` or ``"rev"`` (needed through custom VJPs: adaptive solves and the
             ``Checkpointed``/``Reversible``/``ForwardMode`` adjoints).
         stderr: Also compute Gauss-Newton standard errors at the optimum.
+        damping: Removed (the Marquardt damping of earlier versions); passing it raises a
+            ``TypeError`` that names ``factor`` instead.
 
     Returns:
         A :class:`FitResult`; ``loss`` and ``history`` are the mean of the squared
@@ -110,6 +113,10 @@ def least_squares(
         >>> round(float(res.params["a"]), 6), round(float(res.params["k"]), 6)
         (3.0, 1.5)
     """
+    if damping is not None:
+        raise TypeError("least_squares: damping= (Marquardt's initial lambda) was removed with "
+                        "the trust-region algorithm; the first trust region is factor= "
+                        "(default 1, MINPACK's factor), and the damping follows from it")
     steps = _check_positive_int(steps, "steps")
     tols = {name: _positive_number(tol if value is None else value, name)
             for name, value in (("tol", tol), ("ftol", ftol), ("xtol", xtol), ("gtol", gtol))}
