@@ -189,7 +189,8 @@ def test_max_order_caps_the_order(k, rtols):
 
 def test_ensemble_dense_output_and_a_bad_member():
     # Robertson to t = 40, k1 perturbed, saved through the interpolating polynomial at
-    # intermediate times; the member with k1 = nan fails alone (NEWTON_FAILED, no raise)
+    # intermediate times; the member with k1 = nan fails alone, refused up front as
+    # NONFINITE_ARGS (the in-graph args check of issue 22; it was NEWTON_FAILED), no raise
     k1s = jnp.array([0.03, 0.04, jnp.nan])
     ts = jnp.array([0.5, 4.0, 13.0, 40.0])
     rtol, atol = 1e-6, 1e-12
@@ -203,7 +204,7 @@ def test_ensemble_dense_output_and_a_bad_member():
         return sol.ys, sol.result
 
     ys, result = run(k1s)
-    assert list(np.asarray(result)) == [0, 0, sl.Result.NEWTON_FAILED]
+    assert list(np.asarray(result)) == [0, 0, sl.Result.NONFINITE_ARGS]
     for i in range(2):
         k = (float(k1s[i]), 3e7, 1e4)
         ref = solve_ivp(robertson_np, (0.0, 40.0), [1.0, 0.0, 0.0], method="Radau",
