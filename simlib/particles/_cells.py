@@ -313,17 +313,9 @@ def cell_pass(energy, positions, params, cells: CellList, want_derivative: bool)
     return u, f, w
 
 
-def check_cells(cells: CellList, energy, positions) -> None:
-    """Eager checks of a cell list against the energy and positions it is used with."""
-    if energy.r_cut is None:
-        raise ValueError("a cell list was given but this energy has no r_cut; build it with "
-                         "pair_energy(..., r_cut=...)")
-    if cells.r_cut < energy.r_cut:
-        raise ValueError(f"the cell list's r_cut={cells.r_cut} is below the energy's "
-                         f"r_cut={energy.r_cut}; pairs would be missed")
-    if cells.n_particles != positions.shape[0]:
-        raise ValueError(f"the cell list is for {cells.n_particles} particles, positions has "
-                         f"{positions.shape[0]}")
+def check_cells(cells: CellList, positions) -> None:
+    """What a cell list adds to the neighbour-list checks of an energy: its grid's
+    dimension against the positions'."""
     if len(cells.grid) != positions.shape[1]:
         raise ValueError(f"the cell list is {len(cells.grid)}-D, positions are "
                          f"{positions.shape[1]}-D")

@@ -199,18 +199,21 @@ class PairEnergy(Energy):
             raise ValueError(f"positions must have shape (n, d), got {positions.shape}")
         if positions.shape[0] == 0:
             raise ValueError(f"positions has no particles (shape {positions.shape})")
-        if isinstance(neighbors, CellList):
-            check_cells(neighbors, self, positions)
-        elif neighbors is not None:
+        if neighbors is not None:
+            cells = isinstance(neighbors, CellList)
+            kind = "cell list" if cells else "neighbour list"
+            n_listed = neighbors.n_particles if cells else neighbors.idx.shape[0]
             if self.r_cut is None:
-                raise ValueError("a neighbour list was given but this energy has no r_cut; "
+                raise ValueError(f"a {kind} was given but this energy has no r_cut; "
                                  "build it with pair_energy(..., r_cut=...)")
             if neighbors.r_cut < self.r_cut:
-                raise ValueError(f"the neighbour list's r_cut={neighbors.r_cut} is below the "
+                raise ValueError(f"the {kind}'s r_cut={neighbors.r_cut} is below the "
                                  f"energy's r_cut={self.r_cut}; pairs would be missed")
-            if neighbors.idx.shape[0] != positions.shape[0]:
-                raise ValueError(f"the neighbour list is for {neighbors.idx.shape[0]} particles, "
+            if n_listed != positions.shape[0]:
+                raise ValueError(f"the {kind} is for {n_listed} particles, "
                                  f"positions has {positions.shape[0]}")
+            if cells:
+                check_cells(neighbors, positions)
         code = check_box(self.space, positions.shape[1], self.r_cut, caller="pair_energy",
                          what="the energy's r_cut")
         return positions, _with_finite_positions(code, positions)
