@@ -276,17 +276,10 @@ def test_gradient_against_finite_differences(solver_name, setting):
     np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-7)
 
 
-NO_SPARSE_VMAP = pytest.mark.xfail(
-    NATIVE, strict=True, raises=Exception,
-    reason="the native sparse LU (and ILU(0)) under vmap: BDF's refactorisation lax.cond, "
-    "with a batched predicate, broadcasts every operand, the pattern arrays included, and "
-    "the kernel rejects them (simlib_sparse_lu: shapes); a custom_vmap around the FFI call "
-    "met JAX's 'consts batched' assertion: not done")
 VMAP_SETTINGS = [pytest.param("banded", id="banded", marks=pytest.mark.slow),
-                 pytest.param("sparse", id="sparse", marks=[pytest.mark.slow, NO_SPARSE_VMAP]),
+                 pytest.param("sparse", id="sparse", marks=pytest.mark.slow),
                  pytest.param("krylov", id="krylov", marks=[pytest.mark.slow] + (
-                     [NO_SPARSE_VMAP] if NATIVE
-                     else [pytest.mark.skip(reason="needs native kernels")]))]
+                     [] if NATIVE else [pytest.mark.skip(reason="needs native kernels")]))]
 
 
 @pytest.mark.parametrize("setting", VMAP_SETTINGS)

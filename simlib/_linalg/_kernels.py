@@ -78,9 +78,18 @@ def band_solve_native(lu, b, transpose: bool):
     return call(u, mult, piv, b, jnp.asarray([lower, int(transpose)], jnp.int32))
 
 
-def sparse_lu_native(values, fp, fi, diag):
-    """LU (no pivoting) of the matrix with ``values`` on the closed pattern ``(fp, fi)``:
-    ``(lu values, info)``, ``info = 0`` or one plus the first row with a zero pivot."""
+def _unbatched(x, batched: bool):
+    """A pattern operand (``fp``, ``fi``, ``diag``, flags) without its batch axis.
+
+    These come from the host (the symbolic factorisation of a static pattern), so every
+    member of a batch holds the same copy: a batch axis on them only appears when a
+    transformation broadcasts them (``vmap`` of a ``lax.cond`` with a batched predicate
+    turns it into a ``select`` over both branches, broadcasting every operand), and the
+    kernels take one pattern with a batch of values."""
+    return x[0] if batched else x
+
+
+def _sparse_lu_call(values, fp, fi, diag):
     call = jax.ffi.ffi_call(
         f"simlib_sparse_lu_{_suffix(values.dtype)}",
         (jax.ShapeDtypeStruct(values.shape, values.dtype),
@@ -89,13 +98,53 @@ def sparse_lu_native(values, fp, fi, diag):
     return call(values, fp, fi, diag)
 
 
-def sparse_solve_native(lu, fp, fi, diag, b, transpose: bool):
-    """``A^-1 b`` (``A^-T b``) from :func:`sparse_lu_native`'s factors."""
-    b = b.astype(lu.dtype)
+@jax.custom_batching.custom_vmap
+def sparse_lu_native(values, fp, fi, diag):
+    """LU (no pivoting) of the matrix with ``values`` on the closed pattern ``(fp, fi)``:
+    ``(lu values, info)``, ``info = 0`` or one plus the first row with a zero pivot.
+    ``values`` may carry leading batch axes (and ``vmap`` adds one); the pattern is
+    shared by the batch."""
+    return _sparse_lu_call(values, fp, fi, diag)
+
+
+@sparse_lu_native.def_vmap
+def _sparse_lu_vmap(axis_size, in_batched, values, fp, fi, diag):
+    values_b, *pattern_b = in_batched
+    fp, fi, diag = (_unbatched(x, b) for x, b in zip((fp, fi, diag), pattern_b, strict=True))
+    # through the custom_vmap function again, so that an enclosing vmap is handled alike
+    out = sparse_lu_native(values, fp, fi, diag)
+    return out, (values_b, values_b)
+
+
+def _sparse_solve_call(lu, fp, fi, diag, b, flags):
     call = jax.ffi.ffi_call(f"simlib_sparse_solve_{_suffix(lu.dtype)}",
                             jax.ShapeDtypeStruct(b.shape, b.dtype),
                             vmap_method="expand_dims")
-    return call(lu, fp, fi, diag, b, jnp.asarray([int(transpose)], jnp.int32))
+    return call(lu, fp, fi, diag, b, flags)
+
+
+@jax.custom_batching.custom_vmap
+def _sparse_solve(lu, fp, fi, diag, b, flags):
+    return _sparse_solve_call(lu, fp, fi, diag, b, flags)
+
+
+@_sparse_solve.def_vmap
+def _sparse_solve_vmap(axis_size, in_batched, lu, fp, fi, diag, b, flags):
+    lu_b, fp_b, fi_b, diag_b, b_b, flags_b = in_batched
+    fp, fi, diag, flags = (_unbatched(x, f) for x, f in
+                           zip((fp, fi, diag, flags), (fp_b, fi_b, diag_b, flags_b),
+                               strict=True))
+    if lu_b and not b_b:  # one right-hand side, a batch of factors
+        b = jnp.broadcast_to(b, (axis_size, *b.shape))
+    # the kernel takes factors of a batch of one as shared by every right-hand side
+    return _sparse_solve(lu, fp, fi, diag, b, flags), lu_b or b_b
+
+
+def sparse_solve_native(lu, fp, fi, diag, b, transpose: bool):
+    """``A^-1 b`` (``A^-T b``) from :func:`sparse_lu_native`'s factors (``b`` and ``lu``
+    with the same leading batch axes, or ``lu`` unbatched: shared by every ``b``)."""
+    b = b.astype(lu.dtype)
+    return _sparse_solve(lu, fp, fi, diag, b, jnp.asarray([int(transpose)], jnp.int32))
 
 
 def symbolic_fill(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
