@@ -134,9 +134,16 @@ def _sparse_solve_vmap(axis_size, in_batched, lu, fp, fi, diag, b, flags):
     fp, fi, diag, flags = (_unbatched(x, f) for x, f in
                            zip((fp, fi, diag, flags), (fp_b, fi_b, diag_b, flags_b),
                                strict=True))
-    if lu_b and not b_b:  # one right-hand side, a batch of factors
+    # The kernel takes factors with b's leading axes, or without any (shared by every
+    # right-hand side). Keep to that: b gets this axis when lu has it, and factors with
+    # leading axes of their own get b's (a copy, under nested vmaps only).
+    if lu_b and not b_b:
         b = jnp.broadcast_to(b, (axis_size, *b.shape))
-    # the kernel takes factors of a batch of one as shared by every right-hand side
+    lead = b.shape[:-1]
+    if lu.ndim > 1 and lu.shape[:-1] != lead:
+        if lu_b:  # (axis, nnz) against (axis, *inner)
+            lu = lu.reshape((axis_size,) + (1,) * (len(lead) - 1) + lu.shape[-1:])
+        lu = jnp.broadcast_to(lu, lead + lu.shape[-1:])
     return _sparse_solve(lu, fp, fi, diag, b, flags), lu_b or b_b
 
 
