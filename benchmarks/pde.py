@@ -80,6 +80,7 @@ from _timing import (  # benchmarks/_timing.py, next to this file; imports no nu
 single_thread_if_asked(sys.argv)  # before numpy/jax load their thread pools
 
 import argparse  # noqa: E402
+import concurrent.futures  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
@@ -118,7 +119,9 @@ DENSE = ("diffrax Kvaerno5", "simlib BDF (dense)")
 # simlib's BDF with the banded, sparse and Newton-Krylov linear solvers (issue 23, phase 2):
 # jac_bandwidth=prob.bandwidth (1-D only), jac_sparsity=prob.sparsity, and
 # linear_solver="krylov" with jac_sparsity (GMRES with an ILU(0) preconditioner)
-SIMLIB: tuple[str, ...] = ("simlib BDF (banded)", "simlib BDF (sparse)", "simlib BDF (Krylov)")
+SIMLIB: tuple[str, ...] = ("simlib BDF (banded)", "simlib BDF (sparse)", "simlib BDF (Krylov)",
+                           "simlib BDF (Krylov 1e-4)")
+KRYLOV_LOOSE_RTOL = 1e-4  # GMRES's relative residual in "simlib BDF (Krylov 1e-4)"
 CONTENDERS = SCIPY + CVODE + DENSE + SIMLIB
 
 
@@ -230,7 +233,9 @@ def jax_runner(prob, name):
                    "simlib BDF (sparse)": dict(jac_sparsity=prob.sparsity,
                                                linear_solver="sparse"),
                    "simlib BDF (Krylov)": dict(jac_sparsity=prob.sparsity,
-                                               linear_solver="krylov")}[name]
+                                               linear_solver="krylov"),
+                   "simlib BDF (Krylov 1e-4)": dict(linear_solver=sl.NewtonKrylov(
+                       "ilu0", prob.sparsity, rtol=KRYLOV_LOOSE_RTOL))}[name]
 
         def solve(rtol, atol):
             sol = sl.solve(prob.f, y0, 0.0, prob.t1, solver=sl.BDF(), rtol=rtol, atol=atol,
@@ -252,7 +257,7 @@ def jax_runner(prob, name):
 
 def worker(spec: dict) -> dict:
     """Run one contender on one problem at one rtol (in this process) and report."""
-    prob = ref.problem(spec["problem"], spec["n"])
+    prob = ref.problem(spec["problem"], spec["n"]).with_t1(spec.get("t1"))
     name, rtol, repeats = spec["contender"], spec["rtol"], spec["repeats"]
     reference = ref.reference(prob, compute=False)
     compile_s = None
@@ -263,9 +268,17 @@ def worker(spec: dict) -> dict:
     else:
         run, compile_s = jax_runner(prob, name)
     base = rss_mb()
+    cpus = []
+
+    def timed():  # the process's CPU seconds per call too (all threads: --single-thread)
+        start = cpu_s()
+        out = run(rtol)
+        cpus.append(cpu_s() - start)
+        return out
+
     # compilation is done (JAX: ahead of time, timed apart): a run over ONCE_S seconds is
     # timed once, its first call
-    timing = best_of(lambda: run(rtol), repeats=repeats, once_s=ONCE_S)
+    timing = best_of(timed, repeats=repeats, once_s=ONCE_S)
     out = dict(timing.out)
     y = out.pop("y")
     ok = out.pop("ok", True) and y is not None
@@ -273,8 +286,17 @@ def worker(spec: dict) -> dict:
     if ok and reference is not None:
         error = float(np.max(np.abs(y - reference) / (np.abs(reference) + 1.0)))
     return dict(time=timing.best, times=timing.times, warmup=timing.warmup, compile=compile_s,
+                cpu=min(cpus[1:] or cpus), cpus=cpus,
                 warmup_only=timing.warmup_only, ok=ok, error=error, rss_base_mb=base,
                 rss_peak_mb=peak_rss_mb(), **out)
+
+
+def cpu_s() -> float:
+    """This process's CPU seconds (user + system, all threads)."""
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
 
 
 def run_in_process(spec: dict, single_thread: bool, timeout: float) -> dict:
@@ -308,22 +330,127 @@ def lu_probe(prob: ref.PDEProblem) -> dict:
                 nnz_jac=int(prob.sparsity.nnz), dense_jac_mb=prob.states**2 * 8 / 2**20)
 
 
-def ensemble_worker(spec: dict) -> dict:
-    prob = ref.problem("bruss2d", spec["n"])
+ENSEMBLE_CONTENDERS = ("scipy BDF loop", "simlib BDF (sparse) vmap",
+                       "simlib BDF (Krylov 1e-4) vmap", "simlib BDF (Krylov) vmap")
+ENSEMBLE_KEPT = 8  # members whose final states come back, for the errors
+
+
+def ensemble_params(prob: ref.PDEProblem, members: int) -> np.ndarray:
+    """``(A, B, alpha) x exp(0.1 normal)``, numpy ``default_rng(0)``."""
     rng = np.random.default_rng(0)
-    params = np.asarray(prob.args) * np.exp(0.1 * rng.standard_normal((spec["members"], 3)))
-    start = time.perf_counter()
-    steps = []
-    for p in params[: spec["scipy_members"]]:
-        member = ref.PDEProblem(**{**prob.__dict__, "args": tuple(p)})
-        _, info = ref.scipy_solve(member, "BDF", spec["rtol"], spec["rtol"])
-        steps.append(info["steps"])
-    secs = time.perf_counter() - start
-    return dict(members=spec["members"], scipy_members=spec["scipy_members"],
-                rtol=spec["rtol"], params=params.tolist(), steps=steps,
-                seconds_measured=secs, seconds_64=secs * spec["members"] / spec["scipy_members"],
-                extrapolated=spec["scipy_members"] < spec["members"],
-                rss_peak_mb=peak_rss_mb())
+    return np.asarray(prob.args) * np.exp(0.1 * rng.standard_normal((members, 3)))
+
+
+def ensemble_worker(spec: dict) -> dict:
+    """One ensemble contender: scipy ``BDF`` in a loop over the first ``scipy_members``
+    (scaled to all), or simlib ``BDF`` under ``jax.vmap`` over all members (compiled ahead,
+    timed once after a warm-up call). Returns the final states of the first
+    :data:`ENSEMBLE_KEPT` members for the errors."""
+    prob = ref.problem("bruss2d", spec["n"])
+    params = ensemble_params(prob, spec["members"])
+    name, rtol = spec.get("contender", "scipy BDF loop"), spec["rtol"]
+    out = dict(contender=name, members=spec["members"], rtol=rtol)
+    if name == "scipy BDF loop":
+        start = time.perf_counter()
+        steps, finals = [], []
+        for p in params[: spec["scipy_members"]]:
+            member = ref.PDEProblem(**{**prob.__dict__, "args": tuple(p)})
+            y, info = ref.scipy_solve(member, "BDF", rtol, rtol)
+            steps.append(info["steps"])
+            finals.append(y)
+        secs = time.perf_counter() - start
+        out.update(scipy_members=spec["scipy_members"], params=params.tolist(), steps=steps,
+                   seconds_measured=secs,
+                   seconds_64=secs * spec["members"] / spec["scipy_members"],
+                   extrapolated=spec["scipy_members"] < spec["members"])
+    else:
+        linear_solver = {
+            "simlib BDF (sparse) vmap": sl.SparseLU(prob.sparsity),
+            "simlib BDF (Krylov) vmap": sl.NewtonKrylov("ilu0", prob.sparsity),
+            "simlib BDF (Krylov 1e-4) vmap": sl.NewtonKrylov("ilu0", prob.sparsity,
+                                                             rtol=KRYLOV_LOOSE_RTOL),
+        }[name]
+        y0 = jnp.asarray(prob.y0)
+
+        def member(p):
+            sol = sl.solve(prob.f, y0, 0.0, prob.t1, solver=sl.BDF(), rtol=rtol, atol=rtol,
+                           args=(p[0], p[1], p[2]), max_steps=MAX_STEPS, throw=False,
+                           linear_solver=linear_solver)
+            return sol.ys[-1], sol.stats["num_accepted"], sol.result
+
+        compiled, compile_s = compile_jit(jax.vmap(member), jnp.asarray(params))
+        timing = best_of(lambda: compiled(jnp.asarray(params)), repeats=1)
+        y, steps, result = (np.asarray(x) for x in timing.out)
+        finals = list(y[:ENSEMBLE_KEPT])
+        out.update(seconds_64=timing.best, compile=compile_s, steps=steps.tolist(),
+                   ok=bool(np.all(result == 0)), failed=int(np.sum(result != 0)))
+    out.update(finals=[np.asarray(f).tolist() for f in finals[:ENSEMBLE_KEPT]],
+               rss_peak_mb=peak_rss_mb())
+    return out
+
+
+def ensemble_errors(results: dict, n: int, rtol_ref: float = 1e-10) -> dict:
+    """Each contender's max error over the first kept members against CVODE-FFT at
+    ``rtol_ref`` (computed here, per member); the final states are dropped from the
+    results."""
+    prob = ref.problem("bruss2d", n)
+    runs = [r for r in results.values() if r.get("finals")]
+    kept = min(len(r["finals"]) for r in runs) if runs else 0
+    params = ensemble_params(prob, 64)[:kept]
+    refs = []
+    for p in params:
+        y, _ = ref.cvode_fft_solve(ref.PDEProblem(**{**prob.__dict__, "args": tuple(p)}),
+                                   rtol_ref, rtol_ref)
+        refs.append(y)
+    for r in results.values():
+        finals = r.pop("finals", None)
+        if finals:
+            r["error"] = float(max(np.max(np.abs(np.asarray(y) - z) / (np.abs(z) + 1.0))
+                                   for y, z in zip(finals, refs, strict=False)))
+            r["error_members"] = kept
+    return dict(reference=f"CVODE BDF + GMRES-FFT at rtol = atol = {rtol_ref:g} per member "
+                          "(split at the switch)", members_checked=kept)
+
+
+def gradient_worker(spec: dict) -> dict:
+    """The forward solve and the gradient of ``mean(y(t1)^2)`` w.r.t. ``(A, B, alpha)``
+    (adjoint default, and ``ForwardMode()``), compiled ahead, each timed once after a
+    warm-up call, with the given linear solver."""
+    prob = ref.problem("bruss2d", spec["n"]).with_t1(spec.get("t1"))
+    rtol = spec["rtol"]
+    linear_solver = (sl.SparseLU(prob.sparsity) if spec["linear_solver"] == "sparse" else
+                     sl.NewtonKrylov("ilu0", prob.sparsity, rtol=spec["gmres_rtol"]))
+    y0 = jnp.asarray(prob.y0)
+
+    def loss(p, adjoint=None):
+        sol = sl.solve(prob.f, y0, 0.0, prob.t1, solver=sl.BDF(), rtol=rtol, atol=rtol,
+                       args=(p[0], p[1], p[2]), max_steps=MAX_STEPS, linear_solver=linear_solver,
+                       adjoint=adjoint)
+        return jnp.mean(sol.ys[-1] ** 2), sol.stats["num_accepted"]
+
+    p0 = jnp.asarray(prob.args, jnp.float64)
+    out = dict(n=prob.n, states=prob.states, t1=prob.t1, rtol=rtol,
+               linear_solver=spec["linear_solver"], gmres_rtol=spec.get("gmres_rtol"),
+               loss="mean(y(t1)^2)", wrt="(A, B, alpha)")
+    calls = {"forward": lambda p: loss(p),
+             "grad (default adjoint)": jax.grad(lambda p: loss(p)[0]),
+             "grad (ForwardMode)": jax.grad(lambda p: loss(p, sl.ForwardMode())[0])}
+    for label in spec.get("which", list(calls)):
+        try:
+            compiled, compile_s = compile_jit(calls[label], p0)
+            timing = best_of(lambda c=compiled: c(p0), repeats=1, once_s=ONCE_S)
+            value = timing.out
+            entry = dict(time=timing.best, compile=compile_s, warmup_only=timing.warmup_only)
+            if label == "forward":
+                entry.update(loss=float(value[0]), steps=int(value[1]))
+            else:
+                entry.update(grad=np.asarray(value).tolist())
+        except Exception as err:  # noqa: BLE001 - recorded: the figure's cause
+            entry = dict(failed=f"{type(err).__name__}: {str(err)[:300]}")
+        entry["rss_peak_mb"] = peak_rss_mb()
+        out[label] = entry
+        print(f"[pde gradient] {label}: {entry}", file=sys.stderr, flush=True)
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -332,6 +459,13 @@ def ensemble_worker(spec: dict) -> dict:
 
 def _fmt_err(e) -> str:
     return "-" if e is None else f"{e:.1e}"
+
+
+def cpu_ratio(row: dict, base: dict | None) -> str:
+    """CPU seconds / scipy BDF's (the ratio to read when contenders ran in parallel)."""
+    if not base or not row.get("cpu") or not base.get("cpu"):
+        return "-"
+    return f"{row['cpu'] / base['cpu']:.3g}x"
 
 
 def report(results: dict) -> str:
@@ -347,7 +481,12 @@ def report(results: dict) -> str:
              "took over 2 s; * = the first call only, over 30 s); compile apart; "
              "steps = accepted steps; error = max_i |y_i - "
              "ref_i| / (|ref_i| + 1) at t1 (atol = rtol); mem = resident MB after set-up / "
-             "peak, per process; ratio = time / scipy BDF's time at the same rtol", ""]
+             "peak, per process; ratio = time / scipy BDF's time at the same rtol; CPU = the "
+             "process's CPU seconds in the timed call (the figure to compare when the "
+             "machine is loaded or contenders ran in parallel)", ""]
+    for run in results.get("runs", [])[:-1] if len(results.get("runs", [])) > 1 else []:
+        lines.insert(-1, f"merged (--append) with the run of {run['date']} ({run['commit']}), "
+                     f"load {fmt_load(run['load_start'] or (0, 0, 0))} at its start")
     rows = results["rows"]
     for key in dict.fromkeys(r["key"] for r in rows):
         rs = [r for r in rows if r["key"] == key]
@@ -361,7 +500,8 @@ def report(results: dict) -> str:
                          f"({probe['lu_mb']:,.0f} MB); bandwidth {tuple(info['bandwidth'])}")
         for rtol in dict.fromkeys(r["rtol"] for r in rs):
             lines.append(f"  rtol {rtol:g}")
-            lines.append(f"    {'contender':20s} {'time':>9s} {'ratio':>7s} {'compile':>9s} "
+            lines.append(f"    {'contender':20s} {'time':>9s} {'ratio':>7s} {'CPU':>9s} "
+                         f"{'CPU ratio':>9s} {'compile':>9s} "
                          f"{'steps':>6s} {'nfev':>7s} {'njev':>5s} {'error':>8s} "
                          f"{'mem MB':>13s}")
             base = next((r for r in rs if r["rtol"] == rtol and r["contender"] == "scipy BDF"
@@ -378,18 +518,59 @@ def report(results: dict) -> str:
                 star = "*" if r.get("warmup_only") else ""
                 lines.append(
                     f"    {r['contender']:20s} {fmt_s(r['time']) + star:>9s} {ratio:>7s} "
+                    f"{fmt_s(r.get('cpu')):>9s} {cpu_ratio(r, base):>9s} "
                     f"{fmt_s(r.get('compile')):>9s} {r.get('steps', 0):>6d} "
                     f"{r.get('nfev', '-')!s:>7s} {r.get('njev', '-')!s:>5s} "
                     f"{_fmt_err(r.get('error')):>8s} {mem:>13s}")
         lines.append("")
     ens = results.get("ensemble")
-    if ens:
+    if ens and "contenders" in ens:
+        lines.append(f"ensemble: {ens['members']} parameter sets (A, B, alpha) x exp(0.1 "
+                     f"normal) of bruss2d_{ens['n']} at rtol {ens['rtol']:g}; error = max over "
+                     f"the first {ens['members_checked']} members against {ens['reference']}")
+        runs = ens["contenders"]
+        base = runs.get("scipy BDF loop", {}).get("seconds_64")
+        for cname, r in runs.items():
+            if "seconds_64" not in r:
+                lines.append(f"  {cname:32s} FAILED: {r.get('message', '')}")
+                continue
+            speed = f"{base / r['seconds_64']:.3g}x" if base else "-"
+            how = (f"extrapolated from {r['scipy_members']} members "
+                   f"({fmt_s(r['seconds_measured'])})" if r.get("extrapolated") else
+                   f"compile {fmt_s(r.get('compile'))}" if r.get("compile") else "")
+            steps = r.get("steps") or [0]
+            lines.append(f"  {cname:32s} {fmt_s(r['seconds_64']):>9s}  speed-up {speed:>7s}  "
+                         f"error {_fmt_err(r.get('error'))}  steps {min(steps)}-{max(steps)}  "
+                         f"peak {r.get('rss_peak_mb', 0):.0f} MB  {how}"
+                         + (f"  FAILED members {r['failed']}" if r.get("failed") else ""))
+    elif ens:
         lines.append(f"ensemble baseline: {ens['members']} parameter sets of bruss2d_32 at "
                      f"rtol {ens['rtol']:g}, scipy BDF in a Python loop: "
                      f"{fmt_s(ens['seconds_64'])}"
                      + (f" (extrapolated from {ens['scipy_members']} members, "
                         f"{fmt_s(ens['seconds_measured'])})" if ens["extrapolated"] else "")
                      + f"; steps per member {ens['steps']}")
+    grad = results.get("gradient")
+    if grad and "forward" in grad:
+        lines.append("")
+        lines.append(f"gradient of {grad['loss']} w.r.t. {grad['wrt']}: bruss2d_{grad['n']} "
+                     f"({grad['states']:,} states), t in [0, {grad['t1']:g}], rtol "
+                     f"{grad['rtol']:g}, BDF with the {grad['linear_solver']} linear solver")
+        fwd = grad["forward"].get("time")
+        for label in ("forward", "grad (default adjoint)", "grad (ForwardMode)"):
+            e = grad.get(label)
+            if not e:
+                continue
+            if "failed" in e:
+                lines.append(f"  {label:24s} FAILED: {e['failed']}")
+                continue
+            ratio = f"{e['time'] / fwd:.3g}x forward" if fwd else ""
+            lines.append(f"  {label:24s} {fmt_s(e['time']):>9s}  {ratio:>16s}  compile "
+                         f"{fmt_s(e['compile'])}  peak {e['rss_peak_mb']:.0f} MB"
+                         + (f"  steps {e['steps']}" if "steps" in e else "")
+                         + (f"  grad {[f'{g:.4g}' for g in e['grad']]}" if "grad" in e else ""))
+    elif grad:
+        lines.append(f"gradient: FAILED: {grad.get('message')}")
     return "\n".join(lines)
 
 
@@ -428,18 +609,36 @@ def main(argv=None) -> int:
                         f"{DENSE_MAX_STATES})")
     parser.add_argument("--timeout", type=float, default=WORKER_TIMEOUT_S,
                         help="seconds per contender process before it is stopped")
+    parser.add_argument("--t1", type=float, default=None,
+                        help="a shorter span [0, t1] for --sizes (the key gains _t<t1>; its "
+                        "reference is computed, CVODE-FFT at 1e-12, when missing)")
+    parser.add_argument("--gradient", default=None, metavar="KEY",
+                        help="time the gradient of a loss w.r.t. (A, B, alpha) against the "
+                        "forward solve on this problem (e.g. bruss2d_128; with --t1)")
+    parser.add_argument("--gradient-linear-solver", default="sparse",
+                        choices=("sparse", "krylov"), help="for --gradient (default sparse; "
+                        f"krylov: ILU(0) GMRES at rtol {KRYLOV_LOOSE_RTOL:g})")
+    parser.add_argument("--ensemble-contenders", default=None,
+                        help="comma-separated subset of: " + ", ".join(ENSEMBLE_CONTENDERS))
     parser.add_argument("--single-thread", action="store_true",
                         help="one thread for XLA, OpenBLAS and OpenMP (read before jax loads)")
     parser.add_argument("--json", type=Path, default=RESULTS_PATH, help="results file")
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="contender processes at a time (default 1; more: compare the "
+                        "CPU seconds, reported per row, not the wall times)")
+    parser.add_argument("--append", action="store_true",
+                        help="merge into the results file (rows of the same problem, "
+                        "contender and rtol replaced) instead of overwriting it")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts.worker:
         spec = json.loads(opts.worker)
-        out = ensemble_worker(spec) if spec.get("ensemble") else worker(spec)
+        out = (ensemble_worker(spec) if spec.get("ensemble") else
+               gradient_worker(spec) if spec.get("gradient") else worker(spec))
         print(json.dumps(out, default=float))
         return 0
 
-    sizes = (opts.sizes.split(",") if opts.sizes else
+    sizes = ([k for k in opts.sizes.split(",") if k] if opts.sizes is not None else
              QUICK_SIZES if opts.quick else DEFAULT_SIZES)
     rtols = ([float(r) for r in opts.rtols.split(",")] if opts.rtols else
              [1e-6] if opts.quick else list(DEFAULT_RTOLS))
@@ -460,9 +659,11 @@ def main(argv=None) -> int:
                    single_thread=opts.single_thread, repeats=repeats, rtols=rtols,
                    dense_max_states=opts.dense_max_states,
                    load_start=load_average(), problems={}, rows=[], targets=[])
+    pending = []
     for key in sizes:
         name, n = key.rsplit("_", 1)
-        prob = ref.problem(name, int(n))
+        prob = ref.problem(name, int(n)).with_t1(opts.t1)
+        key = prob.key
         if ref.reference(prob, compute=False) is None:
             print(f"[pde] {key}: computing the reference ...", flush=True)
             ref.reference(prob)
@@ -473,28 +674,82 @@ def main(argv=None) -> int:
                                         else None)
         for rtol in rtols:
             for cname in names:
-                row = dict(key=key, problem=name, n=prob.n, states=prob.states,
+                row = dict(key=key, problem=name, n=prob.n, states=prob.states, t1=prob.t1,
                            contender=cname, rtol=rtol, atol=rtol)
                 why = skip_reason(prob, cname, opts.dense_max_states)
                 if why:
                     row.update(skipped=why, ok=False)
                 else:
-                    spec = dict(problem=name, n=prob.n, contender=cname, rtol=rtol,
-                                repeats=repeats)
-                    row.update(run_in_process(spec, opts.single_thread, opts.timeout))
-                results["rows"].append(row)
-                shown = (f"skipped ({row['skipped']})" if row.get("skipped") else
-                         f"{fmt_s(row['time'])}, {row.get('steps')} steps, error "
-                         f"{_fmt_err(row.get('error'))}, peak {row['rss_peak_mb']:.0f} MB"
-                         if row.get("ok") else f"FAILED: {row.get('message')}")
-                print(f"[pde] {key} rtol {rtol:g} {cname}: {shown}", flush=True)
+                    row["spec"] = dict(problem=name, n=prob.n, contender=cname, rtol=rtol,
+                                       repeats=repeats, t1=prob.t1)
+                pending.append(row)
+    # contenders in turn, or --parallel at a time (then compare CPU seconds, not wall time)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, opts.parallel)) as pool:
+        futures = [pool.submit(run_in_process, row["spec"], opts.single_thread, opts.timeout)
+                   if "spec" in row else None for row in pending]
+        for row, fut in zip(pending, futures, strict=True):
+            if fut is not None:
+                row.update(fut.result())
+                row.pop("spec")
+            results["rows"].append(row)
+            shown = (f"skipped ({row['skipped']})" if row.get("skipped") else
+                     f"{fmt_s(row['time'])} (CPU {fmt_s(row.get('cpu'))}), "
+                     f"{row.get('steps')} steps, error {_fmt_err(row.get('error'))}, peak "
+                     f"{row['rss_peak_mb']:.0f} MB"
+                     if row.get("ok") else f"FAILED: {row.get('message')}")
+            print(f"[pde] {row['key']} rtol {row['rtol']:g} {row['contender']}: {shown}",
+                  flush=True)
     if run_ensemble:
-        print("[pde] ensemble baseline ...", flush=True)
-        spec = dict(ensemble=True, n=32, members=64, scipy_members=scipy_members, rtol=1e-6)
-        results["ensemble"] = run_in_process(spec, opts.single_thread, opts.timeout)
+        ens_names = ([c.strip() for c in opts.ensemble_contenders.split(",")]
+                     if opts.ensemble_contenders else list(ENSEMBLE_CONTENDERS))
+        bad = [c for c in ens_names if c not in ENSEMBLE_CONTENDERS]
+        if bad:
+            parser.error(f"unknown ensemble contenders {bad}; choose from "
+                         f"{list(ENSEMBLE_CONTENDERS)}")
+        ens = {}
+        for cname in ens_names:
+            print(f"[pde] ensemble: {cname} ...", flush=True)
+            spec = dict(ensemble=True, n=32, members=64, scipy_members=scipy_members,
+                        rtol=1e-6, contender=cname)
+            ens[cname] = run_in_process(spec, opts.single_thread, opts.timeout)
+            print(f"[pde] ensemble: {cname}: {ens[cname].get('seconds_64')} s "
+                  f"{ens[cname].get('message', '')}", flush=True)
+        info = ensemble_errors(ens, 32)
+        results["ensemble"] = dict(members=64, rtol=1e-6, n=32, scipy_members=scipy_members,
+                                   contenders=ens, **info)
+    if opts.gradient:
+        name, n = opts.gradient.rsplit("_", 1)
+        spec = dict(gradient=True, n=int(n), t1=opts.t1, rtol=1e-6,
+                    linear_solver=opts.gradient_linear_solver, gmres_rtol=KRYLOV_LOOSE_RTOL)
+        print(f"[pde] gradient on {opts.gradient} ...", flush=True)
+        results["gradient"] = run_in_process(spec, opts.single_thread, opts.timeout)
     results["wall_s"] = time.perf_counter() - start
     results["load_end"] = load_average()
+    if opts.append and opts.json.exists():
+        results = merge(json.loads(opts.json.read_text()), results)
     return finish(results, report(results), opts.json)
+
+
+RUN_FIELDS = ("date", "commit", "versions", "cpus", "single_thread", "repeats", "load_start",
+              "load_end", "wall_s")
+
+
+def merge(old: dict, new: dict) -> dict:
+    """``new`` added to ``old`` (``--append``): rows of the same problem, contender and rtol
+    replaced, the others kept; problems, ensemble and gradient taken from ``new`` where it
+    has them; ``runs`` lists every run's date, commit, versions and load."""
+    runs = old.get("runs") or [{k: old.get(k) for k in RUN_FIELDS}]
+    ident = lambda r: (r["key"], r["contender"], r["rtol"])  # noqa: E731
+    replaced = {ident(r) for r in new["rows"]}
+    out = dict(old)
+    out.update({k: new[k] for k in RUN_FIELDS if k in new})
+    out["rows"] = [r for r in old["rows"] if ident(r) not in replaced] + new["rows"]
+    out["problems"] = {**old.get("problems", {}), **new.get("problems", {})}
+    for k in ("ensemble", "gradient"):
+        if new.get(k):
+            out[k] = new[k]
+    out["runs"] = runs + [{k: new.get(k) for k in RUN_FIELDS}]
+    return out
 
 
 if __name__ == "__main__":

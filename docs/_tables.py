@@ -133,10 +133,48 @@ def _particles_row() -> list[str]:
     ]
 
 
+def _pde_row() -> list[str]:
+    """The 2-D Brusselator at 32,768 states: simlib's best BDF linear solver against scipy
+    BDF and CVODE's best, at rtol 1e-6, on the full span if scipy ran it, else the shorter
+    span the benchmark timed them on (the key's ``_t<t1>``)."""
+    d = _load("pde.json")
+    ok = [r for r in d["rows"] if r.get("ok") and r["rtol"] == 1e-6
+          and r["key"].startswith("bruss2d_128")]
+
+    def best(prefix, key):
+        rs = [r for r in ok if r["key"] == key and r["contender"].startswith(prefix)
+              and "dense" not in r["contender"]]
+        return min(rs, key=lambda r: r["time"]) if rs else None
+
+    keys = sorted({r["key"] for r in ok}, key=len)  # the full span first
+    key = next((k for k in keys if best("scipy BDF", k) and best("simlib", k)), None)
+    if key is None:
+        return ["2-D Brusselator, 32,768 states", "not measured", "n/a", "n/a",
+                "`benchmarks/pde.py` -> `pde.json`"]
+    simlib, scipy = best("simlib", key), best("scipy BDF", key)
+    cvode = best("CVODE", key)
+    span = f"t in [0, {scipy['t1']:g}]" if "_t" in key else "t in [0, 11.5]"
+    name = simlib["contender"].removeprefix("simlib BDF (").removesuffix(")")
+    cells = f"{_x(scipy['time'] / simlib['time'])} (BDF, `jac_sparsity`)"
+    if cvode:
+        cvode_name = cvode["contender"].removeprefix("CVODE ")
+        cells += (f"; CVODE {cvode_name} (scikit-sundae): "
+                  f"{_x(cvode['time'] / simlib['time'])}")
+    return [
+        f"2-D Brusselator 128 x 128 (32,768 states, stiff PDE), rtol 1e-6, {span}, simlib "
+        f"BDF with the {name} linear solver (run time)",
+        cells,
+        "n/a (dense Jacobian only: 8.6 GB here)",
+        "n/a",
+        f"`benchmarks/pde.py` -> `pde.json` ({_commit(d)})",
+    ]
+
+
 def comparison_table() -> str:
     """The README's comparison table, as markdown (between the BEGIN and END markers)."""
     head = ["task", "vs scipy", "vs diffrax", "vs jax-md", "script -> file (simlib commit, date)"]
-    rows = [*_ode_rows(), _stiff_row(), _gradient_row(), _fit_row(), _particles_row()]
+    rows = [*_ode_rows(), _stiff_row(), _gradient_row(), _fit_row(), _particles_row(),
+            _pde_row()]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     note = ("Ratio = peer time / simlib time (> 1: simlib is faster), compile time excluded, "

@@ -33,6 +33,7 @@ missing ones (``--force``: all of them; ``--out`` writes a separate file to merg
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ CACHE = Path(__file__).resolve().parent / "pde_reference.npz"
 REF_RTOL = 1e-10  # scipy Radau
 CVODE_REF_RTOL = 1e-12  # CVODE with the FFT preconditioner (large grids)
 SWITCH = 1.1  # the 2-D Brusselator's forcing switches on here
+DEFAULT_T1 = {"bruss1d": 10.0, "bruss2d": 11.5}
 
 
 # --------------------------------------------------------------------------------------
@@ -165,7 +167,18 @@ class PDEProblem:
 
     @property
     def key(self) -> str:
-        return f"{self.name}_{self.n}"
+        """``bruss2d_128``; with a shorter span than the problem's own, ``bruss2d_128_t2``."""
+        default = DEFAULT_T1[self.name]
+        return f"{self.name}_{self.n}" + ("" if self.t1 == default else f"_t{self.t1:g}")
+
+    def with_t1(self, t1: float | None) -> PDEProblem:
+        """The same problem on ``[0, t1]`` (``None``: unchanged)."""
+        if t1 is None or t1 == self.t1:
+            return self
+        if not 0 < t1:
+            raise ValueError(f"t1 must be positive, got {t1}")
+        return dataclasses.replace(self, t1=float(t1),
+                                   label=f"{self.label}, t in [0, {t1:g}]")
 
 
 def bruss1d_problem(n: int) -> PDEProblem:
@@ -176,7 +189,7 @@ def bruss1d_problem(n: int) -> PDEProblem:
         return systems.brusselator_1d(t, y.reshape(n, 2), args).reshape(-1)
 
     return PDEProblem("bruss1d", f"1-D Brusselator, {2 * n:,} states", n, f, bruss1d_np,
-                      systems.brusselator_1d_initial(n).reshape(-1), 10.0,
+                      systems.brusselator_1d_initial(n).reshape(-1), DEFAULT_T1["bruss1d"],
                       systems.BRUSSELATOR_1D_DEFAULT_ARGS, sparsity, pde.bandwidth(sparsity),
                       source="Hairer and Wanner, Solving ODEs II, IV.1")
 
@@ -189,7 +202,8 @@ def bruss2d_problem(n: int) -> PDEProblem:
         return systems.brusselator_2d(t, y.reshape(n, n, 2), args).reshape(-1)
 
     return PDEProblem("bruss2d", f"2-D Brusselator {n} x {n}, {2 * n * n:,} states", n, f,
-                      bruss2d_np, systems.brusselator_2d_initial(n).reshape(-1), 11.5,
+                      bruss2d_np, systems.brusselator_2d_initial(n).reshape(-1),
+                      DEFAULT_T1["bruss2d"],
                       systems.BRUSSELATOR_2D_DEFAULT_ARGS, sparsity, pde.bandwidth(sparsity),
                       switch=SWITCH, source="SciMLBenchmarks.jl, benchmarks/StiffODE/Bruss.jmd")
 
@@ -304,7 +318,9 @@ def cvode_fft_solve(prob: PDEProblem, rtol: float, atol: float):
         return rhs
 
     y, info = prob.y0, dict(steps=0, nfev=0, njev=0)
-    for t0, t1, forcing in ((0.0, prob.switch, False), (prob.switch, prob.t1, True)):
+    pieces = ([(0.0, prob.switch, False), (prob.switch, prob.t1, True)]
+              if prob.t1 > prob.switch else [(0.0, prob.t1, False)])
+    for t0, t1, forcing in pieces:
         solver = sksundae.cvode.CVODE(
             rhs_with(forcing), rtol=rtol, atol=atol, linsolver="gmres", krylov_dim=20,
             precond=sksundae.cvode.CVODEPrecond(None, psolve, side="left"),
