@@ -727,7 +727,72 @@ def main(argv=None) -> int:
     results["load_end"] = load_average()
     if opts.append and opts.json.exists():
         results = merge(json.loads(opts.json.read_text()), results)
+    results["targets"] = targets(results)
     return finish(results, report(results), opts.json)
+
+
+def targets(results: dict) -> list[dict]:
+    """Issue 23's targets, from the rows (the largest span measured per size; CPU seconds
+    where both rows have them, else wall time)."""
+    ok = [r for r in results["rows"] if r.get("ok")]
+
+    def best(prefix, key):
+        rs = [r for r in ok if r["key"] == key and r["contender"].startswith(prefix)
+              and "dense" not in r["contender"]]
+        return min(rs, key=lambda r: r["time"]) if rs else None
+
+    def secs(a, b):
+        return (a["cpu"], b["cpu"], "CPU s") if a.get("cpu") and b.get("cpu") else (
+            a["time"], b["time"], "wall s")
+
+    out = []
+
+    def add(target, need, value, note, higher=True):
+        status = ("NOT MEASURED" if value is None else
+                  "MET" if (value >= need if higher else value <= need) else "MISSED")
+        out.append(dict(target=target, need=need, value=value, status=status, note=note))
+
+    for states, size in ((32_768, "bruss2d_128"), (131_072, "bruss2d_256")):
+        keys = sorted({r["key"] for r in ok if r["key"].split("_t")[0] == size}, key=len)
+        key = next((k for k in keys if best("scipy BDF", k) and best("simlib", k)), None)
+        if key:
+            sim, sci = best("simlib", key), best("scipy BDF", key)
+            a, b, unit = secs(sci, sim)
+            add(f"{states:,} states: scipy BDF / simlib >= 3", 3.0, a / b,
+                f"{key}, {sim['contender']}, {unit}")
+        else:
+            add(f"{states:,} states: scipy BDF / simlib >= 3", 3.0, None,
+                "scipy BDF did not finish on any span measured")
+    key = next((k for k in sorted({r["key"] for r in ok if r["key"].startswith("bruss2d_128")},
+                                  key=len) if best("CVODE", k) and best("simlib", k)), None)
+    if key:
+        sim, cv = best("simlib", key), best("CVODE", key)
+        a, b, unit = secs(cv, sim)
+        add("32,768 states: CVODE best / simlib >= 1", 1.0, a / b,
+            f"{key}, {cv['contender']} vs {sim['contender']}, {unit}")
+    else:
+        add("32,768 states: CVODE best / simlib >= 1", 1.0, None, "not measured")
+    big = [r for r in ok if r["key"].startswith("bruss2d_256") and r["contender"].startswith(
+        "simlib")]
+    if big:
+        r = min(big, key=lambda r: r["rss_peak_mb"])
+        add("131,072 states: simlib peak RSS <= 1000 MB", 1000.0, r["rss_peak_mb"],
+            f"{r['key']}, {r['contender']}", higher=False)
+    ens = results.get("ensemble") or {}
+    runs = ens.get("contenders") or {}
+    base = runs.get("scipy BDF loop", {}).get("seconds_64")
+    simruns = [r for k, r in runs.items() if k != "scipy BDF loop" and r.get("seconds_64")]
+    add("ensemble of 64 x 2,048 states: scipy loop / simlib vmap >= 20", 20.0,
+        base / min(r["seconds_64"] for r in simruns) if base and simruns else None,
+        "see the ensemble lines of the report")
+    grad = results.get("gradient") or {}
+    fwd = (grad.get("forward") or {}).get("time")
+    gs = [grad[k]["time"] for k in ("grad (default adjoint)", "grad (ForwardMode)")
+          if (grad.get(k) or {}).get("time")]
+    add("gradient / forward <= 10 (32,768 states)", 10.0,
+        min(gs) / fwd if fwd and gs else None,
+        f"t in [0, {grad.get('t1')}]" if grad else "not measured", higher=False)
+    return out
 
 
 RUN_FIELDS = ("date", "commit", "versions", "cpus", "single_thread", "repeats", "load_start",

@@ -1,0 +1,76 @@
+"""Why a ``jax.vmap`` ensemble of adaptive BDF solves with the sparse LU is slower than a
+loop of single solves (issue 23's 64-member target).
+
+Counts the sparse factorisations (a ``jax.debug.callback`` in ``SparseLU._factor``) and the
+process CPU seconds of (a) a loop of jitted single solves and (b) one jitted ``vmap`` over
+the members, on ``bruss2d_N`` (t in [0, 11.5], rtol 1e-6), parameters ``(A, B, alpha) x
+exp(0.1 normal)`` as in ``benchmarks/pde.py``. Under ``vmap`` BDF's ``lax.cond(refactor,
+...)`` has a batched predicate and becomes a ``select`` that runs both branches, so every
+member is refactorised at every step attempt, and all members step in lockstep until the
+slowest one finishes.
+
+Usage: ``python benchmarks/pde_ensemble_diagnose.py N MEMBERS`` (e.g. ``16 4``).
+"""
+
+import os
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
+                      "intra_op_parallelism_threads=1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+import simlib as sl  # noqa: E402
+from simlib._linalg import _sparse  # noqa: E402
+from validation import pde_reference as ref  # noqa: E402
+
+counts = {"factor": 0}
+orig_factor = _sparse.Sparse._factor
+
+
+def _factor(self, jac, c, mass):
+    out = orig_factor(self, jac, c, mass)
+    jax.debug.callback(lambda: counts.__setitem__("factor", counts["factor"] + 1))
+    return out
+
+
+_sparse.Sparse._factor = _factor
+
+
+def main(n: int, m: int) -> None:
+    prob = ref.problem("bruss2d", n)
+    rng = np.random.default_rng(0)
+    params = jnp.asarray(np.asarray(prob.args) * np.exp(0.1 * rng.standard_normal((m, 3))))
+    ls = sl.SparseLU(prob.sparsity)
+
+    def member(p):
+        s = sl.solve(prob.f, jnp.asarray(prob.y0), 0.0, prob.t1, solver=sl.BDF(), rtol=1e-6,
+                     atol=1e-6, args=(p[0], p[1], p[2]), linear_solver=ls, throw=False)
+        return s.stats["num_accepted"], s.stats["num_steps"]
+
+    one, many = jax.jit(member), jax.jit(jax.vmap(member))
+    jax.block_until_ready(one(params[0]))
+    jax.block_until_ready(many(params))
+    counts["factor"] = 0
+    start = time.process_time()
+    steps = [tuple(int(x) for x in one(p)) for p in params]
+    t_loop, f_loop = time.process_time() - start, counts["factor"]
+    counts["factor"] = 0
+    start = time.process_time()
+    _, attempts = jax.block_until_ready(many(params))
+    t_vmap, f_vmap = time.process_time() - start, counts["factor"]
+    print(f"bruss2d_{n}, {m} members: loop CPU {t_loop:.2f} s, factorisation calls {f_loop} "
+          f"((accepted, attempted) steps {steps}); vmap CPU {t_vmap:.2f} s, factorisation "
+          f"calls {f_vmap} (the callback runs per member), attempts "
+          f"{np.asarray(attempts).tolist()}")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
