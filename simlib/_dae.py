@@ -34,6 +34,7 @@ equations hold; ``dR/dy = Q J + B`` is nonsingular exactly when the problem is i
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -242,6 +243,19 @@ def inconsistency(f, t0, y0, args, m, rtol, atol):
     return r, jnp.where(jnp.isfinite(norm), norm, jnp.inf)
 
 
+def index_one_margin(f, t0, y0, args, m):
+    """``s_min / (n eps s_max)`` of ``dR/dy = Q J + B`` at ``y0``: below one, the
+    algebraic equations do not determine the algebraic variables (not index 1)."""
+    v0, _, _, _, residual = _residual_fn(f, t0, y0, args, m)
+    s = jnp.linalg.svd(jax.jacfwd(residual)(v0), compute_uv=False)
+    tol = v0.size * jnp.finfo(v0.dtype).eps * jnp.max(s)
+    return jnp.where(jnp.all(jnp.isfinite(s)), jnp.min(s) / tol, 0.0)
+
+
+def _singular(xp, margin):
+    return ~(margin > 1), margin
+
+
 def consistent_initial_state(f, t0, y0, args, m, rtol, atol):
     """``(y, converged)``: ``y0`` with its algebraic components solving the algebraic
     equations (full Newton on ``R(y) = Q f(t0, y) + B (y - y0)``, at most 20 iterations,
@@ -277,6 +291,16 @@ def consistent_initial_state(f, t0, y0, args, m, rtol, atol):
     return unravel(v), lax.stop_gradient(ok) > 0.5
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _initial_values(f, consistent: bool, t0, y0, args, m, rtol, atol):
+    """One compiled call: the index-1 margin, then the consistent ``y0`` and Newton's
+    outcome, or the residual and the correction's norm."""
+    margin = index_one_margin(f, t0, y0, args, m)
+    if consistent:
+        return margin, consistent_initial_state(f, t0, y0, args, m, rtol, atol)
+    return margin, inconsistency(f, t0, y0, args, m, rtol, atol)
+
+
 def initialise(f, y0, t0, args, m, rtol, atol, initialize: str, checks):
     """``y0`` after ``solve``'s ``initialize=`` (see :func:`simlib.solve`), with the
     failures recorded in ``checks`` (eager ``ValueError``, traced
@@ -285,8 +309,16 @@ def initialise(f, y0, t0, args, m, rtol, atol, initialize: str, checks):
         return y0
     if m.ndim == 1 and not is_tracer(m) and bool(np.all(np.asarray(m) != 0)):
         return y0  # no algebraic equations
+    margin, out = _initial_values(f, initialize == "consistent", t0, y0, args, m, rtol, atol)
+    checks(Result.INCONSISTENT_INITIAL_CONDITIONS,
+           "the algebraic equations of M y' = f do not determine the algebraic variables "
+           "at t0: the Jacobian of the rows of f in the left null space of mass_matrix "
+           "with respect to the variables in its null space is singular (index margin "
+           "{value}), so the DAE is not index 1 (a pendulum in Cartesian coordinates with "
+           "its length constraint is index 3: differentiate the constraint twice and "
+           "stabilise it, docs/dae.md)", _singular, margin)
     if initialize == "consistent":
-        y, ok = consistent_initial_state(f, t0, y0, args, m, rtol, atol)
+        y, ok = out
         checks(Result.INCONSISTENT_INITIAL_CONDITIONS,
                "initialize='consistent': the Newton iteration on the algebraic equations "
                "did not converge in 20 iterations (flag {value}); the problem may not be "
@@ -294,7 +326,7 @@ def initialise(f, y0, t0, args, m, rtol, atol, initialize: str, checks):
                "variables singular), or y0's differential part admits no solution",
                _not_converged, ok, jnp.asarray(0.0))
         return y
-    r, norm = inconsistency(f, t0, y0, args, m, rtol, atol)
+    r, norm = out
     checks(Result.INCONSISTENT_INITIAL_CONDITIONS,
            "y0 is inconsistent: the residual of the algebraic equations of M y' = f at t0 "
            "(the rows of f in the null space of mass_matrix, projected) is {value} in "
