@@ -194,6 +194,7 @@ def projectors(m: jax.Array):
     """``(Q, B)`` of the module docstring for ``M`` (an ``(n,)`` diagonal or ``(n, n)``):
     ``Q`` the projector onto ``M``'s left null space, ``B = U_r V_r^T``. A singular value
     counts as zero below ``n eps max(s)`` (numpy's ``matrix_rank``)."""
+    m = lax.stop_gradient(m)  # the null spaces are held fixed under differentiation
     if m.ndim == 1:
         alg = (m == 0).astype(m.dtype)
         return jnp.diag(alg), jnp.diag(1 - alg)
@@ -295,10 +296,11 @@ def consistent_initial_state(f, t0, y0, args, m, rtol, atol):
 def _initial_values(f, consistent: bool, t0, y0, args, m, rtol, atol):
     """One compiled call: the index-1 margin, then the consistent ``y0`` and Newton's
     outcome, or the residual and the correction's norm."""
-    margin = index_one_margin(f, t0, y0, args, m)
+    sg = lax.stop_gradient  # the checks' values take no part in derivatives
+    margin = index_one_margin(f, t0, sg(y0), sg(args), sg(m))
     if consistent:
         return margin, consistent_initial_state(f, t0, y0, args, m, rtol, atol)
-    return margin, inconsistency(f, t0, y0, args, m, rtol, atol)
+    return margin, inconsistency(f, t0, sg(y0), sg(args), sg(m), rtol, atol)
 
 
 def initialise(f, y0, t0, args, m, rtol, atol, initialize: str, checks):
