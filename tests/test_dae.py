@@ -297,6 +297,24 @@ def test_vmap_ensemble_jit_traced_mass_and_float32():
 
 
 @pytest.mark.slow
+def test_terminal_event_on_the_algebraic_node_voltage():
+    """A terminal event on v3 (algebraic) crossing a level, located on Rodas5P's dense
+    output, against the crossing of the expm closed form (scipy's brentq)."""
+    from scipy.optimize import brentq
+
+    p = jnp.asarray(PARAMS)
+    y0 = consistent_y0()
+    level = 0.5 * (float(y0[2]) + circuit_exact(T1, PARAMS)[2])
+    event = sl.Event(lambda t, y, a: y[2] - level, terminal=True)
+    sol = sl.solve(circuit, y0, 0.0, T1, solver=sl.Rodas5P(), rtol=1e-10, atol=1e-12, args=p,
+                   mass_matrix=circuit_mass(p), events=event)
+    crossing = brentq(lambda t: circuit_exact(t, PARAMS)[2] - level, 1e-9, T1, xtol=1e-15)
+    assert float(sol.events[0].ts[0]) == pytest.approx(crossing, rel=1e-8)
+    np.testing.assert_allclose(np.asarray(sol.events[0].ys[0]), circuit_exact(crossing, PARAMS),
+                               rtol=1e-8)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("adjoint", [None, sl.Direct()], ids=["default", "Direct"])
 def test_gradients_match_finite_differences_of_the_closed_form(adjoint):
     """d v3(T1) / d(R1, R3, C1) and d/d(v1(0), v2(0)) (v3(0) follows by consistent
