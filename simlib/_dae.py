@@ -154,7 +154,8 @@ def prepare_mass(mass_matrix, solver, n: int, dtype, checks) -> tuple[Any, Any]:
             raise ValueError(f"mass_matrix must be a real array; got dtype {arr.dtype}")
     m = jnp.asarray(mass_matrix).astype(dtype)
     checks(Result.INVALID_MASS_MATRIX,
-           "mass_matrix must be finite, but it holds {value} at flat index {index}",
+           "invalid mass_matrix: mass_matrix must be finite, but it holds {value} at flat "
+           "index {index}",
            _nonfinite, mass_matrix)
     ls = solver.linear_solver
     if ls is None or m.ndim == 1:
@@ -176,9 +177,9 @@ def prepare_mass(mass_matrix, solver, n: int, dtype, checks) -> tuple[Any, Any]:
     else:
         return m, m
     checks(Result.INVALID_MASS_MATRIX,
-           f"mass_matrix must be zero outside {where}, which the linear solver stores M "
-           "in; it holds {value} at flat index {index}: widen jac_bandwidth/jac_sparsity "
-           "to cover M's pattern", _outside, mass_matrix, inside)
+           f"invalid mass_matrix: mass_matrix must be zero outside {where}, which the "
+           "linear solver stores M in; it holds {value} at flat index {index}: widen "
+           "jac_bandwidth/jac_sparsity to cover M's pattern", _outside, mass_matrix, inside)
     if isinstance(ls, Banded):
         w = ls.lower + ls.upper + 1
         col = np.arange(n)[:, None] - ls.lower + np.arange(w)[None, :]
@@ -313,7 +314,8 @@ def initialise(f, y0, t0, args, m, rtol, atol, initialize: str, checks):
         return y0  # no algebraic equations
     margin, out = _initial_values(f, initialize == "consistent", t0, y0, args, m, rtol, atol)
     checks(Result.INCONSISTENT_INITIAL_CONDITIONS,
-           "the algebraic equations of M y' = f do not determine the algebraic variables "
+           "inconsistent DAE start (y0, mass_matrix, initialize): the algebraic "
+           "equations of M y' = f do not determine the algebraic variables "
            "at t0: the Jacobian of the rows of f in the left null space of mass_matrix "
            "with respect to the variables in its null space is singular (index margin "
            "{value}), so the DAE is not index 1 (a pendulum in Cartesian coordinates with "
@@ -322,6 +324,7 @@ def initialise(f, y0, t0, args, m, rtol, atol, initialize: str, checks):
     if initialize == "consistent":
         y, ok = out
         checks(Result.INCONSISTENT_INITIAL_CONDITIONS,
+               "inconsistent DAE start (y0, mass_matrix, initialize): "
                "initialize='consistent': the Newton iteration on the algebraic equations "
                "did not converge in 20 iterations (flag {value}); the problem may not be "
                "index 1 (the algebraic equations' Jacobian with respect to the algebraic "
@@ -330,6 +333,7 @@ def initialise(f, y0, t0, args, m, rtol, atol, initialize: str, checks):
         return y
     r, norm = out
     checks(Result.INCONSISTENT_INITIAL_CONDITIONS,
+           "inconsistent DAE start (y0, mass_matrix, initialize): "
            "y0 is inconsistent: the residual of the algebraic equations of M y' = f at t0 "
            "(the rows of f in the null space of mass_matrix, projected) is {value} in "
            "equation {index}, which needs a larger change of the algebraic components than "
