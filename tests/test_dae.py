@@ -287,6 +287,13 @@ def test_vmap_ensemble_jit_traced_mass_and_float32():
     out = inc(jnp.array([1.0, -0.5, 9.0]))
     assert int(out.result) == sl.Result.INCONSISTENT_INITIAL_CONDITIONS
     assert np.all(np.isnan(np.asarray(out.ys)))
+    thrown = jax.jit(lambda y: sl.solve(circuit, y, 0.0, T1, solver=sl.Rodas5P(), rtol=1e-6,
+                                        args=jnp.asarray(PARAMS),
+                                        mass_matrix=circuit_mass(jnp.asarray(PARAMS))).ys)
+    with pytest.raises(sl.SolverError, match="y0 is inconsistent: the residual") as err, \
+            sl.raise_solver_errors():
+        thrown(jnp.array([1.0, -0.5, 9.0]))
+    assert err.value.result == sl.Result.INCONSISTENT_INITIAL_CONDITIONS
     p32 = jnp.asarray(PARAMS, jnp.float32)
     for solver in (sl.Rodas5P(), sl.BDF(), sl.Kvaerno5()):
         sol = sl.solve(circuit, consistent_y0().astype(jnp.float32), 0.0, T1, solver=solver,
