@@ -44,6 +44,8 @@ class Result(IntEnum):
     BOX_TOO_SMALL = 15
     INVALID_BOX = 16
     CONSTRAINTS_NOT_CONVERGED = 20
+    INCONSISTENT_INITIAL_CONDITIONS = 21
+    INVALID_MASS_MATRIX = 22
 
     def __str__(self) -> str:
         return self.name
@@ -130,6 +132,11 @@ _MESSAGES = {
         "state may violate the constraints, or constraints may conflict (a rigid triangle "
         "needs more sweeps: raise Rattle(..., max_iterations=...))"
     ),
+    # the prefixes of the DAE checks' messages (simlib/_dae.py), which add the detail
+    Result.INCONSISTENT_INITIAL_CONDITIONS: (
+        "inconsistent DAE start (y0, mass_matrix, initialize):"
+    ),
+    Result.INVALID_MASS_MATRIX: "invalid mass_matrix:",
 }
 
 
