@@ -44,6 +44,7 @@ class Result(IntEnum):
     BOX_TOO_SMALL = 15
     INVALID_BOX = 16
     CONSTRAINTS_NOT_CONVERGED = 20
+    SETTLE_FAILED = 23
 
     def __str__(self) -> str:
         return self.name
@@ -129,6 +130,11 @@ _MESSAGES = {
         "max_iterations sweeps at t={t:.17g} (step {step}); dt may be too large, the start "
         "state may violate the constraints, or constraints may conflict (a rigid triangle "
         "needs more sweeps: raise Rattle(..., max_iterations=...))"
+    ),
+    Result.SETTLE_FAILED: (
+        "SETTLE found no rigid placement for a water molecule at t={t:.17g} (step {step}): "
+        "it moved or turned too far in one step for the analytical solution; dt may be too "
+        "large, or the start state may violate the rigid geometry (sp.Settle's d_oh, d_hh)"
     ),
 }
 

@@ -212,6 +212,7 @@ PARTICLES_PUBLIC = [
     "PairCorrection", "pair_correction", "pressure_tensor",
 ]
 PARTICLES_PUBLIC += ["Bussi", "NoseHooverChain", "Rattle", "StochasticCellRescaling"]  # issue 27
+PARTICLES_PUBLIC += ["Settle", "Water", "spce_energy", "spce_water"]  # issue 27: water
 
 
 def test_particles_all_is_pinned():
