@@ -127,11 +127,24 @@ def settle_velocities(space, x, v, molecules, masses):
     c = jnp.stack([jnp.stack([io + ih, io, -ih]), jnp.stack([io, io + ih, ih]),
                    jnp.stack([-ih, ih, 2.0 * ih + zero])]).transpose(2, 0, 1)
     a = jnp.einsum("wkd,wld->wkl", r, r) * c
-    g = jnp.linalg.solve(a, rhs[..., None])[..., 0]                        # (w, 3)
+    g = _solve3(a, rhs)                                                    # (w, 3)
     dv_o = -(g[:, 0:1] * r[:, 0] + g[:, 1:2] * r[:, 1]) * io[:, None]
     dv_h1 = (g[:, 0:1] * r[:, 0] - g[:, 2:3] * r[:, 2]) * ih[:, None]
     dv_h2 = (g[:, 1:2] * r[:, 1] + g[:, 2:3] * r[:, 2]) * ih[:, None]
     return v.at[o].add(dv_o).at[h1].add(dv_h1).at[h2].add(dv_h2)
+
+
+_settle_velocities_jit = jax.jit(settle_velocities)
+
+
+def _solve3(a, b):
+    """``a^-1 b`` for a batch of 3x3 matrices, by the adjugate (Cramer's rule)."""
+    c0 = jnp.cross(a[:, 1], a[:, 2])
+    c1 = jnp.cross(a[:, 2], a[:, 0])
+    c2 = jnp.cross(a[:, 0], a[:, 1])
+    det = jnp.sum(a[:, 0] * c0, axis=-1)
+    # the inverse's columns are c0, c1, c2 over det: x = (b0 c0 + b1 c1 + b2 c2) / det
+    return (b[:, 0:1] * c0 + b[:, 1:2] * c1 + b[:, 2:3] * c2) / det[:, None]
 
 
 class SettleState(NamedTuple):
@@ -223,8 +236,9 @@ class Settle(Integrator):
         :func:`maxwell_boltzmann` velocities. ``space`` is needed for a periodic box
         (molecules split across it)."""
         from ._space import free
-        return settle_velocities(space or free(), jnp.asarray(positions),
-                                 jnp.asarray(velocities), self.molecules, masses)
+        return _settle_velocities_jit(space or free(), jnp.asarray(positions),
+                                      jnp.asarray(velocities), self.molecules,
+                                      jnp.asarray(masses))
 
     def init(self, model, carry: Carry, masses, params):
         own = (None if self.thermostat is None
