@@ -132,14 +132,17 @@ def spce_water(n_molecules: int, *, density: float = 0.997, key=None,
 
 
 def spce_energy(water: Water, r_cut: float, *, tolerance: float = 1e-6, alpha=None,
-                grid=None, order: int = 5):
+                grid=None, order: int = 5, shift: bool = False):
     r"""The SPC/E energy of ``water``: oxygen-oxygen Lennard-Jones truncated at ``r_cut``
     (plain truncation, as OpenMM's ``NonbondedForce`` without a switch or dispersion
     correction) plus smooth PME (:func:`pme`) with the intramolecular pairs excluded, in
-    kJ/mol. Call it as ``energy(positions, water.params, neighbors=None)``.
+    kJ/mol. Call it as ``energy(positions, water.params, neighbors=None)``. ``shift``
+    shifts the Lennard-Jones term to zero at the cutoff (for NVE energy conservation: a
+    plain truncation jumps by :math:`u(r_c)` when a pair crosses it); ``tolerance``,
+    ``alpha``, ``grid`` and ``order`` are :func:`pme`'s.
     """
     space = periodic(water.box)
-    lj = pair_energy(lennard_jones, space, r_cut)
+    lj = pair_energy(lennard_jones, space, r_cut, shift=shift)
     coulomb = pme(space, r_cut, tolerance=tolerance, alpha=alpha, grid=grid, order=order,
                   exclusions=water.exclusions, coulomb_constant=COULOMB_KJ_NM)
     return lj + coulomb
