@@ -16,7 +16,7 @@ import pytest
 
 import simlib as sl
 from simlib import particles as sp
-from simlib.particles._settle import settle_positions, settle_velocities
+from simlib.particles._settle import settle_positions
 from simlib.particles._water import BOLTZMANN_KJ, COULOMB_KJ_NM
 
 BONDS = ((0, 1), (0, 2), (1, 2))
@@ -31,7 +31,7 @@ def _shake(x_old, x_new, masses, lengths, box):
     iterated to round-off: the reference SETTLE must reproduce."""
     x = x_new.copy()
     for _ in range(60):                    # converged to round-off in ~30 sweeps
-        for (i, j), d in zip(BONDS, lengths):
+        for (i, j), d in zip(BONDS, lengths, strict=True):
             r0 = x_old[i] - x_old[j]
             r0 -= box * np.round(r0 / box)
             s = x[i] - x[j]
@@ -81,7 +81,7 @@ def test_settle_positions_solve_the_shake_equations(small):
     for mol in water.molecules:
         ref = _shake(x0[mol], x1[mol], m[mol], _lengths(water), water.box)
         assert np.max(np.abs(x[mol] - ref)) < 1e-13
-        for (i, j), d in zip(BONDS, _lengths(water)):
+        for (i, j), d in zip(BONDS, _lengths(water), strict=True):
             r = x[mol[i]] - x[mol[j]]
             r -= water.box * np.round(r / water.box)
             assert abs(np.linalg.norm(r) - d) < 1e-14
@@ -180,7 +180,7 @@ def test_settle_nve_keeps_constraints_and_conserves_energy(cluster_runs):
         traj = run(dt)
         x, v = np.asarray(traj.positions), np.asarray(traj.velocities)
         for mol in water.molecules[:4]:
-            for (i, j), d in zip(BONDS, _lengths(water)):
+            for (i, j), d in zip(BONDS, _lengths(water), strict=True):
                 r = x[:, mol[i]] - x[:, mol[j]]
                 assert np.max(np.abs(np.linalg.norm(r, axis=-1) - d)) < 1e-14
                 rate = np.sum(r * (v[:, mol[i]] - v[:, mol[j]]), axis=-1)
@@ -241,7 +241,7 @@ def test_settle_agrees_with_rattle_and_conserves_energy_in_an_spce_box():
     traj = sp.simulate(energy, a.final, water.params, integrator=settle, space=space,
                        dt=0.001, n_steps=1000, save_every=100)
     x = np.asarray(traj.positions)
-    for (i, j), d in zip(BONDS, _lengths(water)):
+    for (i, j), d in zip(BONDS, _lengths(water), strict=True):
         r = np.asarray(space.displacement(x[:, water.molecules[:, i]],
                                           x[:, water.molecules[:, j]]))
         assert np.max(np.abs(np.linalg.norm(r, axis=-1) - d)) < 1e-13
@@ -284,7 +284,7 @@ def _openmm_spce(water, r_cut, alpha, grid):
     system = mm.System()
     force = mm.NonbondedForce()
     for m, q, s, e in zip(*(np.asarray(a) for a in (water.masses, water.charges,
-                                                    water.sigma, water.epsilon))):
+                                                    water.sigma, water.epsilon)), strict=True):
         system.addParticle(float(m))
         force.addParticle(float(q), float(s) if e > 0 else 1.0, float(e))
     for i, j in water.exclusions:
