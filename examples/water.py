@@ -201,6 +201,10 @@ def main(argv: list[str] | None = None) -> None:
         f"correction (Yeh & Hummer 2004) = {d * to_cgs + correction:.2e} "
         f"(SPC/E: {D_REFERENCE:.1e}, Mark & Nilsson 2001)")
 
+    if times[-1] - times[0] < 5.0:
+        say(f"  (D from {times[-1] - times[0]:g} ps is not converged: the lattice is still "
+            "relaxing and the MSD not yet linear; give --steps 4000 or more for a D to compare)")
+
     if args.out:
         cli.save_result(args.out, dict(model="SPC/E", n_molecules=w, temperature=
                                        args.temperature, thermostat=args.thermostat,
