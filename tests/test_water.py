@@ -196,10 +196,14 @@ def test_settle_nve_keeps_constraints_and_conserves_energy(cluster_runs):
 @pytest.mark.slow
 def test_settle_failure_is_reported(cluster_runs):
     """A step far too long for the molecules (0.2 ps): Result.SETTLE_FAILED, not a quiet
-    wrong geometry."""
+    wrong geometry; eagerly, and under jit and vmap."""
     run, *_ = cluster_runs
     traj = run(0.2, throw=False)
     assert traj.result == sl.Result.SETTLE_FAILED, sl.Result(int(traj.result))
+    # the same traced, one member of a vmap failing
+    codes = jax.jit(jax.vmap(lambda dt: run(dt, n_steps=40, throw=False).result))(
+        jnp.array([0.001, 0.2]))
+    assert codes.tolist() == [0, sl.Result.SETTLE_FAILED]
 
 
 # ----------------------------------------------------------------------------------------
