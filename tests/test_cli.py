@@ -436,6 +436,7 @@ TINY = {  # settings that finish in seconds
     "robertson_bayes": ["--chains", "2", "--warmup", "5", "--samples", "5"],
     "sir_boarding_school": ["--chains", "2", "--warmup", "10", "--samples", "10"],
     "turing": ["--n", "8", "--length", "16", "--t1", "5", "--rtol", "1e-4"],
+    "water": ["--n-molecules", "125", "--r-cut", "0.6", "--equil-steps", "40", "--steps", "80"],
 }
 
 
