@@ -44,6 +44,8 @@ class Result(IntEnum):
     BOX_TOO_SMALL = 15
     INVALID_BOX = 16
     CONSTRAINTS_NOT_CONVERGED = 20
+    INCONSISTENT_INITIAL_CONDITIONS = 21
+    INVALID_MASS_MATRIX = 22
 
     def __str__(self) -> str:
         return self.name
@@ -129,6 +131,17 @@ _MESSAGES = {
         "max_iterations sweeps at t={t:.17g} (step {step}); dt may be too large, the start "
         "state may violate the constraints, or constraints may conflict (a rigid triangle "
         "needs more sweeps: raise Rattle(..., max_iterations=...))"
+    ),
+    Result.INCONSISTENT_INITIAL_CONDITIONS: (
+        "y0 does not satisfy the algebraic equations of M y' = f (the rows of f in the null "
+        "space of mass_matrix) at t0: their residual needs a change of the algebraic "
+        "components larger than the tolerance; pass initialize='consistent' to compute them "
+        "from the differential ones, or (with it) the Newton iteration of the consistent "
+        "initialisation did not converge (the problem may not be index 1)"
+    ),
+    Result.INVALID_MASS_MATRIX: (
+        "mass_matrix must be finite, and zero outside the Jacobian's band or sparsity "
+        "pattern when a banded or sparse linear solver is used"
     ),
 }
 
