@@ -154,7 +154,8 @@ def prepare_mass(mass_matrix, solver, n: int, dtype, checks) -> tuple[Any, Any]:
             raise ValueError(f"mass_matrix must be a real array; got dtype {arr.dtype}")
     m = jnp.asarray(mass_matrix).astype(dtype)
     checks(Result.INVALID_MASS_MATRIX,
-           "mass_matrix must be finite, but it holds {value} at flat index {index}",
+           "invalid mass_matrix: mass_matrix must be finite, but it holds {value} at flat "
+           "index {index}",
            _nonfinite, mass_matrix)
     ls = solver.linear_solver
     if ls is None or m.ndim == 1:
@@ -176,9 +177,9 @@ def prepare_mass(mass_matrix, solver, n: int, dtype, checks) -> tuple[Any, Any]:
     else:
         return m, m
     checks(Result.INVALID_MASS_MATRIX,
-           f"mass_matrix must be zero outside {where}, which the linear solver stores M "
-           "in; it holds {value} at flat index {index}: widen jac_bandwidth/jac_sparsity "
-           "to cover M's pattern", _outside, mass_matrix, inside)
+           f"invalid mass_matrix: mass_matrix must be zero outside {where}, which the "
+           "linear solver stores M in; it holds {value} at flat index {index}: widen "
+           "jac_bandwidth/jac_sparsity to cover M's pattern", _outside, mass_matrix, inside)
     if isinstance(ls, Banded):
         w = ls.lower + ls.upper + 1
         col = np.arange(n)[:, None] - ls.lower + np.arange(w)[None, :]
@@ -194,6 +195,7 @@ def projectors(m: jax.Array):
     """``(Q, B)`` of the module docstring for ``M`` (an ``(n,)`` diagonal or ``(n, n)``):
     ``Q`` the projector onto ``M``'s left null space, ``B = U_r V_r^T``. A singular value
     counts as zero below ``n eps max(s)`` (numpy's ``matrix_rank``)."""
+    m = lax.stop_gradient(m)  # the null spaces are held fixed under differentiation
     if m.ndim == 1:
         alg = (m == 0).astype(m.dtype)
         return jnp.diag(alg), jnp.diag(1 - alg)
@@ -295,10 +297,11 @@ def consistent_initial_state(f, t0, y0, args, m, rtol, atol):
 def _initial_values(f, consistent: bool, t0, y0, args, m, rtol, atol):
     """One compiled call: the index-1 margin, then the consistent ``y0`` and Newton's
     outcome, or the residual and the correction's norm."""
-    margin = index_one_margin(f, t0, y0, args, m)
+    sg = lax.stop_gradient  # the checks' values take no part in derivatives
+    margin = index_one_margin(f, t0, sg(y0), sg(args), sg(m))
     if consistent:
         return margin, consistent_initial_state(f, t0, y0, args, m, rtol, atol)
-    return margin, inconsistency(f, t0, y0, args, m, rtol, atol)
+    return margin, inconsistency(f, t0, sg(y0), sg(args), sg(m), rtol, atol)
 
 
 def initialise(f, y0, t0, args, m, rtol, atol, initialize: str, checks):
@@ -311,7 +314,8 @@ def initialise(f, y0, t0, args, m, rtol, atol, initialize: str, checks):
         return y0  # no algebraic equations
     margin, out = _initial_values(f, initialize == "consistent", t0, y0, args, m, rtol, atol)
     checks(Result.INCONSISTENT_INITIAL_CONDITIONS,
-           "the algebraic equations of M y' = f do not determine the algebraic variables "
+           "inconsistent DAE start (y0, mass_matrix, initialize): the algebraic "
+           "equations of M y' = f do not determine the algebraic variables "
            "at t0: the Jacobian of the rows of f in the left null space of mass_matrix "
            "with respect to the variables in its null space is singular (index margin "
            "{value}), so the DAE is not index 1 (a pendulum in Cartesian coordinates with "
@@ -320,6 +324,7 @@ def initialise(f, y0, t0, args, m, rtol, atol, initialize: str, checks):
     if initialize == "consistent":
         y, ok = out
         checks(Result.INCONSISTENT_INITIAL_CONDITIONS,
+               "inconsistent DAE start (y0, mass_matrix, initialize): "
                "initialize='consistent': the Newton iteration on the algebraic equations "
                "did not converge in 20 iterations (flag {value}); the problem may not be "
                "index 1 (the algebraic equations' Jacobian with respect to the algebraic "
@@ -328,6 +333,7 @@ def initialise(f, y0, t0, args, m, rtol, atol, initialize: str, checks):
         return y
     r, norm = out
     checks(Result.INCONSISTENT_INITIAL_CONDITIONS,
+           "inconsistent DAE start (y0, mass_matrix, initialize): "
            "y0 is inconsistent: the residual of the algebraic equations of M y' = f at t0 "
            "(the rows of f in the null space of mass_matrix, projected) is {value} in "
            "equation {index}, which needs a larger change of the algebraic components than "

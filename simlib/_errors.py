@@ -132,17 +132,11 @@ _MESSAGES = {
         "state may violate the constraints, or constraints may conflict (a rigid triangle "
         "needs more sweeps: raise Rattle(..., max_iterations=...))"
     ),
+    # the prefixes of the DAE checks' messages (simlib/_dae.py), which add the detail
     Result.INCONSISTENT_INITIAL_CONDITIONS: (
-        "y0 does not satisfy the algebraic equations of M y' = f (the rows of f in the null "
-        "space of mass_matrix) at t0: their residual needs a change of the algebraic "
-        "components larger than the tolerance; pass initialize='consistent' to compute them "
-        "from the differential ones, or (with it) the Newton iteration of the consistent "
-        "initialisation did not converge (the problem may not be index 1)"
+        "inconsistent DAE start (y0, mass_matrix, initialize):"
     ),
-    Result.INVALID_MASS_MATRIX: (
-        "mass_matrix must be finite, and zero outside the Jacobian's band or sparsity "
-        "pattern when a banded or sparse linear solver is used"
-    ),
+    Result.INVALID_MASS_MATRIX: "invalid mass_matrix:",
 }
 
 

@@ -416,6 +416,7 @@ def test_resume_if_exists_reads_the_checkpoint_it_finds(examples, tmp_path):
 
 TINY = {  # settings that finish in seconds
     "bouncing_ball": ["--bounces", "2"],
+    "circuit": ["--n", "4", "--rtol", "1e-6"],
     "fit_lj": ["--frames", "1", "--steps", "2"],
     "fit_lorenz_shooting": ["--t1", "2", "--steps", "2", "--single-steps", "2"],
     "fit_lotka_volterra": ["--steps", "2", "--points", "10", "--no-scipy"],

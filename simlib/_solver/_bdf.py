@@ -48,6 +48,7 @@ from ._implicit import (
     mass_of,
     newton,
     rms_norm,
+    step_mass,
     tangent_solver,
 )
 
@@ -238,7 +239,7 @@ class BDF(LinearAlgebra, AbstractSolver):
         refactor = c != state.c_lu
         sg = lax.stop_gradient
         ls = self.bound_linear_solver(g, t, v)
-        mass = mass_of(f, args)
+        mass = step_mass(ls, mass_of(f, args), hh)
         mass_sg = None if mass is None else sg(mass)
         fac = lax.cond(refactor, lambda: ls.factor(state.fac.jac, sg(c), mass_sg),
                        lambda: state.fac)

@@ -133,6 +133,16 @@ def identity_mass(ls: LinearSolver, mass):
     return jnp.eye(mass.shape[0], dtype=mass.dtype)
 
 
+def step_mass(ls: LinearSolver, mass, h):
+    """The ``M`` a step of size ``h`` uses: ``mass``, and ``M + I`` for ``h = 0`` (the
+    masked attempts of a finished adaptive run, replayed by reverse mode), where
+    ``M - 0 J = M`` is singular and its solves, though discarded, would put NaN into the
+    derivatives (``0 * nan``)."""
+    if mass is None:
+        return None
+    return jnp.where(h == 0, mass + identity_mass(ls, mass), mass)
+
+
 def initial_derivative(mass, g, t, v: jax.Array, f0: jax.Array, dense_mass=None
                        ) -> jax.Array:
     """``y'(t0)`` of ``M y' = f`` for a multistep or ESDIRK start (``f0`` for an ODE).

@@ -85,6 +85,7 @@ from ._implicit import (
     mass_matvec,
     mass_of,
     refined_solve,
+    step_mass,
 )
 
 _D = 1.0 / (2.0 + math.sqrt(2.0))
@@ -114,7 +115,7 @@ class _Rosenbrock(LinearAlgebra, AbstractSolver):
         _, tangent = jax.linearize(g, tt, v)  # (dt, dv) -> df/dt dt + df/dy dv
         dfdt = tangent(jnp.ones_like(tt), jnp.zeros_like(v)).astype(v.dtype)
         c = jnp.asarray(c, v.dtype)
-        mass = mass_of(f, args)
+        mass = step_mass(ls, mass_of(f, args), c)
         fac = ls.factor(jac, c, mass)
         zero_t = jnp.zeros_like(tt)
 

@@ -64,6 +64,7 @@ from ._implicit import (
     mass_of,
     newton,
     rms_norm,
+    step_mass,
     tangent_solver,
 )
 
@@ -164,7 +165,7 @@ class _ImplicitRK(LinearAlgebra, AbstractSolver):
         hh = jnp.asarray(h, dtype)
         ls = self.bound_linear_solver(g, t, v)
         jac = lax.stop_gradient(self.linearise(ls, g, f, t, v, unravel, args))
-        mass = mass_of(f, args)
+        mass = step_mass(ls, mass_of(f, args), hh)
         fac = ls.factor(jac, lax.stop_gradient(hh * gamma),
                         None if mass is None else lax.stop_gradient(mass))
         change = jnp.zeros_like(v) if k is None else (hh * gamma) * k
