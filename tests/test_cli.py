@@ -415,6 +415,7 @@ def test_resume_if_exists_reads_the_checkpoint_it_finds(examples, tmp_path):
 # end to end, as subprocesses (slow): --quiet, kepler's summary, lj_fluid's resume
 
 TINY = {  # settings that finish in seconds
+    "akzo_nobel": ["--t1", "10", "--rtol", "1e-4"],
     "bouncing_ball": ["--bounces", "2"],
     "circuit": ["--n", "4", "--rtol", "1e-6"],
     "fit_lj": ["--frames", "1", "--steps", "2"],
