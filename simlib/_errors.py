@@ -44,6 +44,9 @@ class Result(IntEnum):
     BOX_TOO_SMALL = 15
     INVALID_BOX = 16
     CONSTRAINTS_NOT_CONVERGED = 20
+    INCONSISTENT_INITIAL_CONDITIONS = 21
+    INVALID_MASS_MATRIX = 22
+    SETTLE_FAILED = 23
 
     def __str__(self) -> str:
         return self.name
@@ -129,6 +132,16 @@ _MESSAGES = {
         "max_iterations sweeps at t={t:.17g} (step {step}); dt may be too large, the start "
         "state may violate the constraints, or constraints may conflict (a rigid triangle "
         "needs more sweeps: raise Rattle(..., max_iterations=...))"
+    ),
+    # the prefixes of the DAE checks' messages (simlib/_dae.py), which add the detail
+    Result.INCONSISTENT_INITIAL_CONDITIONS: (
+        "inconsistent DAE start (y0, mass_matrix, initialize):"
+    ),
+    Result.INVALID_MASS_MATRIX: "invalid mass_matrix:",
+    Result.SETTLE_FAILED: (
+        "SETTLE found no rigid placement for a water molecule at t={t:.17g} (step {step}): "
+        "it moved or turned too far in one step for the analytical solution; dt may be too "
+        "large, or the start state may violate the rigid geometry (sp.Settle's d_oh, d_hh)"
     ),
 }
 

@@ -12,12 +12,14 @@ import functools
 from typing import Any
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 
 from ._adaptive import adaptive_jit as _adaptive_jit
 from ._adjoint import AbstractAdjoint, Reversible, is_time_symmetric
 from ._auto import AUTOMATIC
+from ._dae import INITIALIZE, MassField, initialise, prepare_mass, wrap_events
 from ._errors import (
     Result,
     SolverError,
@@ -56,7 +58,7 @@ __all__ = ["DEFAULT_MAX_STEPS", "SaveAt", "Solution", "solve"]
 
 _KEYWORDS = ("solver", "dt", "rtol", "atol", "args", "saveat", "max_steps", "throw", "adjoint",
              "events", "progress", "diffusion", "key", "noise", "brownian", "jac_sparsity",
-             "jac_bandwidth", "linear_solver")
+             "jac_bandwidth", "linear_solver", "mass_matrix", "initialize")
 
 
 def _as_array_tree(y0, name: str) -> PyTree:
@@ -185,6 +187,8 @@ def solve(
     jac_sparsity: Any = None,
     jac_bandwidth: tuple[int, int] | None = None,
     linear_solver: Any = None,
+    mass_matrix: Any = None,
+    initialize: str = "check",
     **unknown: Any,
 ) -> Solution:
     """Integrate ``dy/dt = f(t, y, args)`` from ``t0`` to ``t1``.
@@ -260,6 +264,20 @@ def solve(
             as before) when at most 10% of ``J`` may be non-zero. ``"banded"``,
             ``"sparse"`` and ``"krylov"`` without a pattern detect it. The method and its
             step sequence are the same whichever is used (docs/pde.md).
+        mass_matrix: A constant ``M`` for a differential-algebraic equation
+            ``M y' = f(t, y, args)`` (docs/dae.md): an ``(n,)`` diagonal or an ``(n, n)``
+            matrix on the flattened state, possibly singular (its zero rows/columns, or
+            null spaces, are algebraic equations and variables; index-1 problems). Taken
+            by :class:`Rodas5P`, :class:`Rodas5`, :class:`Rosenbrock23`, :class:`BDF`,
+            :class:`Kvaerno5`, :class:`Kvaerno3` and :class:`BackwardEuler`, with any
+            linear solver (banded/sparse: ``M`` zero outside the Jacobian's band or
+            pattern; Krylov: a diagonal ``M`` only).
+        initialize: With a singular ``mass_matrix``: ``"check"`` (default) refuses a
+            ``y0`` off the algebraic equations by more than the tolerance (a
+            ``ValueError`` naming the residual; traced:
+            ``Result.INCONSISTENT_INITIAL_CONDITIONS``); ``"consistent"`` computes the
+            algebraic components from the differential ones by Newton (as SUNDIALS IDA's
+            ``IDACalcIC``), differentiably; ``"none"`` starts from ``y0`` unchecked.
 
     Returns:
         A :class:`Solution`.
@@ -289,8 +307,15 @@ def solve(
         )
     if not callable(f):
         raise TypeError(f"f must be callable as f(t, y, args), got {f!r}")
+    if initialize not in INITIALIZE:
+        raise ValueError(f"initialize must be one of {INITIALIZE}; got {initialize!r}")
+    if mass_matrix is None and initialize != "check":
+        raise ValueError(f"initialize={initialize!r} applies to a DAE: give mass_matrix")
     if (diffusion is not None or key is not None or noise is not None
             or brownian is not None or isinstance(solver, AbstractSDESolver)):
+        if mass_matrix is not None:
+            raise ValueError("mass_matrix (a DAE M y' = f) is not supported for SDEs; "
+                             f"{type(solver).__name__} cannot take it")
         return solve_sde(f, y0, t0, t1, solver=solver, diffusion=diffusion, key=key,
                          noise=noise, brownian=brownian, dt=dt, rtol=rtol, atol=atol,
                          args=args, saveat=saveat, max_steps=max_steps, throw=throw,
@@ -359,6 +384,14 @@ def solve(
     solver = configure_linear_solver(solver, f, y0, jnp.zeros((), tdtype), args,
                                      jac_sparsity=jac_sparsity, jac_bandwidth=jac_bandwidth,
                                      linear_solver=linear_solver)
+    if mass_matrix is not None:
+        flat = jax.flatten_util.ravel_pytree(y0)[0]
+        m, m_fmt = prepare_mass(mass_matrix, solver, flat.size, flat.dtype, checks)
+        y0 = initialise(f, y0, jnp.asarray(t0, tdtype), args, m,
+                        atol if rtol is None else rtol, rtol if atol is None else atol,
+                        initialize, checks)
+        f, args = MassField(f), (args, m_fmt)
+        events = wrap_events(events)
 
     adaptive = rtol is not None or atol is not None
     check_resolution(checks, t0, t1, dt, tdtype)

@@ -85,6 +85,10 @@ def convert_closure(f, t, y, args):
     # args)``), through every conversion (forward mode converts a converted field again)
     inner = getattr(f, "user_args", None)
     g.user_args = (lambda fa: fa[0]) if inner is None else (lambda fa: inner(fa[0]))
+    # a DAE's mass matrix, riding in ``args`` (simlib/_dae.py), likewise
+    inner_mass = getattr(f, "mass", None)
+    if inner_mass is not None:
+        g.mass = lambda fa: inner_mass(fa[0])
     return g, (args, tuple(consts))
 
 

@@ -27,7 +27,8 @@ from ._errors import Result, check_in_graph
 from ._util import is_tracer
 
 CODES = (Result.INVALID_SAVE_TIMES, Result.INVALID_TOLERANCE, Result.INVALID_TIME_ARGUMENT,
-         Result.TIME_NOT_RESOLVED, Result.NONFINITE_Y0, Result.NONFINITE_ARGS)
+         Result.TIME_NOT_RESOLVED, Result.NONFINITE_Y0, Result.NONFINITE_ARGS,
+         Result.INCONSISTENT_INITIAL_CONDITIONS, Result.INVALID_MASS_MATRIX)
 """The codes of invalid arguments found in the graph."""
 
 RESOLUTION_ULPS = 16

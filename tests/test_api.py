@@ -169,6 +169,7 @@ def test_result_codes():
         "NEWTON_FAILED", "EVENT_CAPACITY_EXCEEDED", "INVALID_SAVE_TIMES", "INVALID_TOLERANCE",
         "INVALID_TIME_ARGUMENT", "TIME_NOT_RESOLVED", "NONFINITE_Y0", "NONFINITE_ARGS",
         "BOX_TOO_SMALL", "INVALID_BOX", "CONSTRAINTS_NOT_CONVERGED",
+        "INCONSISTENT_INITIAL_CONDITIONS", "INVALID_MASS_MATRIX", "SETTLE_FAILED",
     }
     assert issubclass(sl.SolverError, RuntimeError)
 
@@ -212,6 +213,7 @@ PARTICLES_PUBLIC = [
     "PairCorrection", "pair_correction", "pressure_tensor",
 ]
 PARTICLES_PUBLIC += ["Bussi", "NoseHooverChain", "Rattle", "StochasticCellRescaling"]  # issue 27
+PARTICLES_PUBLIC += ["Settle", "Water", "spce_energy", "spce_water"]  # issue 27: water
 
 
 def test_particles_all_is_pinned():

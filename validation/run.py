@@ -31,6 +31,7 @@ from validation import (  # noqa: E402
     accuracy,
     common,
     convergence,
+    dae,
     energy,
     fitting,
     gradients,
@@ -51,6 +52,7 @@ PARTS = {
     "stiff": stiff,
     "sde": sde,
     "pde": pde,
+    "dae": dae,
     "fitting": fitting,
 }
 
@@ -64,9 +66,11 @@ PARTS = {
 # runs every check on smaller ensembles (strong and weak orders, OU with its negative control,
 # a 400-path Kramers run). The PDE part measures the spatial and temporal orders on the heat
 # equation and runs BDF on a 100-state Brusselator (no cached references, no cross-check).
+# The DAE part runs Rodas5P and BDF on the two Bari index-1 problems at rtol 1e-6 (no
+# IDA cross-check).
 # The fitting part runs six of the 47 Moré-Garbow-Hillstrom cases (no Lotka-Volterra fit).
 QUICK_PARTS = ("convergence", "accuracy", "energy", "gradients", "stiff", "sde", "pde",
-               "fitting")
+               "fitting", "dae")
 
 
 def _header(quick: bool, parts: list[str], seconds: float) -> str:

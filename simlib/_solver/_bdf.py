@@ -42,8 +42,13 @@ from ._implicit import (
     check_jac,
     check_linear_solver,
     flat_field,
+    identity_mass,
+    initial_derivative,
+    mass_matvec,
+    mass_of,
     newton,
     rms_norm,
+    step_mass,
     tangent_solver,
 )
 
@@ -150,6 +155,7 @@ class BDF(LinearAlgebra, AbstractSolver):
     order = 1  # the order it starts at (and the first step's size is chosen for)
     adaptive = True
     multistep = True
+    accepts_mass = True  # M y' = f: the corrector M (d + psi) = c f (ode15s's DAE form)
     reference = (
         "L. F. Shampine and M. W. Reichelt, The MATLAB ODE suite, SIAM J. Sci. Comput. 18 "
         "(1997) 1-22; G. D. Byrne and A. C. Hindmarsh, ACM TOMS 1 (1975) 71-96"
@@ -182,11 +188,13 @@ class BDF(LinearAlgebra, AbstractSolver):
         n = v.size
         f0v = g(t, v) if f0 is None else ravel_pytree(f0)[0].astype(dtype)
         D = jnp.zeros((_ROWS, n), dtype).at[0].set(v)
-        # D_1 = h f0 for the step h: stored for h = 1 and rescaled to the first step
-        D = D.at[1].set(f0v)
+        mass = mass_of(f, args)
+        # D_1 = h y'(t) for the step h: stored for h = 1 and rescaled to the first step
+        D = D.at[1].set(initial_derivative(mass, g, t, v, f0v))
         ls = self.bound_linear_solver(g, t, v)
         J = lax.stop_gradient(self.linearise(ls, g, f, t, v, unravel, args))
-        fac = ls.factor(J, jnp.asarray(0.0, dtype))  # A = I: a placeholder (c_lu = nan)
+        # A = I: a placeholder (c_lu = nan)
+        fac = ls.factor(J, jnp.asarray(0.0, dtype), identity_mass(ls, mass))
         nan = jnp.asarray(jnp.nan, dtype)
         zero = jnp.asarray(0, jnp.int32)
         return BDFState(D=D, order=jnp.asarray(1, jnp.int32), h=jnp.asarray(1.0, dtype),
@@ -231,10 +239,16 @@ class BDF(LinearAlgebra, AbstractSolver):
         refactor = c != state.c_lu
         sg = lax.stop_gradient
         ls = self.bound_linear_solver(g, t, v)
-        fac = lax.cond(refactor, lambda: ls.factor(state.fac.jac, sg(c)), lambda: state.fac)
+        mass = step_mass(ls, mass_of(f, args), hh)
+        mass_sg = None if mass is None else sg(mass)
+        fac = lax.cond(refactor, lambda: ls.factor(state.fac.jac, sg(c), mass_sg),
+                       lambda: state.fac)
 
-        def residual(d):
-            return d + psi - c * g(t_new, y_pred + d)
+        def apply_mass(x, m=mass):
+            return mass_matvec(ls, state.fac.jac, m, x)
+
+        def residual(d):  # M y' = f: M (d + psi) - c f (Shampine, Reichelt, Kierzenka 1999)
+            return apply_mass(d + psi) - c * g(t_new, y_pred + d)
 
         # Newton runs on values cut from the autodiff graph (its while_loop is not
         # reverse-differentiable); lax.custom_root then gives the converged correction
@@ -244,7 +258,13 @@ class BDF(LinearAlgebra, AbstractSolver):
         scale_sg = sg(scale)
 
         def attempt(fac_):
-            return newton(lambda y_, d_: c_sg * g_sg(t_sg, y_) - psi_sg - d_,
+            if mass is None:
+                def rhs(y_, d_):
+                    return c_sg * g_sg(t_sg, y_) - psi_sg - d_
+            else:
+                def rhs(y_, d_):
+                    return c_sg * g_sg(t_sg, y_) - apply_mass(psi_sg + d_, mass_sg)
+            return newton(rhs,
                           lambda b: ls.solve(fac_, b, field=g_sg), y_pred_sg, scale_sg,
                           tol=sg(newton_tol), max_iters=self.newton_max_iters,
                           accept_first=False)
@@ -255,7 +275,7 @@ class BDF(LinearAlgebra, AbstractSolver):
         def refresh():
             J_ = sg(self.linearise(ls, g_sg, f, t_sg, y_pred_sg, unravel,
                                    jax.tree_util.tree_map(sg, args)))
-            fac_ = ls.factor(J_, c_sg)
+            fac_ = ls.factor(J_, c_sg, mass_sg)
             return fac_, attempt(fac_)
 
         fac, second = lax.cond(refreshed, refresh, lambda: (fac, first))

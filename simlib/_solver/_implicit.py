@@ -100,6 +100,85 @@ def user_jacobian(jac: Callable, f: VectorField, t, v: jax.Array, unravel, args)
     return m.reshape(n, n).astype(v.dtype)
 
 
+def mass_of(f: VectorField, args):
+    """The mass matrix ``M`` of a DAE ``M y' = f`` in the linear solver's format (``None``:
+    an ODE, ``M = I``), from the field's ``args`` (simlib/_dae.py)."""
+    get = getattr(f, "mass", None)
+    return None if get is None else get(args)
+
+
+def mass_matvec(ls: LinearSolver, jac, mass, x: jax.Array) -> jax.Array:
+    """``M x`` for ``M`` in ``ls``'s format (``None``: ``x``; an ``(n,)`` diagonal)."""
+    if mass is None:
+        return x
+    if mass.shape == x.shape:  # a diagonal (a sparse pattern with n entries is one too)
+        return mass.astype(x.dtype) * x
+    zero = jnp.zeros((), x.dtype)
+    return ls.matvec(jax.tree_util.tree_map(jnp.zeros_like, jac), zero, mass, x)
+
+
+def identity_mass(ls: LinearSolver, mass):
+    """The identity in ``mass``'s format (a placeholder factorisation's ``M``)."""
+    if mass is None:
+        return None
+    from .._linalg._banded import Banded
+
+    n = ls.pattern.n if isinstance(ls, Sparse) else mass.shape[0]
+    if mass.shape == (n,):
+        return jnp.ones_like(mass)
+    if isinstance(ls, Banded):
+        return jnp.zeros_like(mass).at[:, ls.lower].set(1.0)
+    if isinstance(ls, Sparse):
+        return jnp.zeros_like(mass).at[jnp.asarray(ls.pattern.diag)].set(1.0)
+    return jnp.eye(mass.shape[0], dtype=mass.dtype)
+
+
+def step_mass(ls: LinearSolver, mass, h):
+    """The ``M`` a step of size ``h`` uses: ``mass``, and ``M + I`` for ``h = 0`` (the
+    masked attempts of a finished adaptive run, replayed by reverse mode), where
+    ``M - 0 J = M`` is singular and its solves, though discarded, would put NaN into the
+    derivatives (``0 * nan``)."""
+    if mass is None:
+        return None
+    return jnp.where(h == 0, mass + identity_mass(ls, mass), mass)
+
+
+def initial_derivative(mass, g, t, v: jax.Array, f0: jax.Array, dense_mass=None
+                       ) -> jax.Array:
+    """``y'(t0)`` of ``M y' = f`` for a multistep or ESDIRK start (``f0`` for an ODE).
+
+    With ``Q`` the projector onto ``M``'s left null space (simlib/_dae.py), ``y'`` solves
+    ``M y' = (I - Q) f`` on the differential equations and the derivative of the algebraic
+    ones, ``Q (J y' + df/dt) = 0``: ``(M + Q J) y' = (I - Q) f - Q df/dt`` (dense, for an
+    ``(n,)`` diagonal ``M`` up to 1,000 states or a dense ``M``). Otherwise (a banded or
+    sparse ``M``, a larger diagonal one) the differential part ``f / M_ii`` of a diagonal
+    ``M`` and zero elsewhere: a rougher first predictor that the first step's error
+    control absorbs."""
+    if mass is None:
+        return f0
+    n = v.size
+    m = dense_mass
+    if m is None and mass.ndim == 1 and mass.shape == (n,) and n <= 1000:
+        m = mass
+    if m is None and mass.shape == (n, n):
+        m = mass
+    if m is None:
+        if mass.shape == (n,):
+            nz = mass != 0
+            return jnp.where(nz, f0 / jnp.where(nz, mass, 1.0), 0.0)
+        return jnp.zeros_like(f0)
+    from .._dae import projectors
+
+    q, _ = projectors(m.astype(v.dtype))
+    md = jnp.diag(m) if m.ndim == 1 else m
+    tt = jnp.asarray(t)
+    jac = jax.jacfwd(lambda w: g(tt, w))(v)
+    dfdt = jax.jvp(lambda s: g(s, v), (tt,), (jnp.ones_like(tt),))[1].astype(v.dtype)
+    a = md.astype(v.dtype) + q @ jac
+    yp = jnp.linalg.solve(a, f0 - q @ f0 - q @ dfdt)
+    return jnp.where(jnp.all(jnp.isfinite(yp)), yp, jnp.zeros_like(yp))
+
+
 class LinearAlgebra:
     """The ``jac``/``linear_solver`` settings of a stiff solver and what it does with
     them. ``linear_solver=None`` is dense LU (``simlib.DenseLU(jac)``)."""

@@ -77,7 +77,16 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from ._base import AbstractSolver, PyTree, VectorField, register_static
-from ._implicit import LinearAlgebra, check_jac, check_linear_solver, flat_field, refined_solve
+from ._implicit import (
+    LinearAlgebra,
+    check_jac,
+    check_linear_solver,
+    flat_field,
+    mass_matvec,
+    mass_of,
+    refined_solve,
+    step_mass,
+)
 
 _D = 1.0 / (2.0 + math.sqrt(2.0))
 _E32 = 6.0 + math.sqrt(2.0)
@@ -87,14 +96,17 @@ class _Rosenbrock(LinearAlgebra, AbstractSolver):
     """What the Rosenbrock methods share: the ``jac=``/``linear_solver=`` settings and
     ``J``, ``df/dt`` and the stage solves."""
 
+    accepts_mass = True  # M y' = f: solve's mass_matrix (Hairer and Wanner, VI.4)
+
     def __init__(self, jac: str | Callable = "fwd", linear_solver=None):
         self.jac = check_jac(jac)
         self.linear_solver = check_linear_solver(linear_solver, self.jac)
 
     def _linearise(self, f, t, y, args, c):
-        """``g`` (flat field), ``v`` (flat ``y``), ``unravel``, ``T = df/dt`` and
-        ``solve(b)``, which solves ``(I - c J) x = b`` with ``J = df/dy`` at ``(t, y)``:
-        one factorisation by the linear solver and one refinement whose residual takes
+        """``g`` (flat field), ``v`` (flat ``y``), ``unravel``, ``T = df/dt``,
+        ``solve(b)``, which solves ``(M - c J) x = b`` with ``J = df/dy`` at ``(t, y)``
+        (``M = I`` for an ODE, the mass matrix of a DAE), and ``mass(x) = M x``: one
+        factorisation by the linear solver and one refinement whose residual takes
         ``J x`` from ``f``'s ``jvp`` (see :func:`refined_solve`)."""
         g, v, unravel = flat_field(f, y, args)
         tt = jnp.asarray(t, jnp.result_type(t))
@@ -103,14 +115,19 @@ class _Rosenbrock(LinearAlgebra, AbstractSolver):
         _, tangent = jax.linearize(g, tt, v)  # (dt, dv) -> df/dt dt + df/dy dv
         dfdt = tangent(jnp.ones_like(tt), jnp.zeros_like(v)).astype(v.dtype)
         c = jnp.asarray(c, v.dtype)
-        fac = ls.factor(jac, c)
+        mass = step_mass(ls, mass_of(f, args), c)
+        fac = ls.factor(jac, c, mass)
         zero_t = jnp.zeros_like(tt)
 
-        def solve(b):
-            return refined_solve(ls, fac, lambda x: x - c * tangent(zero_t, x).astype(x.dtype),
-                                 b, field=g)
+        def apply_mass(x):
+            return mass_matvec(ls, jac, mass, x)
 
-        return g, v, unravel, dfdt, solve
+        def solve(b):
+            return refined_solve(
+                ls, fac, lambda x: apply_mass(x) - c * tangent(zero_t, x).astype(x.dtype),
+                b, field=g)
+
+        return g, v, unravel, dfdt, solve, apply_mass
 
 
 class Rosenbrock23(_Rosenbrock):
@@ -148,15 +165,16 @@ class Rosenbrock23(_Rosenbrock):
         """One step of size ``h``. Returns ``(y1, err, (k1, k2), f(t + h, y1))``."""
         dtype = ravel_pytree(y)[0].dtype
         hh = jnp.asarray(h, dtype)
-        g, v, unravel, dfdt, solve = self._linearise(f, t, y, args, hh * _D)
+        g, v, unravel, dfdt, solve, mass = self._linearise(f, t, y, args, hh * _D)
         f0 = ravel_pytree(state)[0].astype(dtype)
         hdt = (hh * _D) * dfdt
+        # M y' = f: W = M - h d J, and M multiplies the k terms (Hairer and Wanner VI.4)
         k1 = solve(f0 + hdt)
         f1 = g(t + 0.5 * h, v + (0.5 * hh) * k1)
-        k2 = solve(f1 - k1) + k1
+        k2 = solve(f1 - mass(k1)) + k1
         v1 = v + hh * k2
         f2 = g(t + h, v1)
-        k3 = solve(f2 - _E32 * (k2 - f1) - 2.0 * (k1 - f0) + hdt)
+        k3 = solve(f2 - _E32 * (mass(k2) - f1) - 2.0 * (mass(k1) - f0) + hdt)
         err = (hh / 6.0) * (k1 - 2.0 * k2 + k3)
         return unravel(v1), unravel(err), (k1, k2), unravel(f2)
 
@@ -270,7 +288,8 @@ class _Rodas(_Rosenbrock):
         dtype = ravel_pytree(y)[0].dtype
         hh = jnp.asarray(h, dtype)
         hg = hh * tab.gamma
-        g, v, unravel, dfdt, solve = self._linearise(f, t, y, args, hg)
+        g, v, unravel, dfdt, solve, mass = self._linearise(f, t, y, args, hg)
+        dae = mass_of(f, args) is not None
         # w_i = u_i / (h gamma), so that C_ij / h u_j = gamma C_ij w_j: no division by h
         # (a zero step, as in the masked attempts of a finished replay, stays finite)
         ws = []
@@ -282,9 +301,13 @@ class _Rodas(_Rosenbrock):
             rhs = g(t + tab.c[i] * h, arg)
             if tab.d[i] != 0.0:
                 rhs = rhs + (tab.d[i] * hh) * dfdt
-            for c, w in zip(tab.C[i], ws, strict=True):
-                rhs = rhs + (c * tab.gamma) * w
-            ws.append(solve(rhs))  # (I - h gamma J) w = rhs
+            if ws and dae:  # M y' = f: M sum_j C_ij / h u_j (Hairer and Wanner VI.4)
+                cw = sum((c * tab.gamma) * w for c, w in zip(tab.C[i], ws, strict=True))
+                rhs = rhs + mass(cw)
+            elif ws:
+                for c, w in zip(tab.C[i], ws, strict=True):
+                    rhs = rhs + (c * tab.gamma) * w
+            ws.append(solve(rhs))  # (M - h gamma J) w = rhs
         err = hg * ws[-1]
         v1 = arg + err
         stack = jnp.stack(ws)

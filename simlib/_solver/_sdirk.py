@@ -59,8 +59,12 @@ from ._implicit import (
     check_jac,
     check_linear_solver,
     flat_field,
+    initial_derivative,
+    mass_matvec,
+    mass_of,
     newton,
     rms_norm,
+    step_mass,
     tangent_solver,
 )
 
@@ -161,20 +165,24 @@ class _ImplicitRK(LinearAlgebra, AbstractSolver):
         hh = jnp.asarray(h, dtype)
         ls = self.bound_linear_solver(g, t, v)
         jac = lax.stop_gradient(self.linearise(ls, g, f, t, v, unravel, args))
-        fac = ls.factor(jac, lax.stop_gradient(hh * gamma))
+        mass = step_mass(ls, mass_of(f, args), hh)
+        fac = ls.factor(jac, lax.stop_gradient(hh * gamma),
+                        None if mass is None else lax.stop_gradient(mass))
         change = jnp.zeros_like(v) if k is None else (hh * gamma) * k
         scale = self._newton_scale(v, change, rtol, atol)
-        return g, v, unravel, hh, (ls, fac), scale
+        return g, v, unravel, hh, (ls, fac, mass), scale
 
     def _stage(self, g, ts, base, hg, z0, linear, scale):
         """Solve ``Z = base + hg g(ts, Z)``: ``(Z, converged, iterations)``, differentiable in
         ``base``, ``hg``, ``ts`` and whatever ``g`` closes over by the implicit function
         theorem."""
         max_iters = self.max_newton_iters
-        ls, fac = linear
+        ls, fac, mass = linear
 
-        def residual(z):
-            return z - base - hg * g(ts, z)
+        def residual(z):  # M y' = f: M (Z - base) = hg f(Z) (Hairer and Wanner VI.1)
+            if mass is None:
+                return z - base - hg * g(ts, z)
+            return mass_matvec(ls, fac.jac, mass, z - base) - hg * g(ts, z)
 
         def solve(fun, x0):
             res = newton(lambda z, _: -fun(z),
@@ -224,6 +232,7 @@ class ESDIRK(_ImplicitRK):
     """
 
     adaptive = True
+    accepts_mass = True  # stiffly accurate: y1 = Z_s solves the algebraic equations
     gamma: float = 0.0
     a: tuple[tuple[float, ...], ...] = ()
     init_fevals = 1
@@ -237,6 +246,10 @@ class ESDIRK(_ImplicitRK):
         tolerances yet (``0``: a fixed-step run) and the Newton counter."""
         k = f(t, y, args) if f0 is None else f0
         dtype = ravel_pytree(y)[0].dtype
+        mass = mass_of(f, args)
+        if mass is not None:  # the first stage's k is y'(t) of M y' = f
+            g, v, unravel = flat_field(f, y, args)
+            k = unravel(initial_derivative(mass, g, t, v, ravel_pytree(k)[0].astype(dtype)))
         zero = jnp.asarray(0.0, dtype)
         return ESDIRKState(k, zero, zero, jnp.asarray(0, jnp.int32))
 
@@ -400,6 +413,7 @@ class BackwardEuler(_OneStage):
 
     order = 1
     gamma = 1.0
+    accepts_mass = True  # M (y1 - y) = h f(y1)
     reference = "Hairer and Wanner, Solving ODEs II, 2nd ed. (1996), IV.3"
 
 

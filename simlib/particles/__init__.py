@@ -27,7 +27,7 @@ from ._bonded import (
     pair_correction,
     periodic_torsion,
 )
-from ._cells import CellList, cell_list
+from ._cells import CellList, cell_list, pair_search
 from ._checkpoint import CheckpointError, checkpoint_info
 from ._constraints import Rattle
 from ._dynamics import NVE, Integrator, Langevin, State
@@ -49,11 +49,13 @@ from ._observables import (
     total_momentum,
 )
 from ._potentials import coulomb, gravity, harmonic, lennard_jones, morse, wca
+from ._settle import Settle
 from ._sharded import ShardedEnergy, sharded
 from ._simulate import Trajectory, simulate
 from ._space import Space, free, periodic
 from ._thermostats import Bussi, NoseHooverChain
 from ._topology import Topology, TopologyError, excluded_pairs, read_lammps_data
+from ._water import Water, spce_energy, spce_water
 
 __all__ = [
     "MIXING_RULES",
@@ -75,6 +77,7 @@ __all__ = [
     "PairCorrection",
     "PairEnergy",
     "Rattle",
+    "Settle",
     "Space",
     "ShardedEnergy",
     "State",
@@ -82,6 +85,7 @@ __all__ = [
     "Topology",
     "TopologyError",
     "Trajectory",
+    "Water",
     "angle_energy",
     "angular_momentum",
     "bond_angle",
@@ -110,6 +114,7 @@ __all__ = [
     "missing_pairs",
     "morse",
     "neighbor_list",
+    "pair_search",
     "pair_correction",
     "pair_energy",
     "periodic_torsion",
@@ -123,6 +128,8 @@ __all__ = [
     "reallocate",
     "sharded",
     "simulate",
+    "spce_energy",
+    "spce_water",
     "temperature",
     "total_momentum",
     "wca",

@@ -26,7 +26,13 @@ def arithmetic_mean(a, b):
 
 
 def geometric_mean(a, b):
-    return jnp.sqrt(a * b)
+    # sqrt's derivative is infinite at 0: a zero product (a particle without Lennard-Jones,
+    # such as a water hydrogen) would give 0 * inf = nan in every gradient. Its value and
+    # derivative there are 0 (sqrt(a b) = 0 along any change of a nonzero factor); a
+    # negative product still gives nan.
+    p = a * b
+    zero = p == 0
+    return jnp.where(zero, 0.0, jnp.sqrt(jnp.where(zero, 1.0, p)))
 
 
 MIXING_RULES: dict[str, Callable] = {

@@ -163,14 +163,23 @@ class NoseHooverChain(Integrator):
         chain, s = self._chain(chain, kinetic(carry.velocities, masses), nf, half)
         return carry._replace(velocities=s * carry.velocities, extra=chain)
 
-    def observe(self, carry: Carry, masses) -> dict:
-        dtype = carry.velocities.dtype
-        nf = _dof(self.dof, carry.positions)
+    def thermostat(self, chain: ChainState, v, masses, nf: int, time, key=None):
+        """The thermostat alone for ``time``: velocities scaled, the chain advanced (the
+        half steps of :meth:`step`; used by :class:`Settle`)."""
+        chain, s = self._chain(chain, kinetic(v, masses), nf, time)
+        return s * v, chain
+
+    def extended_energy(self, chain: ChainState, nf: int, dtype):
+        """The chain's part of the conserved quantity."""
         q = self._masses(nf, dtype)
         kT = jnp.asarray(self.kT, dtype)
-        xi, p = carry.extra
+        xi, p = chain
         weights = jnp.full_like(xi, 1.0).at[0].set(nf)
-        extended = jnp.sum(0.5 * p * p / q) + kT * jnp.sum(weights * xi)
+        return jnp.sum(0.5 * p * p / q) + kT * jnp.sum(weights * xi)
+
+    def observe(self, carry: Carry, masses) -> dict:
+        nf = _dof(self.dof, carry.positions)
+        extended = self.extended_energy(carry.extra, nf, carry.velocities.dtype)
         return dict(conserved=carry.potential_energy + kinetic(carry.velocities, masses)
                     + extended)
 
@@ -259,6 +268,15 @@ class Bussi(Integrator):
         carry = _verlet(model, carry, masses, params, dt, v)
         v, heat = self._rescale(carry.velocities, masses, nf, half, k2, heat)
         return carry._replace(velocities=v, extra=heat)
+
+    def thermostat(self, heat, v, masses, nf: int, time, key):
+        """The thermostat alone for ``time``: velocities rescaled, the heat updated (the
+        half steps of :meth:`step`; used by :class:`Settle`)."""
+        return self._rescale(v, masses, nf, time, key, heat)
+
+    def extended_energy(self, heat, nf: int, dtype):
+        """The heat taken out so far, the thermostat's part of the conserved quantity."""
+        return heat
 
     def observe(self, carry: Carry, masses) -> dict:
         return dict(conserved=carry.potential_energy + kinetic(carry.velocities, masses)

@@ -32,6 +32,14 @@ Stochastic (drift and diffusion for ``simlib.solve(..., diffusion=)``):
       (with :func:`geometric_brownian_motion_exact`,
       :func:`geometric_brownian_motion_moments`)
 
+Index-1 differential-algebraic problems ``M y' = f(t, y, args)`` of the Bari test set
+(Mazzia and Magherini), with their mass matrices, consistent initial values and published
+reference solutions at ``t1``:
+    * :func:`akzo_nobel` (:data:`AKZO_NOBEL`): the chemical Akzo Nobel problem
+    * :func:`transistor_amplifier` (:data:`TRANSISTOR_AMPLIFIER`): the transistor amplifier
+    :class:`DAEProblem` describes one, :data:`DAE_PROBLEMS` holds both and :func:`scd`
+    counts significant correct digits as the test set does.
+
 Problems:
     :class:`Problem` describes a standard set-up; :data:`PROBLEMS` holds one per
     system and :func:`get_problem` looks one up by name.
@@ -39,6 +47,26 @@ Problems:
 
 from ._biology import LOTKA_VOLTERRA_DEFAULT_ARGS, lotka_volterra, lotka_volterra_invariant
 from ._chaos import LORENZ_DEFAULT_ARGS, VAN_DER_POL_DEFAULT_ARGS, lorenz, van_der_pol
+from ._dae import (
+    AKZO_NOBEL,
+    AKZO_NOBEL_DEFAULT_ARGS,
+    AKZO_NOBEL_REFERENCE,
+    AKZO_NOBEL_T1,
+    DAE_PROBLEMS,
+    TRANSISTOR_AMPLIFIER,
+    TRANSISTOR_AMPLIFIER_DEFAULT_ARGS,
+    TRANSISTOR_AMPLIFIER_REFERENCE,
+    TRANSISTOR_AMPLIFIER_T1,
+    DAEProblem,
+    akzo_nobel,
+    akzo_nobel_initial,
+    akzo_nobel_mass_matrix,
+    scd,
+    transistor_amplifier,
+    transistor_amplifier_initial,
+    transistor_amplifier_initial_derivative,
+    transistor_amplifier_mass_matrix,
+)
 from ._kepler import (
     KEPLER_DEFAULT_ARGS,
     KEPLER_NEWTON_ITERATIONS,
@@ -85,6 +113,24 @@ from ._stochastic import (
 )
 
 __all__ = [
+    "AKZO_NOBEL",
+    "AKZO_NOBEL_DEFAULT_ARGS",
+    "AKZO_NOBEL_REFERENCE",
+    "AKZO_NOBEL_T1",
+    "DAE_PROBLEMS",
+    "TRANSISTOR_AMPLIFIER",
+    "TRANSISTOR_AMPLIFIER_DEFAULT_ARGS",
+    "TRANSISTOR_AMPLIFIER_REFERENCE",
+    "TRANSISTOR_AMPLIFIER_T1",
+    "DAEProblem",
+    "akzo_nobel",
+    "akzo_nobel_initial",
+    "akzo_nobel_mass_matrix",
+    "scd",
+    "transistor_amplifier",
+    "transistor_amplifier_initial",
+    "transistor_amplifier_initial_derivative",
+    "transistor_amplifier_mass_matrix",
     "BRUSSELATOR_1D_DEFAULT_ARGS",
     "BRUSSELATOR_2D_DEFAULT_ARGS",
     "DAMPED_DRIVEN_PENDULUM_DEFAULT_ARGS",

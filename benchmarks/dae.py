@@ -1,0 +1,277 @@
+"""Index-1 DAEs ``M y' = f``: simlib against SUNDIALS IDA on the Bari test set's problems.
+
+Problems (:mod:`simlib.systems`, as the test set's Fortran writes them; Mazzia and
+Magherini, *Test Set for IVP Solvers*, release 2.4): the chemical Akzo Nobel problem
+(6 states, ``M = diag(1, 1, 1, 1, 1, 0)``, ``t`` in ``[0, 180]``) and the transistor
+amplifier (8 states, ``M`` of rank 5, ``t`` in ``[0, 0.2]``). ``atol = rtol * 1e-2``
+(Akzo Nobel) and ``rtol * 1e-3`` (amplifier), as in ``validation/dae.py``.
+
+The three targets of issue 24, each in one run (ratios within it):
+
+1. ``single``: one solve of each problem at rtol 1e-6: simlib ``Rodas5P`` and ``BDF``
+   (jitted; compile time apart) against IDA (scikit-sundae: variable-order BDF, numpy
+   residual ``M y' - f`` from ``validation/dae_reference.py``, dense direct linear solver
+   with IDA's finite-difference Jacobian), with the accuracy of each: the test set's
+   significant correct digits ``min_i -log10(|y_i - ref_i| / |ref_i|)`` against the
+   published solution. IDA is also timed at a tighter rtol where that reaches simlib's
+   accuracy cheaply (Akzo Nobel). Target: simlib no slower than IDA at equal or better
+   accuracy.
+2. ``ensemble``: 1,000 parameter sets of Akzo Nobel (``k1..k4`` and ``klA`` times
+   ``exp(0.2 N(0, 1))``, numpy ``default_rng(0)``), simlib ``Rodas5P`` under
+   ``jax.jit(jax.vmap(...))`` against IDA in a Python loop over the first
+   ``--ida-members`` of them, its time scaled linearly to 1,000 (marked as such); the two
+   agree member by member (reported). Target: simlib at least 20x faster.
+3. ``gradient``: ``jax.grad`` of ``L = mean_i U8(t_i)^2`` (the amplifier's output node at
+   100 times in ``(0, 0.2]``) with respect to the ten resistances and five capacitances
+   (the capacitances enter through ``M``), simlib ``Rodas5P`` with its default adjoint,
+   against the forward solve of the same loss. Target: gradient at most 10x the forward.
+
+Times are the best of ``--repeats`` after a warm-up (``benchmarks/_timing.py``); a run
+slower than 2 s is timed once after its warm-up. Results go to
+``benchmarks/results/dae.json``.
+
+Usage::
+
+    python benchmarks/dae.py                  # all three (about 2 minutes)
+    python benchmarks/dae.py --parts single,gradient --repeats 5
+    bash benchmarks/install_peers.sh          # scikit-sundae (IDA), if missing
+"""
+
+import os
+import sys
+
+from _timing import best_of, compile_jit, fmt_load, load_average, single_thread_if_asked
+
+single_thread_if_asked(sys.argv)  # before numpy/jax load their thread pools
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import platform  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's simlib (and validation.dae_reference)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from _format import finish, fmt_r, fmt_s, simlib_commit  # noqa: E402
+
+import simlib as sl  # noqa: E402
+from simlib.systems import AKZO_NOBEL, TRANSISTOR_AMPLIFIER, scd  # noqa: E402
+from validation import dae_reference as ida  # noqa: E402
+from validation.dae import ATOL_PER_RTOL  # noqa: E402
+
+RESULTS_PATH = Path(__file__).resolve().parent / "results" / "dae.json"
+PARTS = ("single", "ensemble", "gradient")
+RTOL = 1e-6
+SOLVERS = ("Rodas5P", "BDF")
+IDA_TIGHTER = {"akzo_nobel": 1e-8}  # IDA again at this rtol (matching simlib's digits)
+N_ENSEMBLE = 1000
+GRAD_TIMES = 100
+MAX_STEPS = 200_000
+
+
+def _solve_fn(problem, solver: str, rtol: float):
+    """``run(args) -> y(t1), result`` for ``problem`` (jit-ready; ``M`` from ``args``)."""
+    y0 = jnp.asarray(problem.y0)
+    method = getattr(sl, solver)()
+    atol = rtol * ATOL_PER_RTOL[problem.name]
+
+    def run(args):
+        sol = sl.solve(problem.vector_field, y0, problem.t0, problem.t1, solver=method,
+                       rtol=rtol, atol=atol, args=args, max_steps=MAX_STEPS, throw=False,
+                       mass_matrix=problem.mass_matrix(args))
+        return sol.ys[-1], sol.result, sol.stats["num_accepted"]
+
+    return run
+
+
+def bench_single(repeats: int) -> list[dict]:
+    rows = []
+    for prob in (AKZO_NOBEL, TRANSISTOR_AMPLIFIER):
+        args = tuple(jnp.asarray(a) for a in prob.args)
+        for solver in SOLVERS:
+            fn, compile_s = compile_jit(_solve_fn(prob, solver, RTOL), args)
+            t = best_of(lambda fn=fn, args=args: fn(args), repeats)
+            y, result, steps = t.out
+            rows.append(dict(problem=prob.name, contender=f"simlib {solver}", rtol=RTOL,
+                             seconds=t.best, compile_s=compile_s, steps=int(steps),
+                             result=int(result),
+                             scd=float(np.min(scd(np.asarray(y), prob.reference)))))
+            print(f"[dae] {prob.name} simlib {solver}: {fmt_s(t.best)} "
+                  f"(compile {compile_s:.1f} s), scd {rows[-1]['scd']:.2f}", flush=True)
+        for rtol in (RTOL, IDA_TIGHTER.get(prob.name)):
+            if rtol is None or not ida.available():
+                continue
+            atol = rtol * ATOL_PER_RTOL[prob.name]
+            t = best_of(lambda p=prob, r=rtol, a=atol: ida.ida_solve(p, r, a), repeats)
+            rows.append(dict(problem=prob.name, contender="IDA (dense)", rtol=rtol,
+                             seconds=t.best, compile_s=None, steps=t.out.steps, result=0,
+                             scd=float(np.min(scd(t.out.y1, prob.reference)))))
+            print(f"[dae] {prob.name} IDA rtol {rtol:g}: {fmt_s(t.best)}, "
+                  f"scd {rows[-1]['scd']:.2f}", flush=True)
+    return rows
+
+
+def akzo_parameter_sets(n: int) -> np.ndarray:
+    """``(n, 9)`` Akzo Nobel parameters: ``k1..k4, klA`` times ``exp(0.2 N(0, 1))``."""
+    rng = np.random.default_rng(0)
+    p = np.tile(np.asarray(AKZO_NOBEL.args), (n, 1))
+    for i in (0, 1, 2, 3, 5):
+        p[:, i] *= np.exp(0.2 * rng.standard_normal(n))
+    return p
+
+
+def bench_ensemble(repeats: int, ida_members: int) -> dict:
+    params = akzo_parameter_sets(N_ENSEMBLE)
+    one = _solve_fn(AKZO_NOBEL, "Rodas5P", RTOL)
+    batched = jax.vmap(lambda p: one(tuple(p[i] for i in range(9))))
+    pj = jnp.asarray(params)
+    fn, compile_s = compile_jit(batched, pj)
+    t = best_of(lambda: fn(pj), repeats)
+    ys, results, steps = (np.asarray(x) for x in t.out)
+    out = dict(members=N_ENSEMBLE, rtol=RTOL, simlib_seconds=t.best, compile_s=compile_s,
+               simlib_failed=int(np.sum(results != 0)), max_steps=int(steps.max()),
+               mean_steps=float(steps.mean()))
+    print(f"[dae] ensemble simlib: {fmt_s(t.best)} for {N_ENSEMBLE} "
+          f"(compile {compile_s:.1f} s)", flush=True)
+    if ida.available():
+        atol = RTOL * ATOL_PER_RTOL["akzo_nobel"]
+        start = time.perf_counter()
+        ida_ys = [ida.ida_solve(AKZO_NOBEL, RTOL, atol, args=tuple(params[i])).y1
+                  for i in range(ida_members)]
+        secs = time.perf_counter() - start
+        diff = np.abs(np.array(ida_ys) - ys[:ida_members]) / np.abs(ys[:ida_members])
+        out.update(ida_members=ida_members, ida_seconds_measured=secs,
+                   ida_seconds_scaled=secs * N_ENSEMBLE / ida_members,
+                   speedup=secs * N_ENSEMBLE / ida_members / t.best,
+                   max_rel_disagreement=float(diff.max()))
+        print(f"[dae] ensemble IDA: {fmt_s(secs)} for {ida_members} (scaled "
+              f"{fmt_s(out['ida_seconds_scaled'])}); speedup {out['speedup']:.1f}x", flush=True)
+    return out
+
+
+def bench_gradient(repeats: int) -> dict:
+    prob = TRANSISTOR_AMPLIFIER
+    ts = jnp.linspace(prob.t1 / GRAD_TIMES, prob.t1, GRAD_TIMES)
+    y0 = jnp.asarray(prob.y0)
+    fixed = jnp.asarray(prob.args[:4])
+    method = sl.Rodas5P()
+    atol = RTOL * ATOL_PER_RTOL[prob.name]
+
+    def loss(rc):  # rc: r0..r9, c1..c5
+        args = tuple(fixed) + tuple(rc[i] for i in range(15))
+        sol = sl.solve(prob.vector_field, y0, prob.t0, prob.t1, solver=method, rtol=RTOL,
+                       atol=atol, args=args, mass_matrix=prob.mass_matrix(args),
+                       saveat=sl.SaveAt(ts=ts), max_steps=MAX_STEPS)
+        return jnp.mean(sol.ys[:, 7] ** 2)
+
+    rc = jnp.asarray(prob.args[4:])
+    fwd, fwd_compile = compile_jit(loss, rc)
+    grad, grad_compile = compile_jit(jax.grad(loss), rc)
+    tf = best_of(lambda: fwd(rc), repeats)
+    tg = best_of(lambda: grad(rc), repeats)
+    g = np.asarray(tg.out)
+    # a central difference on one resistance and one capacitance (a sanity figure)
+    fd = {}
+    for i in (9, 14):  # r9 (output resistor), c5 (output capacitor)
+        h = 1e-4 * float(rc[i])
+        fd[i] = float((fwd(rc.at[i].add(h)) - fwd(rc.at[i].add(-h))) / (2 * h))
+    out = dict(params=15, times=GRAD_TIMES, rtol=RTOL, forward_seconds=tf.best,
+               grad_seconds=tg.best, ratio=tg.best / tf.best, forward_compile_s=fwd_compile,
+               grad_compile_s=grad_compile, loss=float(tf.out),
+               grad_vs_central_difference={
+                   "r9": [float(g[9]), fd[9]], "c5": [float(g[14]), fd[14]]})
+    print(f"[dae] gradient: forward {fmt_s(tf.best)}, grad {fmt_s(tg.best)} "
+          f"({out['ratio']:.1f}x)", flush=True)
+    return out
+
+
+def report(res: dict) -> str:
+    lines = [f"simlib ({res['commit']}) | jax {jax.__version__} | scikit-sundae "
+             f"{res['sksundae']} | {res['cpus']} cpus | {res['date']}",
+             f"load average at start {fmt_load(res['load_start'])}, at end "
+             f"{fmt_load(res['load_end'])}", ""]
+    if "single" in res:
+        lines.append(f"One solve at rtol {RTOL:g} (scd: significant correct digits, min over "
+                     "components; ratio = time / IDA's at the same rtol)")
+        lines.append(f"{'problem':22s} {'contender':16s} {'rtol':>6s} {'time':>10s} "
+                     f"{'compile':>8s} {'steps':>7s} {'scd':>5s} {'ratio':>7s}")
+        for r in res["single"]:
+            base = next((x for x in res["single"] if x["problem"] == r["problem"]
+                         and x["contender"].startswith("IDA") and x["rtol"] == RTOL), None)
+            ratio = r["seconds"] / base["seconds"] if base else None
+            comp = "-" if r["compile_s"] is None else f"{r['compile_s']:.1f} s"
+            lines.append(f"{r['problem']:22s} {r['contender']:16s} {r['rtol']:6.0e} "
+                         f"{fmt_s(r['seconds']):>10s} {comp:>8s} {r['steps']:7d} "
+                         f"{r['scd']:5.2f} {fmt_r(ratio):>7s}")
+        lines.append("")
+    if "ensemble" in res:
+        e = res["ensemble"]
+        lines.append(f"Ensemble: {e['members']} Akzo Nobel parameter sets at rtol {RTOL:g}: "
+                     f"simlib Rodas5P vmap {fmt_s(e['simlib_seconds'])} (compile "
+                     f"{e['compile_s']:.1f} s, {e['simlib_failed']} failed, steps mean "
+                     f"{e['mean_steps']:.0f} max {e['max_steps']})")
+        if "ida_seconds_scaled" in e:
+            lines.append(f"  IDA loop: {fmt_s(e['ida_seconds_measured'])} for the first "
+                         f"{e['ida_members']} members, scaled to {e['members']}: "
+                         f"{fmt_s(e['ida_seconds_scaled'])} -> simlib "
+                         f"{e['speedup']:.1f}x faster (target 20x); members agree to "
+                         f"{e['max_rel_disagreement']:.1e} relative")
+        lines.append("")
+    if "gradient" in res:
+        g = res["gradient"]
+        lines.append(f"Gradient of mean U8(t_i)^2 ({g['times']} times) w.r.t. 10 resistances "
+                     f"and 5 capacitances, Rodas5P rtol {RTOL:g}: forward "
+                     f"{fmt_s(g['forward_seconds'])}, gradient {fmt_s(g['grad_seconds'])} = "
+                     f"{g['ratio']:.1f}x (target <= 10x); compile {g['forward_compile_s']:.1f}"
+                     f" s / {g['grad_compile_s']:.1f} s")
+        for k, (ad, fd) in g["grad_vs_central_difference"].items():
+            lines.append(f"  dL/d{k}: grad {ad:.6e}, central difference {fd:.6e}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"subset of {PARTS}")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ida-members", type=int, default=100,
+                        help="ensemble members IDA runs (its time scaled to 1,000)")
+    parser.add_argument("--single-thread", action="store_true",
+                        help="XLA, OpenBLAS and OpenMP on one thread each")
+    parser.add_argument("--json", type=Path, default=RESULTS_PATH)
+    opts = parser.parse_args()
+    parts = [p.strip() for p in opts.parts.split(",") if p.strip()]
+    if unknown := [p for p in parts if p not in PARTS]:
+        parser.error(f"unknown parts {unknown}; choose from {PARTS}")
+    if not ida.available():
+        print("[dae] scikit-sundae is not installed: IDA skipped "
+              "(bash benchmarks/install_peers.sh)", flush=True)
+    try:
+        import sksundae
+        sksundae_version = sksundae.__version__
+    except ImportError:
+        sksundae_version = None
+    start = time.perf_counter()
+    res = dict(date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+               commit=simlib_commit(ROOT), sksundae=sksundae_version,
+               cpus=len(os.sched_getaffinity(0)), platform=platform.platform(),
+               single_thread=opts.single_thread, repeats=opts.repeats,
+               load_start=load_average())
+    if "single" in parts:
+        res["single"] = bench_single(opts.repeats)
+    if "ensemble" in parts:
+        res["ensemble"] = bench_ensemble(opts.repeats, opts.ida_members)
+    if "gradient" in parts:
+        res["gradient"] = bench_gradient(opts.repeats)
+    res["wall_s"] = time.perf_counter() - start
+    res["load_end"] = load_average()
+    return finish(res, report(res), opts.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
