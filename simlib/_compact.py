@@ -213,23 +213,32 @@ def _finish(plan, save_t0, max_steps, out, y0s, t0s, t1s, ts, codes):
     return jax.vmap(one)(out, y0s, t0s, t1s, codes)
 
 
+def _initialise_one(plan: _Plan, initialize: str, recorded: list, shared, m, rtol, atol,
+                    y0, t0, batched):
+    checks = Checks("solve_ensemble")
+    y = initialise(plan.f, y0, t0, _merge_args(plan, batched, shared), m, rtol, atol,
+                   initialize, checks)
+    recorded.append(checks)
+    return y, checks.first_failure()
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
 def _initialise_members(plan: _Plan, initialize: str, y0s, t0s, batched, shared, m, rtol,
                         atol):
     """``solve``'s ``initialize=`` (:func:`simlib._dae.initialise`) for every member, under
-    ``vmap``: the members' ``y0`` (consistent ones for ``"consistent"``), the first failing
-    check of each (``(code, which, index, value)``, code 0: none) and the checks (their
-    messages)."""
-    recorded = []
+    ``vmap``: the members' ``y0`` (consistent ones for ``"consistent"``) and the first
+    failing check of each, ``(code, which, index, value)`` (code 0: none)."""
+    one = functools.partial(_initialise_one, plan, initialize, [], shared, m, rtol, atol)
+    return jax.vmap(one)(y0s, t0s, batched)
 
-    def one(y0, t0, b):
-        checks = Checks("solve_ensemble")
-        y = initialise(plan.f, y0, t0, _merge_args(plan, b, shared), m, rtol, atol,
-                       initialize, checks)
-        recorded.append(checks)
-        return y, checks.first_failure()
 
-    y0s, failure = jax.vmap(one)(y0s, t0s, batched)
-    return y0s, failure, recorded[0]
+def _initialise_checks(plan: _Plan, initialize: str, *operands) -> Checks:
+    """The checks :func:`_initialise_members` makes (their messages), traced anew."""
+    recorded: list = []
+    y0s, t0s, batched, shared, m, rtol, atol = operands
+    one = functools.partial(_initialise_one, plan, initialize, recorded, shared, m, rtol, atol)
+    jax.eval_shape(jax.vmap(one), y0s, t0s, batched)
+    return recorded[0]
 
 
 def _bucket(live: int, size: int, min_bucket: int) -> int:
@@ -469,15 +478,16 @@ def solve_ensemble(
     if mass_matrix is not None:  # a DAE: solve's checks and initialisation, per member
         flat = jax.eval_shape(lambda y: jax.flatten_util.ravel_pytree(y)[0], one_y)
         m, m_fmt = prepare_mass(mass_matrix, solver, flat.size, flat.dtype, checks)
-        y0s, (codes, which, index, value), init_checks = _initialise_members(
-            plan, initialize, y0s, t0s, batched, shared, m, rtol_a, atol_a)
+        operands = (y0s, t0s, batched, shared, m, rtol_a, atol_a)
+        key = plan._replace(solver=None, mode=None, n_save=0)  # compiled once per f
+        y0s, (codes, which, index, value) = _initialise_members(key, initialize, *operands)
         if throw and bool(jnp.any(codes != 0)):
             bad = np.flatnonzero(np.asarray(codes))
             i = int(bad[0])
-            raise SolverError(
-                f"solve_ensemble: member {i} (of {bad.size} refused of {n}): "
-                + init_checks.message(int(which[i]), int(index[i]), float(value[i])),
-                Result(int(codes[i])), member=i)
+            message = _initialise_checks(key, initialize, *operands).message(
+                int(which[i]), int(index[i]), float(value[i]))
+            raise SolverError(f"solve_ensemble: member {i} (of {bad.size} refused of {n}): "
+                              + message, Result(int(codes[i])), member=i)
         plan = plan._replace(f=MassField(f), mass=True)
         shared = [*shared, m_fmt]
     dt0 = None if dt is None else jnp.asarray(dt, tdtype)
