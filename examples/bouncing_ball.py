@@ -47,14 +47,12 @@ def parse(argv):
     p.add_argument("--bounces", type=cli.positive_int, default=8, help="bounces to simulate")
     p.add_argument("--solver", choices=["Tsit5", "Dopri5", "Dopri8"], default="Tsit5",
                    help="adaptive solver")
-    p.add_argument("--rtol", type=cli.positive_float, default=1e-10,
+    p.add_argument("--rtol", type=cli.tolerance, default=1e-10,
                    help="relative tolerance, in (0, 1); atol = rtol / 100")
     cli.add_output_options(p)
     args = p.parse_args(argv)
     if not args.restitution < 1:
         p.error(f"argument --restitution: must be below 1, got {args.restitution:g}")
-    if not args.rtol < 1:
-        p.error(f"argument --rtol: must be below 1, got {args.rtol:g}")
     if args.height == 0 and args.velocity <= 0:
         p.error("argument --velocity: the ball starts on the floor: give --velocity > 0")
     return args

@@ -89,6 +89,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def tolerance(text: str) -> float:
+    """A relative tolerance: a float in (0, 1)."""
+    value = _number(float, text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
+    return value
+
+
 def nonnegative_float(text: str) -> float:
     """A finite float >= 0."""
     value = _number(float, text)

@@ -166,3 +166,19 @@ def test_a_box_narrower_than_the_grid_is_flagged_and_bad_boxes_refused(fluid):
     energy = sp.pair_energy(sp.lennard_jones, space, r_cut=3.0)
     with pytest.raises(ValueError, match="below the energy's r_cut"):
         energy(x, dict(sigma=1.0, epsilon=1.0), cells)
+
+
+@pytest.mark.slow  # builds six lists and cell grids eagerly (~5 s idle)
+def test_pair_search_picks_cells_on_accelerators_and_the_list_on_cpu(fluid):
+    x, box, space, sigma, epsilon = fluid
+    assert isinstance(sp.pair_search(space, x, R_CUT, backend="cpu"), sp.NeighborList)
+    on_chip = sp.pair_search(space, x, R_CUT, backend="tpu")
+    assert isinstance(on_chip, sp.CellList) and on_chip.grid == (3, 3, 3)
+    assert isinstance(sp.pair_search(space, x, R_CUT, method="cells"), sp.CellList)
+    assert isinstance(sp.pair_search(space, x, R_CUT, method="list", backend="gpu"),
+                      sp.NeighborList)
+    # where cells cannot serve, the list: a box under 3 r_cut, and free space
+    assert isinstance(sp.pair_search(space, x, 3.0, backend="tpu"), sp.NeighborList)
+    assert isinstance(sp.pair_search(sp.free(), x, R_CUT, backend="tpu"), sp.NeighborList)
+    with pytest.raises(ValueError, match="method"):
+        sp.pair_search(space, x, R_CUT, method="dense")

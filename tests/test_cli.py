@@ -92,7 +92,7 @@ def test_a_bad_value_is_one_line_naming_the_option(examples, capsys, name, argv,
 
 def test_the_reported_message_reads_like_argparse(examples, capsys):
     err = one_line_error(capsys, examples["lorenz"].main, ["--rtol", "-1"])
-    assert err.endswith("error: argument --rtol: must be positive, got -1\n"), err
+    assert err.endswith("error: argument --rtol: must be in (0, 1), got -1\n"), err
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

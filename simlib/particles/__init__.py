@@ -27,7 +27,7 @@ from ._bonded import (
     pair_correction,
     periodic_torsion,
 )
-from ._cells import CellList, cell_list
+from ._cells import CellList, cell_list, pair_search
 from ._checkpoint import CheckpointError, checkpoint_info
 from ._constraints import Rattle
 from ._dynamics import NVE, Integrator, Langevin, State
@@ -114,6 +114,7 @@ __all__ = [
     "missing_pairs",
     "morse",
     "neighbor_list",
+    "pair_search",
     "pair_correction",
     "pair_energy",
     "periodic_torsion",

@@ -222,6 +222,38 @@ def cell_list(space: Space, positions, r_cut: float, *, capacity: int | None = N
     return empty.build(positions)
 
 
+def pair_search(space: Space, positions, r_cut: float, skin: float = 0.3, *,
+                method: str = "auto", backend: str | None = None):
+    """The pair structure that suits the backend: a neighbour list on the CPU, cells elsewhere.
+
+    ``method="auto"`` gives :func:`~simlib.particles.neighbor_list` on the CPU (where the
+    native list kernels run) and :func:`cell_list` on an accelerator (where per-pair gathers
+    are slow: on one TPU v5e chip at 256,000 atoms the cell-dense force pass ran 17x the
+    list's, docs/particles.md), falling back to the list where cells cannot serve (free
+    space, or a box under ``3 r_cut`` on some side). ``"list"`` and ``"cells"`` choose
+    one. Either result goes wherever ``neighbors=`` is taken.
+
+    Args:
+        space, positions, r_cut: As for :func:`~simlib.particles.neighbor_list`.
+        skin: The neighbour list's skin (cells are rebuilt at every update and take none).
+        method: ``"auto"``, ``"list"`` or ``"cells"``.
+        backend: The backend to choose for (default ``jax.default_backend()``).
+    """
+    from ._neighbors import neighbor_list
+
+    if method not in ("auto", "list", "cells"):
+        raise ValueError(f"pair_search: method must be 'auto', 'list' or 'cells', got "
+                         f"{method!r}")
+    if method == "auto":
+        backend = jax.default_backend() if backend is None else backend
+        box = None if not (isinstance(space, Space) and space.periodic) else space.box
+        fits = box is not None and bool(np.all(np.asarray(box, float) >= 3 * r_cut))
+        method = "cells" if backend != "cpu" and fits else "list"
+    if method == "cells":
+        return cell_list(space, positions, r_cut)
+    return neighbor_list(space, positions, r_cut, skin)
+
+
 def reallocate_cells(cells: CellList, positions, capacity_multiplier: float = 1.5) -> CellList:
     """Larger cells after an overflow: room for ``capacity_multiplier`` times the fullest cell
     seen so far or found at ``positions``."""
