@@ -31,6 +31,24 @@ def _release_compiled_programs():
     jax.clear_caches()
     gc.collect()
 
+
+def _memory_maps() -> int:
+    try:
+        with open("/proc/self/maps") as maps:
+            return sum(1 for _ in maps)
+    except OSError:  # not Linux
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_programs_when_maps_run_high():
+    """The same within a module whose tests compile many programs (the adjoint table
+    reached 31,000 maps in one module): clear once the process holds over 30,000 maps."""
+    yield
+    if _memory_maps() > 30_000:
+        jax.clear_caches()
+        gc.collect()
+
 # Checks moved to the slow job (`python -m pytest tests -m slow`, CI's second step) to keep
 # the default suite under 10 minutes on CI's 2 cores. Most have a cheaper sibling left in
 # the default suite (another parameter, mode or strategy of the same check); the others
