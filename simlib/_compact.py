@@ -21,6 +21,7 @@ import functools
 from typing import Any, NamedTuple
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -34,6 +35,7 @@ from ._adaptive import (
     _placeholder_dense,
     _stats_of,
 )
+from ._dae import INITIALIZE, MassField, initialise, prepare_mass
 from ._errors import Result, SolverError, result_message
 from ._solution import SaveAt, Solution, assemble_solution
 from ._solve import (
@@ -54,7 +56,7 @@ from .progress import bar as progress_bar
 __all__ = ["solve_ensemble"]
 
 _KEYWORDS = ("solver", "rtol", "atol", "dt", "args", "args_axes", "saveat", "max_steps",
-             "throw", "chunk_steps", "min_bucket", "progress")
+             "throw", "chunk_steps", "min_bucket", "progress", "mass_matrix", "initialize")
 
 
 class _Member(NamedTuple):
@@ -77,20 +79,23 @@ class _Plan(NamedTuple):
     args_tree: Any       # treedef of ``args``
     args_batched: tuple  # per leaf of ``args``: batched over members?
     has_dt0: bool
+    mass: bool = False   # a DAE: ``f`` a MassField, M (shared) the last of the shared leaves
 
 
 def _merge_args(plan: _Plan, batched, shared):
     it_b, it_s = iter(batched), iter(shared)
     leaves = [next(it_b) if b else next(it_s) for b in plan.args_batched]
-    return jax.tree_util.tree_unflatten(plan.args_tree, leaves)
+    args = jax.tree_util.tree_unflatten(plan.args_tree, leaves)
+    return (args, next(it_s)) if plan.mass else args  # MassField's (args, M)
 
 
 # ---- per member (vmapped below)
 
-def _init_member(plan: _Plan, y0, t0, t1, batched, shared, dt0, rtol, atol):
+def _init_member(plan: _Plan, y0, t0, t1, batched, shared, dt0, rtol, atol, code):
     args = _merge_args(plan, batched, shared)
     c, t0, t1, direction = _adaptive_init(plan.f, plan.solver, y0, t0, t1, dt0, rtol, atol,
                                           args)
+    c = c._replace(result=jnp.where(code != 0, code, c.result))  # refused: never steps
     last = saved = n_saved = None
     if plan.mode == "ts":
         last = (t0, y0, jnp.zeros_like(t0), y0, _placeholder_dense(plan.f, plan.solver, c, args))
@@ -156,10 +161,10 @@ def _outputs(plan: _Plan, m: _Member):
 # ---- compiled calls (one per bucket size)
 
 @functools.partial(jax.jit, static_argnums=0)
-def _init(plan, y0s, t0s, t1s, batched, shared, dt0, rtol, atol):
+def _init(plan, y0s, t0s, t1s, batched, shared, dt0, rtol, atol, codes):
     init = jax.vmap(functools.partial(_init_member, plan),
-                    in_axes=(0, 0, 0, 0, None, None, None, None))
-    members = init(y0s, t0s, t1s, batched, shared, dt0, rtol, atol)
+                    in_axes=(0, 0, 0, 0, None, None, None, None, 0))
+    members = init(y0s, t0s, t1s, batched, shared, dt0, rtol, atol, codes)
     return members, jax.vmap(functools.partial(_outputs, plan))(members)
 
 
@@ -180,22 +185,60 @@ def _repack(plan, out, members, slots, keep):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _finish(plan, save_t0, max_steps, out, y0s, t0s, t1s, ts):
-    """The batched :class:`Solution`, assembled per member as ``_adaptive_run`` does."""
+def _finish(plan, save_t0, max_steps, out, y0s, t0s, t1s, ts, codes):
+    """The batched :class:`Solution`, assembled per member as ``_adaptive_run`` does; a
+    member refused before its run (``codes``, the DAE initialisation's) gets its outputs
+    NaN, as ``Checks.apply`` does for ``solve``."""
     solver = plan.solver
     init_fevals = solver.init_fevals if plan.has_dt0 else 2
 
-    def one(o, y0, t0, t1):
+    def one(o, y0, t0, t1, code):
         t_end, y_end, saved, n_steps, n_acc, result, state_fevals = o
         direction = jnp.where(t1 >= t0, 1.0, -1.0)
         unfinished = (result == 0) & (direction * (t1 - t_end) > 0)
         result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
         n_fevals = solver.num_fevals(n_steps, n_acc) + state_fevals + init_fevals
-        return assemble_solution(plan.mode, save_t0, t0, y0, t_end, y_end, ts, saved,
-                                 (None, None), (n_steps, n_acc, n_fevals, t_end), result,
-                                 False, t1, max_steps)
+        sol = assemble_solution(plan.mode, save_t0, t0, y0, t_end, y_end, ts, saved,
+                                (None, None), (n_steps, n_acc, n_fevals, t_end), result,
+                                False, t1, max_steps)
+        refused = code != 0
 
-    return jax.vmap(one)(out, y0s, t0s, t1s)
+        def poison(x):
+            return jnp.where(refused, jnp.asarray(jnp.nan, x.dtype), x)
+
+        stats = dict(sol.stats, t_final=poison(sol.stats["t_final"]))
+        return type(sol)(poison(sol.ts), jax.tree_util.tree_map(poison, sol.ys), stats,
+                         sol.result)
+
+    return jax.vmap(one)(out, y0s, t0s, t1s, codes)
+
+
+def _initialise_one(plan: _Plan, initialize: str, recorded: list, shared, m, rtol, atol,
+                    y0, t0, batched):
+    checks = Checks("solve_ensemble")
+    y = initialise(plan.f, y0, t0, _merge_args(plan, batched, shared), m, rtol, atol,
+                   initialize, checks)
+    recorded.append(checks)
+    return y, checks.first_failure()
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _initialise_members(plan: _Plan, initialize: str, y0s, t0s, batched, shared, m, rtol,
+                        atol):
+    """``solve``'s ``initialize=`` (:func:`simlib._dae.initialise`) for every member, under
+    ``vmap``: the members' ``y0`` (consistent ones for ``"consistent"``) and the first
+    failing check of each, ``(code, which, index, value)`` (code 0: none)."""
+    one = functools.partial(_initialise_one, plan, initialize, [], shared, m, rtol, atol)
+    return jax.vmap(one)(y0s, t0s, batched)
+
+
+def _initialise_checks(plan: _Plan, initialize: str, *operands) -> Checks:
+    """The checks :func:`_initialise_members` makes (their messages), traced anew."""
+    recorded: list = []
+    y0s, t0s, batched, shared, m, rtol, atol = operands
+    one = functools.partial(_initialise_one, plan, initialize, recorded, shared, m, rtol, atol)
+    jax.eval_shape(jax.vmap(one), y0s, t0s, batched)
+    return recorded[0]
 
 
 def _bucket(live: int, size: int, min_bucket: int) -> int:
@@ -224,6 +267,8 @@ def solve_ensemble(
     chunk_steps: int = 64,
     min_bucket: int = 64,
     progress: bool = False,
+    mass_matrix: Any = None,
+    initialize: str = "check",
     **unknown: Any,
 ) -> Solution:
     """An adaptive :func:`solve` of every member of an ensemble, finished members dropped
@@ -270,6 +315,17 @@ def solve_ensemble(
         min_bucket: The smallest bucket; fewer live members than this run in it padded.
         progress: Show the members finished so far, updated between chunks (a tqdm bar
             on a terminal, plain lines otherwise; see :mod:`simlib.progress`).
+        mass_matrix: A constant ``M`` of a DAE ``M y' = f(t, y, args)``, shared by all
+            members: an ``(n,)`` diagonal or an ``(n, n)`` matrix on one member's
+            flattened state, with the same solvers and checks as :func:`solve`
+            (docs/dae.md). A bad ``M`` raises ``ValueError`` at once.
+        initialize: With a singular ``mass_matrix``, as for :func:`solve`, per member:
+            ``"check"`` (default), ``"consistent"`` or ``"none"``. A member whose start
+            is refused (inconsistent ``y0``, Newton not converged, not index 1) never
+            runs: with ``throw=False`` its ``result`` is
+            ``Result.INCONSISTENT_INITIAL_CONDITIONS`` and its outputs NaN (as
+            ``jax.vmap(solve)`` gives it), the other members unaffected; with
+            ``throw=True`` a :class:`SolverError` names it before any member runs.
 
     Returns:
         A :class:`Solution` batched over the members, in their original order: what
@@ -303,8 +359,12 @@ def solve_ensemble(
         raise TypeError(f"f must be callable as f(t, y, args), got {f!r}")
     if rtol is None and atol is None:
         raise ValueError("solve_ensemble is adaptive: give rtol and/or atol")
-    if is_tracer((y0s, t0, t1, rtol, atol, dt, args, saveat.ts if isinstance(saveat, SaveAt)
-                  else None)) or inside_trace():
+    if initialize not in INITIALIZE:
+        raise ValueError(f"initialize must be one of {INITIALIZE}; got {initialize!r}")
+    if mass_matrix is None and initialize != "check":
+        raise ValueError(f"initialize={initialize!r} applies to a DAE: give mass_matrix")
+    if is_tracer((y0s, t0, t1, rtol, atol, dt, args, mass_matrix,
+                  saveat.ts if isinstance(saveat, SaveAt) else None)) or inside_trace():
         raise TypeError("solve_ensemble runs eagerly (the host drops finished members between "
                         "compiled chunks), so it cannot be traced by jax.jit, jax.vmap or "
                         "jax.grad; call it outside them, or use jax.vmap(solve) there")
@@ -414,10 +474,26 @@ def solve_ensemble(
     plan = _Plan(f, solver, mode, n_save, args_tree, batched_flags, dt is not None)
     t0s, t1s = jnp.asarray(t0_np, tdtype), jnp.asarray(t1_np, tdtype)
     rtol_a, atol_a = jnp.asarray(rtol, tdtype), jnp.asarray(atol, tdtype)
+    codes = jnp.zeros((n,), jnp.int32)
+    if mass_matrix is not None:  # a DAE: solve's checks and initialisation, per member
+        flat = jax.eval_shape(lambda y: jax.flatten_util.ravel_pytree(y)[0], one_y)
+        m, m_fmt = prepare_mass(mass_matrix, solver, flat.size, flat.dtype, checks)
+        operands = (y0s, t0s, batched, shared, m, rtol_a, atol_a)
+        key = plan._replace(solver=None, mode=None, n_save=0)  # compiled once per f
+        y0s, (codes, which, index, value) = _initialise_members(key, initialize, *operands)
+        if throw and bool(jnp.any(codes != 0)):
+            bad = np.flatnonzero(np.asarray(codes))
+            i = int(bad[0])
+            message = _initialise_checks(key, initialize, *operands).message(
+                int(which[i]), int(index[i]), float(value[i]))
+            raise SolverError(f"solve_ensemble: member {i} (of {bad.size} refused of {n}): "
+                              + message, Result(int(codes[i])), member=i)
+        plan = plan._replace(f=MassField(f), mass=True)
+        shared = [*shared, m_fmt]
     dt0 = None if dt is None else jnp.asarray(dt, tdtype)
     # traced: changing the chunk length or the step budget compiles nothing
     budget, limit = jnp.asarray(chunk_steps, jnp.int32), jnp.asarray(max_steps, jnp.int32)
-    members, out = _init(plan, y0s, t0s, t1s, batched, shared, dt0, rtol_a, atol_a)
+    members, out = _init(plan, y0s, t0s, t1s, batched, shared, dt0, rtol_a, atol_a, codes)
     slots = np.arange(n, dtype=np.int32)   # the original index of each bucket slot (n: pad)
     with progress_bar(progress, n, "solve_ensemble", unit="member") as shown:
         while True:
@@ -438,7 +514,7 @@ def solve_ensemble(
             if not new_size:
                 break
             slots = np.where(np.arange(new_size) < n_live, slots[keep], n).astype(np.int32)
-    sol = _finish(plan, bool(saveat.t0), max_steps, out, y0s, t0s, t1s, ts)
+    sol = _finish(plan, bool(saveat.t0), max_steps, out, y0s, t0s, t1s, ts, codes)
     if throw:
         codes = np.asarray(sol.result)
         bad = np.flatnonzero(codes != 0)

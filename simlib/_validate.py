@@ -83,6 +83,36 @@ class Checks:
                          caller=self.caller, max_steps=max_steps, throw=bool(throw))
 
 
+    def first_failure(self):
+        """In the graph, without touching a run: ``(code, which, index, value)`` of the
+        first failing pending check (``code`` 0: none), for a caller that reports each
+        member on its own (``solve_ensemble``'s DAE initialisation under ``vmap``);
+        :meth:`message` formats it."""
+        return _first_failure(tuple(p.code for p in self.pending),
+                              tuple(p.test for p in self.pending),
+                              tuple(p.operands for p in self.pending))
+
+    def message(self, which: int, index: int, value) -> str:
+        """The refusal's text of pending check ``which`` (see :meth:`first_failure`)."""
+        return self.pending[int(which)].message.format(index=int(index), value=_fmt(value))
+
+
+def _first_failure(codes, tests, operands):
+    """``(code, which, index, value)``: the first of the traced checks that fails (``code``
+    0, ``which`` 0 when none does), the flat index and shown value of its first bad
+    element."""
+    if not tests:
+        zero = jnp.int32(0)
+        return zero, zero, zero, jnp.zeros((), jnp.result_type(float))
+    found = [_first_bad(test, ops) for test, ops in zip(tests, operands, strict=True)]
+    bads = jnp.stack([f[0] for f in found])
+    which = jnp.argmax(bads).astype(jnp.int32)
+    code = jnp.where(jnp.any(bads), jnp.asarray(codes, jnp.int32)[which], 0)
+    index = jnp.stack([f[1] for f in found])[which]
+    value = jnp.stack([f[2] for f in found])[which]
+    return code, which, index, value
+
+
 def _first_bad(test, operands):
     """``(any bad, index of the first bad element, its shown value)`` of a traced check."""
     mask, shown = test(jnp, *(jnp.asarray(x) for x in operands))
@@ -96,14 +126,9 @@ def _first_bad(test, operands):
 
 @functools.partial(jax.jit, static_argnames=("plan", "caller", "max_steps", "throw"))
 def _evaluate(operands, sol, t1, *, plan, caller, max_steps, throw):
-    found = [_first_bad(test, ops) for (_, _, test), ops in zip(plan, operands, strict=True)]
-    bads = jnp.stack([f[0] for f in found])
-    which = jnp.argmax(bads).astype(jnp.int32)
-    failed = jnp.any(bads)
-    codes = jnp.asarray([code for code, _, _ in plan], jnp.int32)
-    code = jnp.where(failed, codes[which], 0)
-    index = jnp.stack([f[1] for f in found])[which]
-    value = jnp.stack([f[2] for f in found])[which]
+    code, which, index, value = _first_failure(
+        tuple(c for c, _, _ in plan), tuple(test for _, _, test in plan), operands)
+    failed = code != 0
 
     def poison(x):
         x = jnp.asarray(x)
