@@ -203,7 +203,7 @@ PARTICLES_PUBLIC = [
     "NeighborList", "PairEnergy", "Space", "State", "Trajectory", "angular_momentum",
     "bond_energy", "coulomb", "forces", "free", "gravity", "harmonic", "kinetic_energy",
     "lattice", "lennard_jones", "maxwell_boltzmann", "mean_square_displacement", "minimize",
-    "missing_pairs", "morse", "neighbor_list", "pair_energy", "periodic", "plummer", "pressure",
+    "missing_pairs", "morse", "neighbor_list", "pair_energy", "pair_search", "periodic", "plummer", "pressure",
     "radial_distribution", "reallocate", "simulate", "temperature", "total_momentum", "wca",
     "Ewald", "EwaldParameters", "PME", "ewald", "ewald_parameters", "pme",
     "ShardedEnergy", "sharded", "CheckpointError", "checkpoint_info", "CellList", "cell_list",
