@@ -77,8 +77,8 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_is_bit_identical(reference, tmp_p
         return frames(*args, **kw)
 
     monkeypatch.setattr(_simulate, "_frames_jit", interrupted)
-    # simulate takes over SIGINT only from its default handler: start from it whatever an
-    # earlier test left (this test once failed in a full run, "DID NOT RAISE")
+    # simulate takes over SIGINT only from its default handler: start from it (pytest run
+    # as a shell's background job starts with SIGINT ignored: "DID NOT RAISE")
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt, match="resume=True"):
@@ -154,7 +154,10 @@ def test_checkpoint_is_refused_under_jit():
 
 
 CHILD = SETUP + """
-import sys, time
+import signal, sys, time
+# a shell's background job starts with SIGINT ignored and its children inherit that: take
+# Python's own default, as a process started from a terminal has it
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from simlib.particles import _simulate
 frames = _simulate._frames_jit
 def paced(*a, **k):  # pace the chunks so that the signal lands part-way
