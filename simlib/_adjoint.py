@@ -153,6 +153,8 @@ class Reversible(AbstractAdjoint):
     """
 
     def scan(self, body, carry0, n_iter: int, *, padding: bool = False, backwards=None):
+        if backwards is None:  # a loop that is not differentiated (an eager chunk)
+            return lax.scan(body, carry0, None, length=n_iter)
         return backwards(carry0, n_iter)
 
 
