@@ -7,7 +7,8 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 """
 
 from . import particles, pde, systems
-from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
+from ._adjoint import AbstractAdjoint, Checkpointed, Direct, Reversible
+from ._auto import ForwardMode
 from ._brownian import BrownianPath, split_keys
 from ._compact import solve_ensemble
 from ._cpu_loops import fast_cpu_loops

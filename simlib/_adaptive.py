@@ -16,11 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._adjoint import (
-    Direct,
-    _TangentsOnly,
-    first_order_only,
-)
+from ._adjoint import Direct, first_order_only
 from ._control import initial_step, log_error_ratio, pi_factor
 from ._errors import Result, check_solution
 from ._events import (
@@ -429,21 +425,24 @@ def _adaptive_run(f_plain, solver, mode, save_t0, n_save, max_steps, adjoint, y0
     )
     if events is not None:
         inputs["events"] = events
-    ev = None
-    if isinstance(adjoint, _TangentsOnly):  # the while loop itself, which jvp goes through
-        c, saved, (sts, sys_), *evs = _adaptive_forward(f_plain, solver, mode, n_save,
-                                                        max_steps, **inputs, progress=progress)
-        t_end, y_end = c.t, c.y
-        n_steps, n_acc, result, state_fevals = _stats_of(c, solver)
+
+    def forward():  # the while loop itself, which jvp goes through
+        c, saved, sts_sys, *evs = _adaptive_forward(f_plain, solver, mode, n_save,
+                                                    max_steps, **inputs, progress=progress)
+        return c.t, c.y, saved, sts_sys, _stats_of(c, solver), evs[0] if evs else None
+
+    def replay(strategy):  # the custom VJP that replays the attempts
+        (t_end, y_end, saved, sts_sys, *ev_diff), stats = _adaptive_solve(
+            f_plain, solver, mode, n_save, max_steps, strategy, progress, inputs)
+        stats = list(stats)  # n_steps, n_acc, result, state_fevals and the events' integers
+        ev = None
         if events is not None:
-            ev = evs[0]
-    else:
-        (t_end, y_end, saved, (sts, sys_), *ev_diff), (
-            n_steps, n_acc, result, state_fevals, *ev_int) = _adaptive_solve(
-                f_plain, solver, mode, n_save, max_steps, adjoint, progress, inputs)
-        if events is not None:
-            (ev_ts, ev_ys), (g, counts, stopped, n_restarts) = ev_diff[0], ev_int[0]
+            (ev_ts, ev_ys), (g, counts, stopped, n_restarts) = ev_diff[0], stats.pop()
             ev = EventState(g, ev_ts, ev_ys, counts, stopped, n_restarts)
+        return t_end, y_end, saved, sts_sys, tuple(stats), ev
+
+    t_end, y_end, saved, (sts, sys_), (n_steps, n_acc, result, state_fevals), ev = (
+        adjoint.run_adaptive(forward, replay))
     t0a, t1a = inputs["t0"], inputs["t1"]
     direction = jnp.where(t1a >= t0a, 1.0, -1.0)
     if ev is not None:

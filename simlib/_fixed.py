@@ -13,14 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._adjoint import (
-    Checkpointed,
-    Direct,
-    Reversible,
-    SaveWrites,
-    reject_time_gradients,
-    reversible_scan,
-)
+from ._adjoint import Checkpointed, Direct, SaveWrites, reversible_scan
 from ._errors import Result, check_solution
 from ._events import (
     EventSet,
@@ -32,7 +25,6 @@ from ._events import (
     unpack_events,
 )
 from ._solution import assemble_solution
-from ._solver._base import AbstractSolver
 from ._solver._explicit_rk import hermite
 from ._util import (
     buffer,
@@ -110,11 +102,6 @@ def _walker(mode, n_save, t0, t1, direction, step, n_grid, ts_arr, tdtype):
 
 
 # ---- events (simlib/_events.py) in fixed-step runs; ``events=None`` adds nothing
-def has_interpolant(solver) -> bool:
-    """Whether the solver has its own dense output (else events use a cubic Hermite)."""
-    return type(solver).interpolate is not AbstractSolver.interpolate
-
-
 def _step_events(f, solver, t, y, h, target, args, state, count, failure, ev, events):
     """One fixed step with event handling: ``checked_step``, then crossings located on the
     step's interpolant (the solver's own, or the cubic Hermite polynomial through
@@ -122,7 +109,7 @@ def _step_events(f, solver, t, y, h, target, args, state, count, failure, ev, ev
     truncated)``; ``truncated``: the step was cut at an acting event."""
     y1, err, dense, state1 = solver.step(f, t, y, h, args, state)
     failure = record_step_failure(solver, t, y1, err, count, failure)
-    if has_interpolant(solver):
+    if solver.has_interpolant:  # its own dense output, else a cubic Hermite
         def interp(theta, d):
             t_, y_, h_, y1_, dense_, args_ = d
             return solver.interpolate(f, args_, t_, y_, h_, y1_, dense_, theta)
@@ -169,8 +156,7 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
 def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0, t0, t1, dt,
                n_grid, ts, args, events, progress=0):
     tdtype = time_dtype(y0)
-    if isinstance(adjoint, Reversible):
-        t0, t1, dt, ts = reject_time_gradients((t0, t1, dt, ts), "Reversible")
+    t0, t1, dt, ts = adjoint.times((t0, t1, dt, ts))
     t0 = jnp.asarray(t0, tdtype)
     t1 = jnp.asarray(t1, tdtype)
     direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(tdtype)
@@ -223,7 +209,7 @@ def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0,
         return (new + (ev,) if ev else new), out
 
     # Checkpointed: the save buffer stays out of the recomputed segments
-    saves_out = mode == "ts" and isinstance(adjoint, Checkpointed) and not progress
+    saves_out = mode == "ts" and adjoint.saves_as_outputs and not progress
     buf0 = buffer(y0, n_save + 1, jnp.nan) if mode == "ts" and not saves_out else None
     zero = jnp.array(0, jnp.int32)
     carry0 = (t0, y0, state0, zero, zero, buf0, zero, t0, zero, zero)

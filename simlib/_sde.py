@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._adjoint import AbstractAdjoint, Reversible
+from ._adjoint import AbstractAdjoint
 from ._auto import AUTOMATIC
 from ._brownian import BrownianPath, BrownianSteps, VirtualBrownianPath, levels_for
 from ._fixed import fixed_iterations, grid_count
@@ -180,9 +180,8 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
         raise ValueError("events are not supported for SDEs")
     if adjoint is not None and not isinstance(adjoint, AbstractAdjoint):
         raise TypeError(f"adjoint must be a simlib adjoint, got {adjoint!r}")
-    if isinstance(adjoint, Reversible):
-        raise ValueError("adjoint=Reversible() is not supported for SDEs; use Direct(), "
-                         "Checkpointed() or ForwardMode()")
+    if adjoint is not None:
+        adjoint.check(solver, events, where="solve")
     if not isinstance(saveat, SaveAt):
         raise TypeError(f"saveat must be a simlib.SaveAt, got {saveat!r}")
     if not isinstance(max_steps, int | np.integer) or max_steps <= 0:

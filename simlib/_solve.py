@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._adaptive import adaptive_jit as _adaptive_jit
-from ._adjoint import AbstractAdjoint, Reversible, is_time_symmetric
+from ._adjoint import AbstractAdjoint
 from ._auto import AUTOMATIC
 from ._dae import INITIALIZE, MassField, initialise, prepare_mass, wrap_events
 from ._errors import (
@@ -28,7 +28,7 @@ from ._errors import (
     result_message,
 )
 from ._events import Event, as_events, check_events
-from ._fixed import fixed_iterations, grid_count, has_interpolant
+from ._fixed import fixed_iterations, grid_count
 from ._fixed import fixed_jit as _fixed_jit
 from ._sde import solve_sde
 from ._solution import SaveAt, Solution
@@ -326,16 +326,9 @@ def solve(
             f"simlib.ForwardMode(), "
             f"got {adjoint!r}"
         )
-    if isinstance(adjoint, Reversible) and not is_time_symmetric(solver):
-        raise ValueError(
-            f"adjoint=Reversible() needs a time-symmetric symplectic solver (VelocityVerlet, "
-            f"Yoshida4, PEFRL, ImplicitMidpoint), got {type(solver).__name__}()"
-        )
     events = as_events(events)
-    if events is not None and isinstance(adjoint, Reversible):
-        raise ValueError("events cannot be used with adjoint=Reversible() (its backward pass "
-                         "retraces a fixed grid); use Direct(), Checkpointed() or "
-                         "ForwardMode()")
+    if adjoint is not None:
+        adjoint.check(solver, events, where="solve")
     if not isinstance(saveat, SaveAt):
         raise TypeError(f"saveat must be a simlib.SaveAt, got {saveat!r}")
     mode = saveat.mode()
@@ -415,7 +408,7 @@ def solve(
                 "estimate; use an adaptive solver (Bosh3, Tsit5, Dopri5, Dopri8, Heun) or "
                 "give dt without tolerances for a fixed-step run"
             )
-        if events is not None and not has_interpolant(solver):
+        if events is not None and not solver.has_interpolant:
             raise ValueError(
                 f"events need the solver's dense output to locate crossings in an adaptive "
                 f"run, and {type(solver).__name__} has no interpolate(); use a solver with "

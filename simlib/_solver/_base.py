@@ -80,6 +80,45 @@ def rms_error_ratio(y: PyTree, y1: PyTree, err: PyTree, rtol, atol, factor=1.0) 
     return factor * safe_sqrt(_sum_squares(scaled) / tree_size(y))
 
 
+class Field:
+    """The vector field ``f(t, y, args)`` as a driver hands it to a solver.
+
+    A driver calls the user's field with its own ``args``: the user's ``args`` and the
+    values the field closes over (``jax.closure_convert``), a DAE's mass matrix ``M``
+    (simlib/_dae.py), an SDE's Brownian path (simlib/_sde.py). A solver that needs one of
+    those asks the field for it, explicitly:
+
+    - :meth:`user_args`: the user's own ``args`` (what a callable ``jac(t, y, args)`` is
+      given, or an SDE's ``(args, path, noise)``);
+    - :meth:`mass`: ``M`` of ``M y' = f`` in the linear solver's format, ``None`` for an
+      ODE (``M = I``).
+
+    A plain function given to a solver directly (a test, a user's own loop) is not a
+    ``Field``: :func:`user_args` and :func:`mass_matrix` then give ``args`` and ``None``.
+    """
+
+    def __call__(self, t, y: PyTree, args) -> PyTree:
+        raise NotImplementedError
+
+    def user_args(self, args):
+        """The user's ``args`` inside the driver's ``args`` (here: ``args`` itself)."""
+        return args
+
+    def mass(self, args):
+        """The mass matrix riding in the driver's ``args`` (here: ``None``, an ODE)."""
+        return None
+
+
+def user_args(f: VectorField, args):
+    """The user's ``args`` inside ``args``, the driver's, for the field ``f``."""
+    return f.user_args(args) if isinstance(f, Field) else args
+
+
+def mass_matrix(f: VectorField, args):
+    """The mass matrix of ``M y' = f`` in ``args`` (``None``: an ODE, ``M = I``)."""
+    return f.mass(args) if isinstance(f, Field) else None
+
+
 class AbstractSolver:
     """A one-step method ``y_{n+1} = Phi(t_n, y_n, h)``: the base class of every solver.
 
@@ -95,6 +134,18 @@ class AbstractSolver:
         reference: Where the method comes from.
         fevals_per_step: Evaluations of ``f`` in one ``step`` (carried state reused).
         init_fevals: Evaluations of ``f`` in ``init`` when it is not given ``f0``.
+
+    Capabilities (class attributes with defaults, read by the drivers and the gradient
+    strategies; a solver declares what it can do, nobody probes for it):
+        time_symmetric: ``Phi_{-h}(Phi_h(y)) = y`` (``False`` by default), so that
+            ``adjoint=Reversible()`` may re-create each state by stepping back
+            (:class:`SymplecticSplitting` derives it from its coefficients).
+        accepts_mass: The method solves ``M y' = f`` with a (singular) mass matrix
+            (``solve(..., mass_matrix=M)``), reading ``M`` with :func:`mass_matrix`;
+            ``False`` by default.
+        has_interpolant: The class has its own dense output (:meth:`interpolate`), which
+            events locate crossings on; else the drivers use a cubic Hermite polynomial.
+            By default: whether the class overrides :meth:`interpolate`.
 
     Methods a subclass provides or overrides:
         init(f, t, y, args, f0=None): the state carried from step to step (an FSAL stage
@@ -161,6 +212,14 @@ class AbstractSolver:
     init_fevals: int = 0
     multistep: bool = False
     propose_step = None  # optional step-control hook (see above); None: the PI controller
+    time_symmetric: bool = False
+    accepts_mass: bool = False
+    has_interpolant: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "has_interpolant" not in cls.__dict__:
+            cls.has_interpolant = cls.interpolate is not AbstractSolver.interpolate
 
     def init(self, f: VectorField, t, y: PyTree, args, f0: PyTree = None) -> PyTree:
         return None

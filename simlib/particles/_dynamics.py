@@ -63,6 +63,7 @@ class Integrator:
     """
 
     stochastic = False
+    time_symmetric = False  # a step undone by the step with -dt (adjoint=Reversible())
 
     def init(self, model, carry: Carry, masses, params):
         """The integrator's own state at the start (``carry.extra``); ``None`` by default."""
@@ -87,6 +88,8 @@ class NVE(Integrator):
     :math:`v' = v_{1/2} + \tfrac{h}{2} F(x')/m`. Second order, symplectic and
     time-reversible. Swope, Andersen, Berens & Wilson, J. Chem. Phys. 76, 637 (1982).
     """
+
+    time_symmetric = True
 
     def step(self, model, carry: Carry, masses, params, dt, key) -> Carry:
         inv_m = _inverse_mass(masses, carry.velocities)
