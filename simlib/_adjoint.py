@@ -32,23 +32,31 @@ from ._util import checked_step, convert_closure, split_inexact
 class AbstractAdjoint:
     """How ``jax.grad`` goes through a :func:`~simlib.solve` (its ``adjoint=`` argument).
 
-    The base class of :class:`Direct`, :class:`Checkpointed`, :class:`Reversible` and
-    :class:`ForwardMode` (and of the default, chosen when ``adjoint=None``: simlib/_auto.py).
-    Each strategy owns how the differentiated computation is built, in two places that
-    ``solve`` (fixed step and adaptive) and ``simulate`` share:
+    The base class of :class:`Direct`, :class:`Checkpointed`, :class:`Reversible`, and
+    of :class:`ForwardMode` and the default (``adjoint=None``), which live in
+    simlib/_auto.py with the forward-mode machinery they share. Each strategy owns how the
+    differentiated computation is built; ``solve`` (fixed step, adaptive, SDEs) and
+    ``simulate`` call the same hooks and never dispatch on the strategy's class:
 
+    - :meth:`check`: whether the strategy can differentiate a run of this solver or
+      integrator, with these events (``Reversible``: time-symmetric steppers, no events);
     - :meth:`wrap`: the whole run, ``core(tree, strategy)``, differentiated this strategy's
       way (forward mode wraps it in a custom VJP built from forward-mode derivatives; the
-      default chooses at trace time; the others run it as it is);
+      default chooses at trace time; the others run it as it is), and
+      :meth:`with_closures` for a run whose values ``wrap`` cannot all see;
     - :meth:`scan`: the differentiated loop, ``lax.scan(body, carry0, None, length=n)``
-      (``Checkpointed`` recomputes segments of it in the backward pass), and :meth:`remat`
-      for loops that a driver builds itself (the adaptive replay's chunks).
+      (``Checkpointed`` recomputes segments of it in the backward pass; ``Reversible`` runs
+      the driver's time-symmetric steps through :func:`reversible_loop`), with
+      :attr:`saves_as_outputs`, :meth:`nested` (frames of steps) and :meth:`times`;
+      :meth:`remat`/:meth:`chunk_length` for loops that a driver builds itself (the
+      adaptive replay's chunks) and :meth:`run_adaptive` for the adaptive run.
 
     It is not an extension point. Strategies are frozen dataclasses registered as pytrees
     without leaves (static arguments of the compiled cores); see docs/gradients.md.
     """
 
-    def wrap(self, core, tree, *, jvp_able: bool, reverse: AbstractAdjoint, where: str):
+    def wrap(self, core: Callable[[Any, AbstractAdjoint], Any], tree: Any, *, jvp_able: bool,
+             reverse: AbstractAdjoint, where: str) -> Any:
         """``core(tree, strategy)`` as this strategy differentiates it.
 
         ``tree`` holds every traced input (nothing closed over); ``jvp_able``: whether the
@@ -58,7 +66,8 @@ class AbstractAdjoint:
         """
         return core(tree, self)
 
-    def scan(self, body, carry0, n_iter: int, *, padding: bool = False, backwards=None):
+    def scan(self, body: Callable, carry0: Any, n_iter: int, *, padding: bool = False,
+             backwards: Callable | None = None) -> tuple[Any, Any]:
         """``lax.scan(body, carry0, None, length=n_iter)``, differentiated this way.
 
         ``padding``: iterations past ``n_iter`` are no-ops (the fixed-step walk's zero steps
@@ -77,7 +86,7 @@ class AbstractAdjoint:
         """Iterations per chunk of a loop of ``n_iter`` that a driver builds in chunks."""
         return default
 
-    def remat(self, fn):
+    def remat(self, fn: Callable) -> Callable:
         """A chunk function, as this strategy differentiates it (``Checkpointed``:
         recomputed in the backward pass)."""
         return fn
@@ -393,7 +402,8 @@ def _whole(y):
     return y, lambda d: d
 
 
-def reversible_scan(f, solver, mode, n_save, advance, carry0, n_iter, args):
+def reversible_scan(f: Callable, solver: Any, mode: str, n_save: int, advance: Callable,
+                    carry0: tuple, n_iter: int, args: Any) -> tuple[tuple, Any]:
     """The fixed-step scan with a backward pass that integrates backwards
     (:func:`reversible_loop`).
 
