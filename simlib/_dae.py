@@ -44,6 +44,7 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from ._errors import Result
+from ._events import Event
 from ._solver._base import Field
 from ._util import is_tracer
 
@@ -93,8 +94,6 @@ class UserArgs:
 
 def wrap_events(events):
     """``events`` with ``cond``/``apply`` reading the user's ``args`` (see :class:`UserArgs`)."""
-    from ._events import Event
-
     if events is None:
         return None
     return tuple(Event(UserArgs(ev.cond), ev.terminal, ev.direction,

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from .._dae import projectors
 from .._linalg._base import LinearSolver
 from .._linalg._dense import Dense
 from .._linalg._sparse import Sparse
@@ -165,7 +166,6 @@ def initial_derivative(mass, g, t, v: jax.Array, f0: jax.Array, dense_mass=None
             nz = mass != 0
             return jnp.where(nz, f0 / jnp.where(nz, mass, 1.0), 0.0)
         return jnp.zeros_like(f0)
-    from .._dae import projectors
 
     q, _ = projectors(m.astype(v.dtype))
     md = jnp.diag(m) if m.ndim == 1 else m
