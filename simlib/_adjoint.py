@@ -402,6 +402,39 @@ def _whole(y):
     return y, lambda d: d
 
 
+def _time_plan(advance: Callable, mode: str, n_save: int, start: tuple, n_iter: int,
+               segment: int) -> tuple:
+    """The fixed-step walk's plan without the state: ``(end, starts, full_plan, plan_fn,
+    walk_consts)``, the walker's state ``(t, k, i, count)`` at the end and at the start of
+    each segment of ``segment`` steps, every step's ``(t, h, slot, count)`` when ``mode``
+    is ``"steps"`` (else ``None``), and ``plan_fn(start, *walk_consts)``, which
+    regenerates one segment's plan; the values the walker closes over are hoisted into
+    ``walk_consts`` (explicit inputs of a custom VJP)."""
+    n_seg = -(-n_iter // segment)
+
+    def walk(c, _):
+        t, k, i, count = c
+        target, h, k, save = advance(t, k, i)
+        slot = jnp.where(save, i, n_save)
+        count = count + (h != 0).astype(count.dtype)
+        return (target, k, i + save.astype(i.dtype), count), (t, h, slot, count)
+
+    def segment_plan(start):
+        return lax.scan(walk, start, None, length=segment)
+
+    def walk_segment(c, _):
+        end, plan = segment_plan(c)
+        return end, (c, plan if mode == "steps" else None)
+
+    end, (starts, full_plan) = lax.scan(walk_segment, start, None, length=n_seg)
+    if mode == "steps":
+        full_plan = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:])[:n_iter],
+                                           full_plan)
+    plan_fn, walk_consts = _hoist_constants(
+        segment_plan, jax.tree_util.tree_map(lambda x: x[0], starts))
+    return end, starts, full_plan, plan_fn, walk_consts
+
+
 def reversible_scan(f: Callable, solver: Any, mode: str, n_save: int, advance: Callable,
                     carry0: tuple, n_iter: int, args: Any) -> tuple[tuple, Any]:
     """The fixed-step scan with a backward pass that integrates backwards
@@ -422,32 +455,11 @@ def reversible_scan(f: Callable, solver: Any, mode: str, n_save: int, advance: C
     t0, y0, _, k0, i0, buf0, result0, fail_t0, fail_step0, count0 = carry0
     segment = max(1, math.ceil(math.sqrt(n_iter))) if mode != "steps" else n_iter
     n_seg = -(-n_iter // segment)
-
-    def walk(c, _):
-        t, k, i, count = c
-        target, h, k, save = advance(t, k, i)
-        slot = jnp.where(save, i, n_save)
-        count = count + (h != 0).astype(count.dtype)
-        return (target, k, i + save.astype(i.dtype), count), (t, h, slot, count)
-
-    def segment_plan(start):
-        return lax.scan(walk, start, None, length=segment)
-
-    def walk_segment(c, _):
-        end, plan = segment_plan(c)
-        return end, (c, plan if mode == "steps" else None)
-
-    (t_end, k_end, i_end, count_end), (starts, full_plan) = lax.scan(
-        walk_segment, (t0, k0, i0, count0), None, length=n_seg)
-    if mode == "steps":
-        full_plan = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:])[:n_iter],
-                                           full_plan)
-    # Values the vector field and the walker close over become explicit inputs of the
-    # custom VJP (a backward pass that closed over them would leak tracers of an enclosing
-    # jit).
+    (t_end, k_end, i_end, count_end), starts, full_plan, plan_fn, walk_consts = _time_plan(
+        advance, mode, n_save, (t0, k0, i0, count0), n_iter, segment)
+    # Values the vector field closes over become explicit inputs of the custom VJP (a
+    # backward pass that closed over them would leak tracers of an enclosing jit).
     f, args = convert_closure(f, t0, y0, args)
-    plan_fn, walk_consts = _hoist_constants(
-        segment_plan, jax.tree_util.tree_map(lambda x: x[0], starts))
 
     def one_step(t, y, h, a):
         return solver.step(f, t, y, h, a, solver.init(f, t, y, a))[0]
