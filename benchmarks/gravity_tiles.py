@@ -48,7 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bodies", type=int, nargs="+", default=[100_000])
     ap.add_argument("--blocks", nargs="+", default=["512x2048", "256x2048", "512x4096"],
-                    help="Pallas tiles, TARGETSxSOURCES")
+                    help="Pallas tiles, TARGETSxSOURCES (prefix slabs: whole-row slabs)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--interpret", action="store_true")
     ap.add_argument("--json")
@@ -69,10 +69,12 @@ def main() -> None:
         }
         if not on_cpu or a.interpret:
             for b in a.blocks:
-                bt, bs = (int(v) for v in b.split("x"))
+                slabs = b.startswith("slabs")
+                bt, bs = (int(v) for v in b.removeprefix("slabs").split("x"))
                 contenders[f"pallas {b}"] = jax.jit(
-                    lambda x, m, eps, bt=bt, bs=bs: -m[:, None] * gravity_sums(
-                        x, m, eps, block_targets=bt, block_sources=bs, interpret=on_cpu)[0])
+                    lambda x, m, eps, bt=bt, bs=bs, slabs=slabs: -m[:, None] * gravity_sums(
+                        x, m, eps, block_targets=bt, block_sources=bs, slabs=slabs,
+                        interpret=on_cpu)[0])
         ref = None
         for name, fn in contenders.items():
             try:

@@ -85,10 +85,57 @@ def _kernel(eps2_ref, targets_ref, sources_ref, out_ref, *, unroll: int):
         tiles(True)
 
 
+def _kernel_slabs(eps2_ref, targets_ref, sources_ref, out_ref, *, unroll: int):
+    """As :func:`_kernel`, with all ``block_targets`` rows at once against each chunk of 128
+    source lanes (slabs of ``block_targets x 128`` pairs)."""
+    del unroll
+    i, j = pl.program_id(0), pl.program_id(1)
+    bt, bs = targets_ref.shape[0], sources_ref.shape[1]
+    eps2 = eps2_ref[0]
+
+    @pl.when(j == 0)
+    def _():
+        out_ref[...] = jnp.zeros_like(out_ref)
+
+    t = targets_ref[...]
+    tk = [t[:, k:k + 1] for k in range(3)]
+
+    def slabs(masked: bool):
+        acc = [jnp.zeros((bt, LANES), t.dtype) for _ in range(4)]
+        for c in range(bs // LANES):
+            s = sources_ref[:, c * LANES:(c + 1) * LANES]
+            d = [tk[k] - s[ROWS * k:ROWS * k + 1, :] for k in range(3)]
+            r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2] + eps2
+            if masked:
+                rows = jax.lax.broadcasted_iota(jnp.int32, r2.shape, 0) + i * bt
+                cols = jax.lax.broadcasted_iota(jnp.int32, r2.shape, 1) + j * bs + c * LANES
+                same = rows == cols
+                inv = jnp.where(same, 0.0, jax.lax.rsqrt(jnp.where(same, 1.0, r2)))
+            else:
+                inv = jax.lax.rsqrt(r2)
+            ms = s[3 * ROWS:3 * ROWS + 1, :] * inv
+            w = ms * inv * inv
+            for k in range(3):
+                acc[k] = acc[k] + w * d[k]
+            acc[3] = acc[3] + ms
+        out_ref[...] += jnp.concatenate(acc, axis=1)
+
+    overlap = (i * bt < (j + 1) * bs) & (j * bs < (i + 1) * bt)
+
+    @pl.when(jnp.logical_not(overlap))
+    def _():
+        slabs(False)
+
+    @pl.when(overlap)
+    def _():
+        slabs(True)
+
+
 @functools.partial(jax.jit, static_argnames=("block_targets", "block_sources", "unroll",
-                                             "interpret"))
+                                             "slabs", "interpret"))
 def gravity_sums(positions, masses, softening, *, block_targets: int = 512,
-                 block_sources: int = 2048, unroll: int = 4, interpret: bool = False):
+                 block_sources: int = 2048, unroll: int = 4, slabs: bool = False,
+                 interpret: bool = False):
     """``(a, phi)``: per body :math:`\\sum_j m_j s_{ij}^3 (x_i - x_j)` and
     :math:`\\sum_j m_j s_{ij}`, ``j != i``, of ``n`` bodies in 3D, from the tiled kernel."""
     n = positions.shape[0]
@@ -103,7 +150,8 @@ def gravity_sums(positions, masses, softening, *, block_targets: int = 512,
     sources = jnp.repeat(bodies.T, ROWS, axis=0)                        # (32, n_pad)
     eps2 = jnp.reshape(softening * softening, (1,)).astype(dtype)
     out = pl.pallas_call(
-        functools.partial(_kernel, unroll=min(unroll, bs // LANES)),
+        functools.partial(_kernel_slabs if slabs else _kernel,
+                          unroll=min(unroll, bs // LANES)),
         out_shape=jax.ShapeDtypeStruct((n_pad, 4 * LANES), dtype),
         grid=(n_pad // bt, n_pad // bs),
         in_specs=[pl.BlockSpec(memory_space=_smem()),
