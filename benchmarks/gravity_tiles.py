@@ -47,8 +47,8 @@ def plain(x, m, eps):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bodies", type=int, nargs="+", default=[100_000])
-    ap.add_argument("--blocks", nargs="+", default=["512x2048", "256x2048", "512x4096"],
-                    help="Pallas tiles, TARGETSxSOURCES (prefix slabs: whole-row slabs)")
+    ap.add_argument("--blocks", nargs="*", default=["64x8192", "32x8192", "128x4096"],
+                    help="Pallas tiles to try, TARGETSxSOURCES (the kernel's default 64x8192)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--interpret", action="store_true")
     ap.add_argument("--json")
@@ -63,17 +63,19 @@ def main() -> None:
         energy = sp.pair_energy(sp.gravity, sp.free())
         contenders = {
             "plain jnp all-pairs (peer)": jax.jit(lambda x, m, eps: plain(x, m, eps)),
+            "simlib pair_energy(gravity)": jax.jit(
+                lambda x, m, eps, energy=energy: energy.energy_and_forces(
+                    x, dict(G=jnp.float32(1.0), softening=eps, masses=m))[1]),
             "simlib pure-JAX kernel": jax.jit(
                 lambda x, m, eps, energy=energy: _energy._gravity_direct(
                     energy, x, m, jnp.stack([jnp.float32(1.0), eps]))[1]),
         }
         if not on_cpu or a.interpret:
             for b in a.blocks:
-                slabs = b.startswith("slabs")
-                bt, bs = (int(v) for v in b.removeprefix("slabs").split("x"))
+                bt, bs = (int(v) for v in b.split("x"))
                 contenders[f"pallas {b}"] = jax.jit(
-                    lambda x, m, eps, bt=bt, bs=bs, slabs=slabs: -m[:, None] * gravity_sums(
-                        x, m, eps, block_targets=bt, block_sources=bs, slabs=slabs,
+                    lambda x, m, eps, bt=bt, bs=bs: -m[:, None] * gravity_sums(
+                        x, m, eps, block_targets=bt, block_sources=bs,
                         interpret=on_cpu)[0])
         ref = None
         for name, fn in contenders.items():
