@@ -185,7 +185,8 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
                          "Checkpointed() or ForwardMode()")
     if not isinstance(saveat, SaveAt):
         raise TypeError(f"saveat must be a simlib.SaveAt, got {saveat!r}")
-    if not isinstance(max_steps, int | np.integer) or max_steps <= 0:
+    if (isinstance(max_steps, bool) or not isinstance(max_steps, int | np.integer)
+            or max_steps <= 0):
         raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
     max_steps = int(max_steps)
     mode = saveat.mode()

@@ -1,0 +1,45 @@
+"""One entry path: ``solve``, its SDE form and ``solve_ensemble`` check each argument
+alike (simlib/_arguments.py); each test here caught a drift between the three copies."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import simlib as sl
+
+
+def decay(t, y, args):
+    return -y
+
+
+def noise(t, y, args):
+    return 0.1 * jnp.ones_like(y)
+
+
+Y0 = jnp.array([1.0, 2.0])
+KEY = jax.random.key(0)
+
+
+def _ode(**kw):
+    kw = {"solver": sl.Heun(), "dt": 0.25, **kw}
+    return sl.solve(decay, Y0, 0.0, 1.0, **kw)
+
+
+def _sde(**kw):
+    kw = {"solver": sl.EulerMaruyama(), "dt": 0.25, "diffusion": noise, "key": KEY, **kw}
+    return sl.solve(decay, Y0, 0.0, 1.0, **kw)
+
+
+def _ensemble(**kw):
+    kw = {"solver": sl.Tsit5(), "rtol": 1e-6, **kw}
+    return sl.solve_ensemble(decay, jnp.ones((3, 2)), 0.0, 1.0, **kw)
+
+
+@pytest.mark.parametrize("run", [_ode, _sde, _ensemble], ids=["ode", "sde", "ensemble"])
+@pytest.mark.parametrize("bad", [True, False, 0, -1, 2.0])
+def test_max_steps_must_be_a_positive_integer_not_a_bool(run, bad):
+    with pytest.raises(ValueError, match="max_steps must be a positive integer"):
+        run(max_steps=bad)
