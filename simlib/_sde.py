@@ -179,7 +179,9 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
     if events is not None:
         raise ValueError("events are not supported for SDEs")
     if adjoint is not None and not isinstance(adjoint, AbstractAdjoint):
-        raise TypeError(f"adjoint must be a simlib adjoint, got {adjoint!r}")
+        raise TypeError(
+            "adjoint must be simlib.Direct(), simlib.Checkpointed(), simlib.Reversible() or "
+            f"simlib.ForwardMode(), got {adjoint!r}")
     if isinstance(adjoint, Reversible):
         raise ValueError("adjoint=Reversible() is not supported for SDEs; use Direct(), "
                          "Checkpointed() or ForwardMode()")

@@ -43,3 +43,11 @@ def _ensemble(**kw):
 def test_max_steps_must_be_a_positive_integer_not_a_bool(run, bad):
     with pytest.raises(ValueError, match="max_steps must be a positive integer"):
         run(max_steps=bad)
+
+
+@pytest.mark.parametrize("run", [_ode, _sde], ids=["ode", "sde"])
+def test_a_bad_adjoint_gets_one_message(run):
+    with pytest.raises(TypeError, match=r"adjoint must be simlib\.Direct\(\), simlib\."
+                                        r"Checkpointed\(\), simlib\.Reversible\(\) or "
+                                        r"simlib\.ForwardMode\(\), got 'direct'"):
+        run(adjoint="direct")
