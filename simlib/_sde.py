@@ -24,6 +24,7 @@ from ._fixed import fixed_iterations, grid_count
 from ._fixed import fixed_jit as _fixed_jit
 from ._solution import SaveAt, Solution
 from ._solver._base import AbstractSolver
+from ._solver._implicit import configure as configure_linear_solver
 from ._solver._sde import NOISE_TYPES, AbstractSDESolver
 from ._util import inside_trace, is_tracer, time_dtype
 from ._validate import (
@@ -131,7 +132,8 @@ def _diffusion_depends_on_state(g, y0, args, tdtype) -> bool | None:
 def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, brownian, dt,
               rtol, atol,
               args: Any, saveat: SaveAt, max_steps: int, throw: bool,
-              adjoint: AbstractAdjoint | None, events, progress: bool = False) -> Solution:
+              adjoint: AbstractAdjoint | None, events, progress: bool = False,
+              jac_sparsity=None, jac_bandwidth=None, linear_solver=None) -> Solution:
     """The SDE branch of :func:`simlib.solve` (arguments as there); checks its arguments
     eagerly, naming the bad one."""
     from ._solve import _as_array_tree, _bar, _check_scalar, _raise_if_failed, _tolerances
@@ -148,6 +150,9 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
         raise ValueError(
             f"diffusion was given, but solver {type(solver).__name__}() is an ODE method; use "
             "an SDE method: EulerMaruyama(), Milstein(), StochasticHeun() or SRA1()")
+    # the SDE methods solve no linear systems: refused as for an explicit ODE method
+    configure_linear_solver(solver, None, None, None, None, jac_sparsity=jac_sparsity,
+                            jac_bandwidth=jac_bandwidth, linear_solver=linear_solver)
     noise = "diagonal" if noise is None else noise
     brownian = "tree" if brownian is None else brownian
     if not isinstance(brownian, str) or brownian not in BROWNIAN:

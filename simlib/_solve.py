@@ -319,7 +319,9 @@ def solve(
         return solve_sde(f, y0, t0, t1, solver=solver, diffusion=diffusion, key=key,
                          noise=noise, brownian=brownian, dt=dt, rtol=rtol, atol=atol,
                          args=args, saveat=saveat, max_steps=max_steps, throw=throw,
-                         adjoint=adjoint, events=events, progress=progress)
+                         adjoint=adjoint, events=events, progress=progress,
+                         jac_sparsity=jac_sparsity, jac_bandwidth=jac_bandwidth,
+                         linear_solver=linear_solver)
     if adjoint is not None and not isinstance(adjoint, AbstractAdjoint):
         raise TypeError(
             "adjoint must be simlib.Direct(), simlib.Checkpointed(), simlib.Reversible() or "

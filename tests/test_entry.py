@@ -51,3 +51,11 @@ def test_a_bad_adjoint_gets_one_message(run):
                                         r"Checkpointed\(\), simlib\.Reversible\(\) or "
                                         r"simlib\.ForwardMode\(\), got 'direct'"):
         run(adjoint="direct")
+
+
+@pytest.mark.parametrize("kw", [{"jac_bandwidth": (1, 1)}, {"linear_solver": "dense"},
+                                {"jac_sparsity": np.eye(2, dtype=bool)}])
+@pytest.mark.parametrize("run", [_ode, _sde], ids=["ode", "sde"])
+def test_linear_solver_options_refused_for_a_method_without_linear_systems(run, kw):
+    with pytest.raises(ValueError, match="options of the implicit solvers"):
+        run(**kw)
