@@ -50,7 +50,14 @@ from ._solve import (
 from ._solver._base import AbstractSolver, PyTree, VectorField
 from ._solver._sde import AbstractSDESolver
 from ._util import buffer, inside_trace, is_tracer, time_dtype, tree_where
-from ._validate import Checks, check_args, check_resolution, check_state, check_times
+from ._validate import (
+    Checks,
+    check_args,
+    check_resolution,
+    check_save_times,
+    check_state,
+    check_times,
+)
 from .progress import bar as progress_bar
 
 __all__ = ["solve_ensemble"]
@@ -241,6 +248,27 @@ def _initialise_checks(plan: _Plan, initialize: str, *operands) -> Checks:
     return recorded[0]
 
 
+def _check_member_save_times(checks: Checks, ts, t0s, t1s) -> None:
+    """``solve``'s save-time checks (:func:`simlib._validate.check_save_times`, its
+    messages) for every member's span: on the first member whose span misses a save time
+    (or that is NaN), else on the first member of each direction of integration; the
+    message names the member."""
+    lo, hi = np.minimum(t0s, t1s), np.maximum(t0s, t1s)
+    missed = ((ts[None, :] < lo[:, None]) | (ts[None, :] > hi[:, None])
+              | np.isnan(ts)[None, :]).any(axis=1)
+    if missed.any():
+        members = [int(np.argmax(missed))]
+    else:
+        forward = t1s >= t0s
+        members = [int(np.argmax(forward == d)) for d in (True, False) if (forward == d).any()]
+    for i in members:
+        try:
+            check_save_times(checks, ts, t0s[i], t1s[i])
+        except ValueError as err:
+            span = f"t0 = {float(t0s[i])!r}, t1 = {float(t1s[i])!r}"
+            raise ValueError(f"{err} (member {i}: {span})") from None
+
+
 def _bucket(live: int, size: int, min_bucket: int) -> int:
     """The bucket for ``live`` members: the smallest power of two holding them (at least
     ``min_bucket``), never larger than the current ``size``."""
@@ -409,20 +437,11 @@ def solve_ensemble(
     t0_np, t1_np = spans
     check_times(checks, t0_np, t1_np, dt)
     check_resolution(checks, t0_np, t1_np, dt, tdtype)
-    direction = np.where(t1_np >= t0_np, 1.0, -1.0)
     if mode == "ts":
         ts_np = np.asarray(saveat.ts, np.float64)
         if ts_np.ndim != 1 or ts_np.shape[0] == 0:
             raise ValueError(f"saveat.ts must be a non-empty 1-D array, got shape {ts_np.shape}")
-        lo, hi = np.minimum(t0_np, t1_np), np.maximum(t0_np, t1_np)
-        if np.any(ts_np.min() < lo) or np.any(ts_np.max() > hi):
-            bad = int(np.flatnonzero((ts_np.min() < lo) | (ts_np.max() > hi))[0])
-            raise ValueError(f"saveat.ts must lie within every member's [t0, t1]; member {bad} "
-                             f"spans [{lo[bad]}, {hi[bad]}], ts runs from {ts_np.min()} to "
-                             f"{ts_np.max()}")
-        if len(ts_np) > 1 and np.any(direction[:, None] * np.diff(ts_np)[None, :] < 0):
-            raise ValueError("saveat.ts must be ordered in every member's direction of "
-                             "integration")
+        _check_member_save_times(checks, ts_np, t0_np, t1_np)
         ts = jnp.asarray(ts_np, tdtype)
         n_save = int(ts_np.shape[0])
     else:

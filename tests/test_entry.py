@@ -59,3 +59,30 @@ def test_a_bad_adjoint_gets_one_message(run):
 def test_linear_solver_options_refused_for_a_method_without_linear_systems(run, kw):
     with pytest.raises(ValueError, match="options of the implicit solvers"):
         run(**kw)
+
+
+UNORDERED = (r"saveat\.ts must be ordered in the direction of integration \(increasing\), "
+             r"but saveat\.ts\[1\] = 0\.2 comes before the save time preceding it")
+
+
+@pytest.mark.parametrize("run", [_ode, _sde, _ensemble], ids=["ode", "sde", "ensemble"])
+def test_unordered_save_times_get_one_message(run):
+    with pytest.raises(ValueError, match=UNORDERED):
+        run(saveat=sl.SaveAt(ts=jnp.array([0.5, 0.2, 0.8])))
+
+
+@pytest.mark.parametrize("run", [_ode, _sde, _ensemble], ids=["ode", "sde", "ensemble"])
+def test_a_nan_save_time_is_refused(run):
+    with pytest.raises(ValueError, match=r"saveat\.ts\[1\] = nan is outside"):
+        run(saveat=sl.SaveAt(ts=jnp.array([0.5, jnp.nan])))
+
+
+def test_ensemble_save_times_name_the_member_whose_span_misses_them():
+    with pytest.raises(ValueError, match=r"saveat\.ts\[1\] = 1\.5 is outside.*member 1"):
+        sl.solve_ensemble(decay, jnp.ones((3, 2)), 0.0, jnp.array([2.0, 1.0, 3.0]),
+                          solver=sl.Tsit5(), rtol=1e-6, saveat=sl.SaveAt(ts=[0.5, 1.5]))
+    with pytest.raises(ValueError, match=r"ordered in the direction of integration "
+                                         r"\(decreasing\).*member 1"):
+        sl.solve_ensemble(decay, jnp.ones((2, 2)), jnp.array([0.0, 1.0]),
+                          jnp.array([1.0, 0.0]), solver=sl.Tsit5(), rtol=1e-6,
+                          saveat=sl.SaveAt(ts=[0.25, 0.5]))
