@@ -397,7 +397,6 @@ def solve_ensemble(
                         "compiled chunks), so it cannot be traced by jax.jit, jax.vmap or "
                         "jax.grad; call it outside them, or use jax.vmap(solve) there")
     checks = Checks("solve_ensemble")  # eager only: a bad value raises ValueError at once
-    rtol, atol = _tolerances(rtol, atol, checks)
     if not isinstance(saveat, SaveAt):
         raise TypeError(f"saveat must be a simlib.SaveAt, got {saveat!r}")
     mode = saveat.mode()
@@ -446,6 +445,7 @@ def solve_ensemble(
         n_save = int(ts_np.shape[0])
     else:
         ts, n_save = None, 0
+    rtol, atol = _tolerances(rtol, atol, checks)
 
     # args: which leaves are per member
     args_leaves, args_tree = jax.tree_util.tree_flatten(args)

@@ -178,7 +178,6 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
                 "brownian='steps' cannot drive an adaptive solve (a rejected step would "
                 "redraw its increment from the same normal, biasing the path); use the "
                 "default brownian='tree' with rtol/atol")
-        rtol, atol = _tolerances(rtol, atol, checks)
     elif dt is None:
         raise ValueError(f"{type(solver).__name__} needs a step size: give dt")
     if events is not None:
@@ -223,6 +222,8 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
         n_save = int(ts.shape[0])
     else:
         ts, n_save = None, 0
+    if adaptive:
+        rtol, atol = _tolerances(rtol, atol, checks)
 
     traced = is_tracer((y0, t0, t1, dt, rtol, atol, args, saveat.ts, key)) or inside_trace()
     # the run's own failures and the traced argument checks share one in-graph check

@@ -86,3 +86,33 @@ def test_ensemble_save_times_name_the_member_whose_span_misses_them():
         sl.solve_ensemble(decay, jnp.ones((2, 2)), jnp.array([0.0, 1.0]),
                           jnp.array([1.0, 0.0]), solver=sl.Tsit5(), rtol=1e-6,
                           saveat=sl.SaveAt(ts=[0.25, 0.5]))
+
+
+@pytest.mark.parametrize("solver, extra", [(sl.Heun(), {}),
+                                           (sl.StochasticHeun(), {"diffusion": noise,
+                                                                  "key": KEY})],
+                         ids=["ode", "sde"])
+def test_traced_bad_arguments_report_the_same_first_failure(solver, extra):
+    # y0 with a NaN and a negative rtol, both traced: the state is reported first
+    def run(y0, rtol):
+        return sl.solve(decay, y0, 0.0, 1.0, solver=solver, rtol=rtol, throw=False,
+                        **extra).result
+
+    code = jax.jit(run)(jnp.array([1.0, jnp.nan]), -1.0)
+    assert int(code) == sl.Result.NONFINITE_Y0.value
+
+
+NAN_STATE = jnp.array([1.0, jnp.nan])
+
+
+@pytest.mark.parametrize("run", [
+    lambda: sl.solve(decay, NAN_STATE, 0.0, 1.0, solver=sl.Heun(), rtol=-1.0),
+    lambda: sl.solve(decay, NAN_STATE, 0.0, 1.0, solver=sl.StochasticHeun(), rtol=-1.0,
+                     diffusion=noise, key=KEY),
+    lambda: sl.solve_ensemble(decay, jnp.stack([NAN_STATE] * 3), 0.0, 1.0,
+                              solver=sl.Tsit5(), rtol=-1.0),
+], ids=["ode", "sde", "ensemble"])
+def test_eager_bad_arguments_refused_in_the_same_order(run):
+    # a NaN state and a negative rtol: the state is named first
+    with pytest.raises(ValueError, match="must be finite"):
+        run()
