@@ -138,6 +138,13 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
     eagerly, naming the bad one."""
     from ._solve import _as_array_tree, _bar, _check_scalar, _raise_if_failed, _tolerances
 
+    if diffusion is None and not isinstance(solver, AbstractSDESolver):
+        given = next(name for name, x in (("key", key), ("noise", noise),
+                                          ("brownian", brownian)) if x is not None)
+        raise ValueError(f"{given} is an SDE option, but diffusion was not given and "
+                         f"{type(solver).__name__} is an ODE method; for an SDE give "
+                         "diffusion=g and an SDE method, for an ODE leave out "
+                         "key, noise and brownian")
     if key is None:
         raise ValueError("key is required for an SDE (diffusion=...): give a JAX key, e.g. "
                          "key=jax.random.key(0); one key gives one Brownian path")

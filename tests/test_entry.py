@@ -116,3 +116,9 @@ def test_eager_bad_arguments_refused_in_the_same_order(run):
     # a NaN state and a negative rtol: the state is named first
     with pytest.raises(ValueError, match="must be finite"):
         run()
+
+
+@pytest.mark.parametrize("kw", [{"key": KEY}, {"noise": "scalar"}, {"brownian": "tree"}])
+def test_an_sde_keyword_without_diffusion_on_an_ode_method_is_named(kw):
+    with pytest.raises(ValueError, match=r"is an SDE option.*Tsit5 is an ODE method"):
+        sl.solve(decay, Y0, 0.0, 1.0, solver=sl.Tsit5(), rtol=1e-6, **kw)
