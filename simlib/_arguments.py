@@ -5,10 +5,11 @@ Each entry point is a short driver over this module:
 
 1. :func:`check_keywords` refuses an unknown keyword against the one table
    :data:`KEYWORDS` (which entry points take each keyword);
-2. :func:`normalise` checks what every run shares (the solver, ``saveat``, ``max_steps``,
-   the adjoint, ``y0``, the times, ``args``) and returns a :class:`Problem`: the arrays as
-   the drivers take them, the time dtype and the :class:`~simlib._validate.Checks` of the
-   call (concrete values refused at once, traced ones pending);
+2. :func:`normalise` checks what every run shares (``saveat``, ``max_steps``, the
+   adjoint, the controller, ``y0``, the times, ``args``) and returns a :class:`Problem`:
+   the arrays as the drivers take them, the time dtype and the
+   :class:`~simlib._validate.Checks` of the call (concrete values refused at once,
+   traced ones pending);
 3. the caller adds what its kind of problem needs (the ODE's vector field, events, mass
    matrix and linear solver in ``_solve.py``; the SDE's diffusion and Brownian path in
    ``_sde.py``; the ensemble's members and ``args_axes`` in ``_compact.py``);
@@ -48,10 +49,10 @@ from ._validate import (
 
 __all__ = [
     "DEFAULT_MAX_STEPS", "KEYWORDS", "SAVE_T1", "CastToState", "Problem", "as_array_tree",
-    "check_adjoint", "check_callable", "check_controller", "check_count", "check_field",
-    "check_initialize", "check_keywords", "check_saveat", "check_scalar", "check_solver",
-    "check_member_save_times", "complete", "describe", "is_sde", "keywords", "member_spans",
-    "normalise", "save_times", "as_members", "tolerances",
+    "as_members", "check_adjoint", "check_callable", "check_controller", "check_count",
+    "check_field", "check_initialize", "check_keywords", "check_member_save_times",
+    "check_saveat", "check_scalar", "check_solver", "complete", "describe", "is_sde",
+    "keywords", "member_spans", "normalise", "save_times", "tolerances",
 ]
 
 DEFAULT_MAX_STEPS = 4096
@@ -233,16 +234,16 @@ class CastToState:
     """``f`` with its output cast to the state's dtypes (a float32 state stays float32 when
     float64 parameters promote ``f``'s result). Hashes like ``f``, so jit caches still hit."""
 
-    def __init__(self, f: VectorField):
+    def __init__(self, f: VectorField) -> None:
         self.f = f
 
-    def __call__(self, t, y, args):
+    def __call__(self, t: Any, y: PyTree, args: Any) -> PyTree:
         return jax.tree_util.tree_map(lambda o, x: o.astype(x.dtype), self.f(t, y, args), y)
 
     def __hash__(self) -> int:
         return hash((CastToState, self.f))
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, CastToState) and other.f == self.f
 
 

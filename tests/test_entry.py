@@ -122,3 +122,14 @@ def test_eager_bad_arguments_refused_in_the_same_order(run):
 def test_an_sde_keyword_without_diffusion_on_an_ode_method_is_named(kw):
     with pytest.raises(ValueError, match=r"is an SDE option.*Tsit5 is an ODE method"):
         sl.solve(decay, Y0, 0.0, 1.0, solver=sl.Tsit5(), rtol=1e-6, **kw)
+
+
+@pytest.mark.parametrize("entry, fn", [("solve", sl.solve), ("solve_ensemble", sl.solve_ensemble)])
+def test_the_keyword_list_is_each_entry_points_signature(entry, fn):
+    import inspect
+
+    from simlib._arguments import keywords
+
+    params = inspect.signature(fn).parameters.values()
+    taken = {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert set(keywords(entry)) == taken
