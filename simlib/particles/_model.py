@@ -34,12 +34,12 @@ class Model:
 
     Example:
         >>> from simlib import particles as sp
-        >>> x, box = sp.lattice(2, 0.8442)
+        >>> x, box = sp.lattice(3, 0.8442)
         >>> model = sp.Model(sp.pair_energy(sp.lennard_jones, sp.periodic(box), r_cut=2.5),
         ...                  sp.periodic(box))
         >>> e, f = model.energy_and_forces(x, dict(sigma=1.0, epsilon=1.0), None)
         >>> f.shape
-        (32, 3)
+        (108, 3)
     """
 
     energy: Energy
