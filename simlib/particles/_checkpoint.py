@@ -206,12 +206,13 @@ def check_arguments(checkpoint, checkpoint_every, resume: bool, metadata) -> Non
 
 
 def signature(model, integrator, state, masses, params, dt, key, n_frames: int,
-              save_every: int, neighbors, chunk_steps: int) -> dict:
-    """What a checkpoint must agree on with the call that resumes it."""
+              save_every: int, neighbors, chunk_steps: int, metadata=None) -> dict:
+    """What a checkpoint must agree on with the call that resumes it (with the caller's
+    ``metadata``, :func:`as_metadata`, where given)."""
     x = np.asarray(state.positions)
     key_data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) \
         else key
-    return dict(
+    signature = dict(
         n_steps=n_frames * save_every, save_every=save_every, chunk_steps=int(chunk_steps),
         dt=float(dt), shape=list(x.shape), dtype=str(x.dtype),
         integrator=type(integrator).__name__, energy=type(model.energy).__name__,
@@ -219,6 +220,9 @@ def signature(model, integrator, state, masses, params, dt, key, n_frames: int,
         integrator_parameters=digest(integrator), key=digest(key_data),
         params=digest(params), space=digest(model.space),
         start_state=digest((state.positions, state.velocities, masses)))
+    if metadata is not None:
+        signature["metadata"] = as_metadata(metadata)
+    return signature
 
 
 class Checkpoint:

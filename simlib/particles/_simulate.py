@@ -55,8 +55,6 @@ from ._trajectory import Trajectory, assemble, concatenate
 from ._trajectory import assemble as _assemble
 from ._trajectory import builds as _builds
 
-__all__ = ["Trajectory", "simulate"]
-
 # The traced path at the end of this module (_simulate_traced, _run_traced, _reversible) is
 # the adjoint's part; it reads the loop's pieces under the private names imported above.
 
@@ -164,6 +162,11 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
              checkpoint_metadata: dict | None = None) -> Trajectory:
     """Integrate particle dynamics for ``n_steps`` steps of size ``dt``.
 
+    The driver over ``integrator.start``/``integrator.step`` (:class:`Integrator`, on a
+    :class:`Model`) that adds per-step checks, chunks, neighbour-list reallocation,
+    progress and checkpoints; docs/particles.md ("Your own loop") drives the same parts
+    from a loop of one's own.
+
     Args:
         energy: ``energy(positions, params, neighbors=None)``, from :func:`pair_energy` (the
             direct force path is used) or any function (forces by ``jax.grad``).
@@ -259,10 +262,7 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
     n_frames = n_steps // save_every
     masses = state.masses if isinstance(state.masses, jax.Array) else jnp.asarray(state.masses)
     dt = jnp.asarray(dt, jnp.result_type(state.positions))
-    traced = inside_trace() or any(
-        isinstance(leaf, jax.core.Tracer)
-        for leaf in jax.tree_util.tree_leaves((state, params, dt, neighbors, integrator,
-                                               space, model.energy)))
+    traced = _traced(state, params, dt, neighbors, integrator, model)
     if key is None:      # a cached key in eager calls (a traced one must not be kept)
         key = jax.random.key(0) if traced else _default_key()
     if traced:
@@ -271,17 +271,22 @@ def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
                              "vmap or grad)")
         return _simulate_traced(model, integrator, state, masses, params, dt, key, n_frames,
                                 save_every, neighbors, adjoint, throw)
-    ckpt = None
-    if checkpoint is not None:
-        signature = _checkpoint.signature(model, integrator, state, masses, params, dt, key,
-                                          n_frames, save_every, neighbors, chunk_steps)
-        if checkpoint_metadata is not None:
-            signature["metadata"] = _checkpoint.as_metadata(checkpoint_metadata)
-        ckpt = _checkpoint.Checkpoint(checkpoint, int(checkpoint_every), resume, signature)
+    ckpt = None if checkpoint is None else _checkpoint.Checkpoint(
+        checkpoint, int(checkpoint_every), resume, _checkpoint.signature(
+            model, integrator, state, masses, params, dt, key, n_frames, save_every,
+            neighbors, chunk_steps, checkpoint_metadata))
     compiled = _chunked.Compiled(_begin_jit, _frames_jit, _assemble_jit, _concatenate)
     job = _chunked.Job(model, integrator, masses, params, dt, key, save_every, adjoint, compiled)
     return _chunked.run_chunked(job, state, neighbors, n_frames, throw=throw, progress=progress,
                                 chunk_steps=chunk_steps, ckpt=ckpt)
+
+
+def _traced(state: State, params, dt, neighbors, integrator: Integrator, model: Model) -> bool:
+    """Whether ``simulate`` runs under a transformation (one traced scan, no chunks)."""
+    return inside_trace() or any(
+        isinstance(leaf, jax.core.Tracer)
+        for leaf in jax.tree_util.tree_leaves((state, params, dt, neighbors, integrator,
+                                               model.space, model.energy)))
 
 
 def _simulate_traced(model, integrator, state, masses, params, dt, key, n_frames, save_every,
