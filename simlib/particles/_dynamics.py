@@ -61,8 +61,7 @@ def kinetic(v, masses):
     return 0.5 * jnp.sum(m * v * v)
 
 
-def inverse_mass(masses, like: jax.Array) -> jax.Array:
-    """:math:`1/m` shaped to multiply ``(n, d)`` forces, in ``like``'s dtype."""
+def _inverse_mass(masses, like):
     m = jnp.asarray(masses, like.dtype)
     return (1.0 / m)[:, None] if m.ndim == 1 else 1.0 / m
 
@@ -124,21 +123,6 @@ class Integrator:
         return jnp.int32(0)
 
 
-def verlet(model: Model, carry: Carry, masses, params: Any, dt: jax.Array,
-           v: jax.Array) -> Carry:
-    """One velocity-Verlet step from ``carry``'s positions and forces with velocities ``v``
-    (:class:`NVE`'s step; the thermostats' middle step): half kick, drift, the list
-    updated and the forces at the new positions, half kick."""
-    inv_m = inverse_mass(masses, v)
-    v = v + (0.5 * dt) * carry.forces * inv_m
-    x = model.space.shift(carry.positions, dt * v)
-    nbrs = carry.neighbors.update(x) if carry.neighbors is not None else None
-    e, f = model.energy_and_forces(x, params, nbrs)
-    v = v + (0.5 * dt) * f * inv_m
-    return carry._replace(positions=x, velocities=v, forces=f, potential_energy=e,
-                          neighbors=nbrs, step=carry.step + 1)
-
-
 @register_static
 @dataclass(frozen=True)
 class NVE(Integrator):
@@ -150,7 +134,14 @@ class NVE(Integrator):
     """
 
     def step(self, model, carry: Carry, masses, params, dt, key) -> Carry:
-        return verlet(model, carry, masses, params, dt, carry.velocities)
+        inv_m = _inverse_mass(masses, carry.velocities)
+        v = carry.velocities + (0.5 * dt) * carry.forces * inv_m
+        x = model.space.shift(carry.positions, dt * v)
+        nbrs = carry.neighbors.update(x) if carry.neighbors is not None else None
+        e, f = model.energy_and_forces(x, params, nbrs)
+        v = v + (0.5 * dt) * f * inv_m
+        return carry._replace(positions=x, velocities=v, forces=f, potential_energy=e,
+                              neighbors=nbrs, step=carry.step + 1)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -185,7 +176,7 @@ class Langevin(Integrator):
 
     def step(self, model, carry: Carry, masses, params, dt, key) -> Carry:
         v0 = carry.velocities
-        inv_m = inverse_mass(masses, v0)
+        inv_m = _inverse_mass(masses, v0)
         half = 0.5 * dt
         v = v0 + half * carry.forces * inv_m
         x = model.space.shift(carry.positions, half * v)

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ._dynamics import Carry, Integrator, kinetic, verlet
+from ._dynamics import Carry, Integrator, kinetic
 
 # Suzuki-Yoshida weights (Yoshida, Phys. Lett. A 150, 262 (1990)): a symmetric composition of
 # 2nd-order steps of lengths w_j h, of order 2 (1 weight), 4 (3) or 6 (5 weights, the
@@ -31,6 +31,19 @@ SUZUKI_YOSHIDA = {1: (1.0,), 3: (_W3, 1.0 - 2.0 * _W3, _W3),
 def _dof(dof, positions) -> int:
     n, d = positions.shape
     return d * (n - 1) if dof is None else int(dof)
+
+
+def _verlet(model, carry: Carry, masses, params, dt, v):
+    """Velocity Verlet from velocities ``v`` (the forces in ``carry`` are at its positions)."""
+    m = jnp.asarray(masses, v.dtype)
+    inv_m = (1.0 / m)[:, None] if m.ndim == 1 else 1.0 / m
+    v = v + (0.5 * dt) * carry.forces * inv_m
+    x = model.space.shift(carry.positions, dt * v)
+    nbrs = carry.neighbors.update(x) if carry.neighbors is not None else None
+    e, f = model.energy_and_forces(x, params, nbrs)
+    v = v + (0.5 * dt) * f * inv_m
+    return carry._replace(positions=x, velocities=v, forces=f, potential_energy=e,
+                          neighbors=nbrs, step=carry.step + 1)
 
 
 class ChainState(NamedTuple):
@@ -146,7 +159,7 @@ class NoseHooverChain(Integrator):
         nf = _dof(self.dof, carry.positions)
         half = 0.5 * dt
         chain, s = self._chain(carry.extra, kinetic(carry.velocities, masses), nf, half)
-        carry = verlet(model, carry, masses, params, dt, s * carry.velocities)
+        carry = _verlet(model, carry, masses, params, dt, s * carry.velocities)
         chain, s = self._chain(chain, kinetic(carry.velocities, masses), nf, half)
         return carry._replace(velocities=s * carry.velocities, extra=chain)
 
@@ -252,7 +265,7 @@ class Bussi(Integrator):
         k1, k2 = jax.random.split(jax.random.fold_in(key, carry.step))
         half = 0.5 * dt
         v, heat = self._rescale(carry.velocities, masses, nf, half, k1, carry.extra)
-        carry = verlet(model, carry, masses, params, dt, v)
+        carry = _verlet(model, carry, masses, params, dt, v)
         v, heat = self._rescale(carry.velocities, masses, nf, half, k2, heat)
         return carry._replace(velocities=v, extra=heat)
 
