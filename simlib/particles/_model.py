@@ -9,6 +9,8 @@ new values do not recompile) and an integrator reads ``model.space.shift`` and
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 
 from ._energy import Energy, as_energy
@@ -45,7 +47,8 @@ class Model:
     energy: Energy
     space: Space
 
-    def __init__(self, energy, space: Space, *, box_checked: bool = False) -> None:
+    def __init__(self, energy: Energy | Callable[..., jax.Array], space: Space, *,
+                 box_checked: bool = False) -> None:
         if not isinstance(space, Space):
             raise TypeError(f"Model: space must be free() or periodic(box), got {space!r}")
         self.energy = as_energy(energy)

@@ -19,7 +19,8 @@ The parts, each usable from a loop of one's own (docs/particles.md, "Your own lo
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,7 @@ from .._util import inside_trace
 from . import _checkpoint, _chunked
 from ._cells import CellList
 from ._dynamics import NVE, Carry, Integrator, State
+from ._energy import Energy
 from ._health import Failure as _Failure
 from ._health import initial as _initial
 from ._health import merge as _merge
@@ -153,9 +155,11 @@ def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neigh
 
 
 
-def simulate(energy, state: State, params, *, space: Space, dt, n_steps: int,
+def simulate(energy: Energy | Callable[..., jax.Array], state: State, params: Any, *,
+             space: Space, dt: float | jax.Array, n_steps: int,
              integrator: Integrator | None = None, save_every: int | None = None,
-             neighbors: NeighborList | None = None, key=None, throw: bool = True,
+             neighbors: NeighborList | CellList | None = None, key: jax.Array | None = None,
+             throw: bool = True,
              progress: bool = False, adjoint: AbstractAdjoint | None = None,
              chunk_steps: int = 2000, checkpoint: str | os.PathLike | None = None,
              checkpoint_every: int = 1, resume: bool = False,
