@@ -35,7 +35,8 @@ import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from ._fit import FitResult, _as_float_tree, _check_positive_int, gauss_newton_covariance
+from ._checks import as_float_tree, check_positive_int
+from ._fit import FitResult, gauss_newton_covariance
 from ._transforms import make_maps
 
 PyTree = Any
@@ -117,7 +118,7 @@ def least_squares(
         raise TypeError("least_squares: damping= (Marquardt's initial lambda) was removed with "
                         "the trust-region algorithm; the first trust region is factor= "
                         "(default 1, MINPACK's factor), and the damping follows from it")
-    steps = _check_positive_int(steps, "steps")
+    steps = check_positive_int(steps, "steps")
     tols = {name: _positive_number(tol if value is None else value, name)
             for name, value in (("tol", tol), ("ftol", ftol), ("xtol", xtol), ("gtol", gtol))}
     factor = _positive_number(factor, "factor")
@@ -125,7 +126,7 @@ def least_squares(
         raise ValueError(f"jacobian must be 'auto', 'fwd' or 'rev', got {jacobian!r}")
     if not callable(residuals):
         raise TypeError(f"residuals must be callable as residuals(params), got {residuals!r}")
-    params0 = _as_float_tree(params0)
+    params0 = as_float_tree(params0)
     to_physical, to_unconstrained = make_maps(transforms, params0)
     u0, unravel = ravel_pytree(to_unconstrained(params0))
 
