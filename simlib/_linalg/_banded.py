@@ -29,7 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._base import Array, LinearSolver, register_static
+from .._static import register_static
+from . import _kernels
+from ._base import Array, LinearSolver
 
 
 def band_seeds(n: int, lower: int, upper: int, dtype) -> Array:
@@ -227,8 +229,6 @@ class Banded(LinearSolver):
     def _native(self):
         if self.kernel == "scan":
             return None
-        from . import _kernels
-
         lib = _kernels.load()
         if lib is None and self.kernel == "native":
             raise RuntimeError(f"native linear-algebra kernels unavailable: "
@@ -262,9 +262,7 @@ class Banded(LinearSolver):
         a = self.operator(jac, c, mass)
         lib = self._native()
         if lib is not None:
-            from ._kernels import band_lu_native
-
-            lu = band_lu_native(a, self.lower, self.upper)
+            lu = BandLU(*_kernels.band_lu_native(a, self.lower, self.upper))
         else:
             lu = band_lu_scan(a, self.lower, self.upper)
         d = lu.u[:, 0]
@@ -274,9 +272,7 @@ class Banded(LinearSolver):
     def _solve(self, fac, b, transpose, field):
         lib = self._native()
         if lib is not None:
-            from ._kernels import band_solve_native
-
-            return band_solve_native(fac.data, b, transpose)
+            return _kernels.band_solve_native(fac.data, b, transpose)
         return band_lu_solve_scan(fac.data, b, transpose)
 
 

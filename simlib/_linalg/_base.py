@@ -39,14 +39,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._static import Settings
+
 Array = jax.Array
 Field = Callable[[Any, Array], Array]  # g(t, v) on the flattened state
-
-
-def register_static(cls):
-    """A pytree with no leaves: the instance is all structure (its settings)."""
-    jax.tree_util.register_pytree_node(cls, lambda s: ((), s), lambda s, _: s)
-    return cls
 
 
 def jvp_map(g: Field, t, v: Array) -> Callable[[Array], Array]:
@@ -79,7 +75,7 @@ class Factorisation(NamedTuple):
     ok: Array
 
 
-class LinearSolver:
+class LinearSolver(Settings):
     """The protocol; see the module docstring. Subclasses set the class attributes and
     provide ``materialise``, ``matvec``, ``_factor`` and ``_solve``.
 
@@ -159,20 +155,6 @@ class LinearSolver:
 
     def _zero_mass(self, n, dtype):
         return jnp.zeros((n,), dtype)
-
-    # ------------------------------------------------------------------ identity
-    def settings(self) -> tuple:
-        return tuple(sorted(vars(self).items()))
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v!r}" for k, v in self.settings())
-        return f"{type(self).__name__}({inner})"
-
-    def __eq__(self, other) -> bool:
-        return type(self) is type(other) and self.settings() == other.settings()
-
-    def __hash__(self) -> int:
-        return hash((type(self), self.settings()))
 
 
 def diagonal_mass(mass, n: int, dtype) -> Array:

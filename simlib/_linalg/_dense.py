@@ -12,7 +12,8 @@ from jax import lax
 from jax.lax.linalg import lu_pivots_to_permutation, triangular_solve
 from jax.scipy.linalg import lu_factor
 
-from ._base import Array, Field, LinearSolver, register_static
+from .._static import register_static
+from ._base import Array, Field, LinearSolver
 
 JAC_MODES = ("fwd", "rev")
 

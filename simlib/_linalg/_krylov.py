@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._base import LinearSolver, register_static
+from .._static import register_static
+from ._base import LinearSolver
 from ._coloring import CompressedPattern
 from ._sparse import SymbolicLU
 

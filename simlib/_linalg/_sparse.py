@@ -26,7 +26,8 @@ import scipy.sparse as sp
 import scipy.sparse.csgraph as csgraph
 import scipy.sparse.linalg as spla
 
-from ._base import LinearSolver, register_static
+from .._static import register_static
+from ._base import LinearSolver
 from ._coloring import CompressedPattern
 from ._sparsity import jacobian_sparsity
 
