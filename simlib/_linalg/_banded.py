@@ -215,7 +215,7 @@ class Banded(LinearSolver):
     a column of the same colour): give the true bandwidths.
     """
 
-    def __init__(self, lower: int, upper: int, kernel: str = "auto"):
+    def __init__(self, lower: int, upper: int, kernel: str = "auto") -> None:
         for name, value in (("lower", lower), ("upper", upper)):
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
                 raise ValueError(f"jac_bandwidth: {name} must be a non-negative int; "

@@ -55,7 +55,7 @@ class Dense(LinearSolver):
             dear and the state large, at reverse mode's memory cost).
     """
 
-    def __init__(self, jac: str = "fwd"):
+    def __init__(self, jac: str = "fwd") -> None:
         if jac not in JAC_MODES:
             raise ValueError(f"jac must be one of {JAC_MODES}; got {jac!r}")
         self.jac = jac

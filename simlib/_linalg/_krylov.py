@@ -21,7 +21,7 @@ colour, :mod:`._coloring`):
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +29,7 @@ import numpy as np
 from jax import lax
 
 from .._static import register_static
+from . import _kernels
 from ._base import LinearSolver
 from ._coloring import CompressedPattern
 from ._sparse import SymbolicLU
@@ -158,8 +159,9 @@ class Krylov(LinearSolver):
     reuses_jacobian = False
     exact = False
 
-    def __init__(self, preconditioner=None, jac_sparsity=None, blocks=None,
-                 rtol: float = 1e-8, restart: int = 20, max_restarts: int = 10):
+    def __init__(self, preconditioner: str | None = None, jac_sparsity: Any = None,
+                 blocks: Any = None, rtol: float = 1e-8, restart: int = 20,
+                 max_restarts: int = 10) -> None:
         if preconditioner not in PRECONDITIONERS:
             raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}; got "
                              f"{preconditioner!r}")
@@ -223,11 +225,9 @@ class Krylov(LinearSolver):
             blocks = jnp.where(jnp.asarray(found), a[jnp.asarray(pos)], 0.0)
             inv = jnp.linalg.inv(blocks)
             return inv, jnp.all(jnp.isfinite(inv))
-        from ._kernels import sparse_lu_native
-
         sym = self._ilu_symbolic()
         vals = jnp.zeros((sym.nnz,), a.dtype).at[sym.position].set(a)
-        lu, info = sparse_lu_native(vals, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
+        lu, info = _kernels.sparse_lu_native(vals, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
                                     jnp.asarray(sym.diag))
         return lu, (info == 0) & jnp.all(jnp.isfinite(lu))
 
@@ -248,12 +248,10 @@ class Krylov(LinearSolver):
                 return x.at[blocks].set(jnp.einsum("bij,bj->bi", inv, x[blocks]))
 
             return apply
-        from ._kernels import sparse_solve_native
-
         sym = self._ilu_symbolic()
 
         def apply(x):
-            return sparse_solve_native(data, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
+            return _kernels.sparse_solve_native(data, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
                                        jnp.asarray(sym.diag), x, transpose)
 
         return apply

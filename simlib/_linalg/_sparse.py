@@ -19,6 +19,8 @@ factorised by one of two kernels:
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,6 +29,7 @@ import scipy.sparse.csgraph as csgraph
 import scipy.sparse.linalg as spla
 
 from .._static import register_static
+from . import _kernels
 from ._base import LinearSolver
 from ._coloring import CompressedPattern
 from ._sparsity import jacobian_sparsity
@@ -59,8 +62,6 @@ class SymbolicLU:
     """The fill pattern ``F`` of ``P A P^T`` (CSR, int32) and where ``A``'s values go."""
 
     def __init__(self, pattern: CompressedPattern, ordering: str, fill: bool = True):
-        from ._kernels import symbolic_fill
-
         n = pattern.n
         q = fill_reducing_order(pattern, ordering)
         inv = np.empty(n, np.int64)
@@ -70,7 +71,7 @@ class SymbolicLU:
         if fill:
             s = (permuted + permuted.T).tocsr()
             s.sort_indices()
-            fp, fi = symbolic_fill(s.indptr, s.indices)
+            fp, fi = _kernels.symbolic_fill(s.indptr, s.indices)
         else:  # ILU(0): the pattern itself
             permuted.sort_indices()
             fp, fi = permuted.indptr.astype(np.int64), permuted.indices.astype(np.int64)
@@ -104,8 +105,8 @@ class Sparse(LinearSolver):
         color_order: The greedy colouring's order (``"largest_first"``, ``"natural"``).
     """
 
-    def __init__(self, jac_sparsity=None, kernel: str = "auto", ordering: str = "mmd",
-                 color_order: str = "largest_first"):
+    def __init__(self, jac_sparsity: Any = None, kernel: str = "auto", ordering: str = "mmd",
+                 color_order: str = "largest_first") -> None:
         if kernel not in ("auto", "native", "host"):
             raise ValueError(f"kernel must be 'auto', 'native' or 'host'; got {kernel!r}")
         if ordering not in ORDERINGS:
@@ -138,8 +139,6 @@ class Sparse(LinearSolver):
     def _use_native(self) -> bool:
         if self.kernel == "host":
             return False
-        from . import _kernels
-
         if _kernels.load() is not None:
             return True
         if self.kernel == "native":
@@ -190,21 +189,17 @@ class Sparse(LinearSolver):
         a = self.operator(jac, c, mass)
         if not self._use_native():
             return a, jnp.all(jnp.isfinite(a))
-        from ._kernels import sparse_lu_native
-
         sym = self.symbolic()
         vals = jnp.zeros(a.shape[:-1] + (sym.nnz,), a.dtype).at[..., sym.position].set(a)
-        lu, info = sparse_lu_native(vals, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
+        lu, info = _kernels.sparse_lu_native(vals, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
                                     jnp.asarray(sym.diag))
         return lu, (info == 0) & jnp.all(jnp.isfinite(lu))
 
     def _solve(self, fac, b, transpose, field):
         if not self._use_native():
             return _host_solve(self._pattern(), fac.data, b, transpose)
-        from ._kernels import sparse_solve_native
-
         sym = self.symbolic()
-        x = sparse_solve_native(fac.data, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
+        x = _kernels.sparse_solve_native(fac.data, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
                                 jnp.asarray(sym.diag), b[jnp.asarray(sym.order)], transpose)
         return x[jnp.asarray(sym.inverse)]
 
