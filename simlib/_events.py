@@ -16,13 +16,14 @@ See docs/events.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ._solution import Solution
 from ._solver._base import PyTree
 from ._util import buffer, convert_closure, tree_where
 
@@ -55,7 +56,7 @@ class Event:
 
     def __init__(self, cond: Callable[[Any, PyTree, Any], Any], terminal: bool = True,
                  direction: int = 0, apply: Callable[[Any, PyTree, Any], PyTree] | None = None,
-                 capacity: int | None = None):
+                 capacity: int | None = None) -> None:
         if not callable(cond):
             raise TypeError(f"Event: cond must be callable as cond(t, y, args), got {cond!r}")
         if not isinstance(terminal, bool):
@@ -113,7 +114,7 @@ class EventRecord(NamedTuple):
     count: jax.Array
 
 
-def as_events(events) -> tuple[Event, ...] | None:
+def as_events(events: Event | Sequence[Event] | None) -> tuple[Event, ...] | None:
     """``solve``'s ``events=`` argument as a tuple of :class:`Event` (``None``: none)."""
     if events is None:
         return None
@@ -130,7 +131,7 @@ def as_events(events) -> tuple[Event, ...] | None:
     raise TypeError(f"events must be a simlib.Event or a list of them, got {events!r}")
 
 
-def check_events(events: tuple[Event, ...], y0: PyTree, args, tdtype) -> None:
+def check_events(events: tuple[Event, ...], y0: PyTree, args: Any, tdtype: Any) -> None:
     """Check each ``cond`` returns a scalar and each ``apply`` a state like ``y0``."""
     t = jax.ShapeDtypeStruct((), tdtype)
     struct = jax.tree_util.tree_structure(y0)
@@ -163,13 +164,13 @@ class EventSet:
     (values they close over become leaves, so a ``custom_vjp`` sees them), with the
     user's ``args`` carried along as a leaf as well."""
 
-    def __init__(self, specs, args, consts):
+    def __init__(self, specs: tuple, args: Any, consts: tuple) -> None:
         self.specs = specs  # per event: (cond, apply, terminal, direction, capacity)
         self.args = args
         self.consts = consts  # per event: (cond_consts, apply_consts)
 
     @classmethod
-    def convert(cls, events: tuple[Event, ...], t, y, args) -> EventSet:
+    def convert(cls, events: tuple[Event, ...], t: Any, y: PyTree, args: Any) -> EventSet:
         specs, consts = [], []
         for ev in events:
             cond, (_, cc) = convert_closure(ev.cond, t, y, args)
@@ -181,11 +182,11 @@ class EventSet:
             consts.append((cc, ac))
         return cls(tuple(specs), args, tuple(consts))
 
-    def tree_flatten(self):
+    def tree_flatten(self) -> tuple[tuple, tuple]:
         return (self.args, self.consts), self.specs
 
     @classmethod
-    def tree_unflatten(cls, specs, children):
+    def tree_unflatten(cls, specs: tuple, children: tuple) -> EventSet:
         return cls(specs, *children)
 
     def __len__(self) -> int:
@@ -195,13 +196,13 @@ class EventSet:
     def has_apply(self) -> bool:
         return any(s[1] is not None for s in self.specs)
 
-    def cond(self, i, t, y):
+    def cond(self, i: int, t: Any, y: PyTree) -> jax.Array:
         return jnp.asarray(self.specs[i][0](t, y, (self.args, self.consts[i][0])))
 
-    def apply(self, i, t, y):
+    def apply(self, i: int, t: Any, y: PyTree) -> PyTree:
         return self.specs[i][1](t, y, (self.args, self.consts[i][1]))
 
-    def conds(self, t, y, dtype):
+    def conds(self, t: Any, y: PyTree, dtype: Any) -> jax.Array:
         return jnp.stack([self.cond(i, t, y).astype(dtype) for i in range(len(self))])
 
 
@@ -217,7 +218,7 @@ class EventState(NamedTuple):
     n_restarts: jax.Array  # int32: how often ``apply`` restarted the solver
 
 
-def init_state(es: EventSet, t0, y0: PyTree) -> EventState:
+def init_state(es: EventSet, t0: Any, y0: PyTree) -> EventState:
     tdtype = jnp.result_type(t0)
     return EventState(
         g=es.conds(t0, y0, tdtype),
@@ -236,7 +237,7 @@ def records(es: EventSet, ev: EventState) -> tuple[EventRecord, ...]:
         for i, (s, ts, ys) in enumerate(zip(es.specs, ev.ts, ev.ys, strict=True)))
 
 
-def overflowed(es: EventSet, ev: EventState):
+def overflowed(es: EventSet, ev: EventState) -> jax.Array:
     caps = jnp.asarray([s[4] for s in es.specs], jnp.int32)
     return jnp.any(ev.counts > caps)
 
@@ -461,7 +462,7 @@ def _act(es: EventSet, ev: EventState, first, t_star, y_star: PyTree, tdtype):
     return y_after, g_after
 
 
-def pack_events(sol):
+def pack_events(sol: Solution) -> Solution:
     """``sol`` with the records' float parts moved into ``ys`` (``ForwardMode`` pushes
     tangents through ``ts`` and ``ys`` only); :func:`unpack_events` undoes it."""
     recs = sol.stats.get("events")
@@ -472,7 +473,7 @@ def pack_events(sol):
     return type(sol)(sol.ts, packed, stats, sol.result)
 
 
-def unpack_events(sol):
+def unpack_events(sol: Solution) -> Solution:
     counts = sol.stats.get("events")
     if counts is None:
         return sol
