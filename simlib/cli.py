@@ -42,14 +42,17 @@ __all__ = [
     "main",
     "nonnegative_float",
     "nonnegative_int",
+    "one_of",
     "positive_float",
     "positive_int",
     "printer",
     "probability",
+    "pyplot",
     "save_figure",
     "save_result",
     "script",
     "seed",
+    "solve_failed",
     "summary",
     "timed",
 ]
@@ -129,6 +132,24 @@ def seed(text: str) -> int:
     larger one would silently be the same key as a smaller one, or overflow)."""
     value = _number(int, text)
     return _checked(value, 0 <= value <= SEED_MAX, text, f"must be in [0, {SEED_MAX}]")
+
+
+def one_of(names: Sequence[str], what: str | None = None) -> Callable[[str], str]:
+    """The type of an option that names one of ``names`` (``--solver``,
+    ``--linear-solver``): any other value is the one-line error
+    ``'X' is not <what>; choose from A, B`` (``'X' is not one of A, B`` without ``what``)."""
+    names = tuple(names)
+    listed = ", ".join(names)
+
+    def choice(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {what}; choose from {listed}" if what is not None
+                else f"{text!r} is not one of {listed}")
+        return text
+
+    choice.__name__ = "choice"
+    return choice
 
 
 def _path_with_suffix(suffixes: tuple[str, ...] | None, what: str) -> Callable[[str], Path]:
@@ -415,6 +436,30 @@ def save_result(path: str | os.PathLike, meta: dict | None = None, *, trajectory
                     f.attrs[k] = v
 
     return _write(path, lambda p: atomic_write(p, write), "the result", quiet)
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` with the non-interactive Agg backend (figures go to files
+    through :func:`save_figure`; no display is needed), imported on first use."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def solve_failed(result: Any, hint: str = "") -> int:
+    """Report a solve run with ``throw=False`` that did not succeed: print
+    ``prog: error: the solve failed: NAME`` (``NAME`` of :class:`simlib.Result`, then
+    `` (hint)`` if given) to stderr in one line, as :func:`script` does for a
+    ``SolverError``, and return 1, the exit status of a failed run."""
+    from simlib import Result
+
+    note = f" ({hint})" if hint else ""
+    print(f"{_program()}: error: the solve failed: {Result(int(result)).name}{note}",
+          file=sys.stderr)
+    return 1
 
 
 def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 120, *,
