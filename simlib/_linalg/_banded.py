@@ -22,7 +22,8 @@ Memory ``O(n (2 lower + upper))``, work ``O(n lower (lower + upper))`` per facto
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +32,7 @@ from jax import lax
 
 from .._static import register_static
 from . import _kernels
-from ._base import Array, LinearSolver
+from ._base import Array, Field, LinearSolver
 
 
 def band_seeds(n: int, lower: int, upper: int, dtype) -> Array:
@@ -235,7 +236,7 @@ class Banded(LinearSolver):
                                f"{_kernels.unavailable_reason()}")
         return lib
 
-    def materialise(self, linear_map, n, dtype):
+    def materialise(self, linear_map: Callable[[Array], Array], n: int, dtype: Any) -> Any:
         seeds = band_seeds(n, self.lower, self.upper, dtype)
         compressed = jax.vmap(linear_map, out_axes=1)(seeds)
         return band_from_compressed(compressed, self.lower, self.upper)
@@ -243,7 +244,7 @@ class Banded(LinearSolver):
     def _zero_mass(self, n, dtype):
         return jnp.zeros((n,), dtype)
 
-    def operator(self, jac, c, mass):
+    def operator(self, jac: Array, c: Array, mass: Any) -> Array:
         """``A = M - c J`` in the band (``mass``: ``None``, an ``(n,)`` diagonal or a band
         of the same shape)."""
         n, _ = jac.shape
@@ -255,7 +256,8 @@ class Banded(LinearSolver):
             return a.at[:, self.lower].add(mass)
         return a + mass
 
-    def matvec(self, jac, c, mass, x, *, field=None, transpose=False):
+    def matvec(self, jac: Any, c: Array, mass: Any, x: Array, *, field: Field | None = None,
+               transpose: bool = False) -> Array:
         return band_matvec(self.operator(jac, c, mass), x, self.lower, transpose)
 
     def _factor(self, jac, c, mass):

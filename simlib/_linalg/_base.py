@@ -89,21 +89,21 @@ class LinearSolver(Settings):
     exact: bool = True
 
     # ------------------------------------------------------------------ building J
-    def materialise(self, linear_map: Callable[[Array], Array], n: int, dtype) -> Any:
+    def materialise(self, linear_map: Callable[[Array], Array], n: int, dtype: Any) -> Any:
         """The matrix of ``linear_map`` (``R^n -> R^n``) in this solver's format."""
         raise NotImplementedError
 
-    def linearise(self, g: Field, t, v: Array) -> Any:
+    def linearise(self, g: Field, t: Any, v: Array) -> Any:
         """``J = dg/dv (t, v)`` in this solver's format."""
         return self.materialise(jvp_map(g, t, v), v.size, v.dtype)
 
     # ------------------------------------------------------------------ A = M - c J
-    def matvec(self, jac, c, mass, x: Array, *, field: Field | None = None,
+    def matvec(self, jac: Any, c: Array, mass: Any, x: Array, *, field: Field | None = None,
                transpose: bool = False) -> Array:
         """``A x`` (``transpose``: ``A^T x``) for a vector ``x``."""
         raise NotImplementedError
 
-    def factor(self, jac, c, mass=None) -> Factorisation:
+    def factor(self, jac: Any, c: Array, mass: Any = None) -> Factorisation:
         """Factorise ``A = M - c J`` (``mass``: ``None`` for the identity, an ``(n,)``
         diagonal, or a matrix in this solver's format)."""
         c = jnp.asarray(c)

@@ -21,6 +21,7 @@ colour, :mod:`._coloring`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -30,9 +31,9 @@ from jax import lax
 
 from .._static import register_static
 from . import _kernels
-from ._base import LinearSolver
+from ._base import Array, Factorisation, Field, LinearSolver
 from ._coloring import CompressedPattern
-from ._sparse import SymbolicLU
+from ._sparse import Sparse, SymbolicLU
 
 
 class GMRESInfo(NamedTuple):
@@ -179,19 +180,20 @@ class Krylov(LinearSolver):
         self.max_restarts = int(max_restarts)
 
     # ------------------------------------------------------------------ building
-    def linearise(self, g, t, v):
+    def linearise(self, g: Field, t: Any, v: Array) -> KrylovOperator:
         values = None
         if self.preconditioner is not None:
             values = self.pattern.jacobian(
                 lambda u: jax.jvp(lambda w: g(t, w), (v,), (u,))[1], v.dtype)
         return KrylovOperator(jnp.asarray(t), v, values)
 
-    def materialise(self, linear_map, n, dtype):
+    def materialise(self, linear_map: Callable[[Array], Array], n: int, dtype: Any) -> Any:
         values = None if self.preconditioner is None else self.pattern.jacobian(linear_map,
                                                                                 dtype)
         return KrylovOperator(jnp.zeros((), dtype), jnp.zeros((n,), dtype), values)
 
-    def matvec(self, jac, c, mass, x, *, field=None, transpose=False):
+    def matvec(self, jac: Any, c: Array, mass: Any, x: Array, *, field: Field | None = None,
+               transpose: bool = False) -> Array:
         if field is None:
             raise ValueError("Krylov solves need field=g (the vector field)")
         gv = lambda w: field(jac.t, w)  # noqa: E731
@@ -217,8 +219,6 @@ class Krylov(LinearSolver):
     def _factor(self, jac, c, mass):
         if self.preconditioner is None:
             return None, jnp.asarray(True)
-        from ._sparse import Sparse
-
         a = Sparse(self.pattern).operator(jac.values, c, mass)
         if self.preconditioner == "block_jacobi":
             _, pos, found = self._block_index()
@@ -264,7 +264,8 @@ class Krylov(LinearSolver):
                      restart=self.restart, max_restarts=self.max_restarts)
         return x
 
-    def solve_with_info(self, fac, b, *, field, transpose=False):
+    def solve_with_info(self, fac: Factorisation, b: Array, *, field: Field,
+                        transpose: bool = False) -> tuple[Array, GMRESInfo]:
         """``(x, GMRESInfo)``: the solve with its iteration count (not differentiable)."""
         def mv(x):
             return self.matvec(fac.jac, fac.c, fac.mass, x, field=field, transpose=transpose)

@@ -19,6 +19,7 @@ factorised by one of two kernels:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -30,7 +31,7 @@ import scipy.sparse.linalg as spla
 
 from .._static import register_static
 from . import _kernels
-from ._base import LinearSolver
+from ._base import Array, Field, LinearSolver
 from ._coloring import CompressedPattern
 from ._sparsity import jacobian_sparsity
 
@@ -118,7 +119,7 @@ class Sparse(LinearSolver):
         self.ordering = ordering
         self.color_order = color_order
 
-    def bind(self, g, t, v) -> Sparse:
+    def bind(self, g: Field, t: Any, v: Array) -> Sparse:
         """This solver with its pattern: the given one (checked against ``v``'s size), or
         the one detected from ``g`` (:func:`~._sparsity.jacobian_sparsity`)."""
         if self.pattern is not None:
@@ -155,13 +156,13 @@ class Sparse(LinearSolver):
         return cache[self.ordering]
 
     # ------------------------------------------------------------------ protocol
-    def materialise(self, linear_map, n, dtype):
+    def materialise(self, linear_map: Callable[[Array], Array], n: int, dtype: Any) -> Any:
         pat = self._pattern()
         if n != pat.n:
             raise ValueError(f"jac_sparsity is for {pat.n} components; the map has {n}")
         return pat.jacobian(linear_map, dtype)
 
-    def operator(self, jac, c, mass):
+    def operator(self, jac: Array, c: Array, mass: Any) -> Array:
         """The values of ``A = M - c J`` on the pattern (``mass``: ``None``, an ``(n,)``
         diagonal, or values on the pattern)."""
         pat = self._pattern()
@@ -177,7 +178,8 @@ class Sparse(LinearSolver):
     def _zero_mass(self, n, dtype):
         return jnp.zeros((n,), dtype)
 
-    def matvec(self, jac, c, mass, x, *, field=None, transpose=False):
+    def matvec(self, jac: Any, c: Array, mass: Any, x: Array, *, field: Field | None = None,
+               transpose: bool = False) -> Array:
         pat = self._pattern()
         vals = self.operator(jac, c, mass)
         rows, cols = jnp.asarray(pat.rows), jnp.asarray(pat.cols)

@@ -23,6 +23,7 @@ import optax.tree_utils as otu
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from .. import _summary
 from ..progress import bar as progress_bar
 from ._checks import as_float_tree, check_positive_int
 from ._transforms import leaf_names, make_maps
@@ -107,8 +108,6 @@ class FitResult:
         object.__setattr__(self, "steps_per_second", rate)
 
     def __repr__(self) -> str:
-        from .. import _summary
-
         start = _summary.number(self.history[0]) if np.size(self.history) else "?"
         timing = (f"{self.compile_time:.3g} s, run_time={self.run_time:.3g} s, "
                   f"steps_per_second={self.steps_per_second:.3g}")
@@ -126,8 +125,6 @@ class FitResult:
 def _params_summary(params: PyTree, stderr: PyTree | None) -> str:
     """``{['alpha']: 1.02 ± 0.01, ['w']: float64[3,3]}``: scalars (and arrays of at most 4
     values) as numbers, with standard errors when known; larger arrays as shapes."""
-    from .. import _summary
-
     paths, treedef = jax.tree_util.tree_flatten_with_path(params)
     errs = [None] * len(paths)
     if stderr is not None and jax.tree_util.tree_structure(stderr) == treedef:
