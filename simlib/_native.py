@@ -122,9 +122,7 @@ def _cpu_target(compiler: list[str]) -> tuple[tuple[str, ...], str]:
     return ("-march=native",), " ".join([version, *resolved])
 
 
-def disabled() -> bool:
-    """Whether ``SIMLIB_NATIVE`` turns the native kernels off (``0``, ``false``, ``no``,
-    ``off``)."""
+def _disabled() -> bool:
     return os.environ.get("SIMLIB_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
 
 
@@ -219,7 +217,7 @@ class NativeLibrary:
             if "lib" in state:
                 return state["lib"]
             state["lib"] = None
-            if disabled():
+            if _disabled():
                 state["reason"] = "disabled by SIMLIB_NATIVE"
                 return None
             try:

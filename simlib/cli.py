@@ -576,7 +576,6 @@ def info() -> dict[str, str]:
     import jaxlib
 
     import simlib
-    from simlib._native import disabled as native_disabled
     from simlib.particles import _native
 
     rows = {
@@ -601,7 +600,7 @@ def info() -> dict[str, str]:
     rows["examples"] = str(examples_dir() or "not found")
     root = _clone_root()
     rows["validation, benchmarks"] = str(root) if root else "not found (need a clone)"
-    if native_disabled():
+    if _native._disabled():
         rows["native kernels"] = "off: disabled by SIMLIB_NATIVE"
     elif jax.default_backend() != "cpu":
         rows["native kernels"] = "not used: they are CPU kernels"
