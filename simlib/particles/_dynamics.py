@@ -61,9 +61,23 @@ def kinetic(v, masses):
     return 0.5 * jnp.sum(m * v * v)
 
 
-def _inverse_mass(masses, like):
+def inverse_mass(masses: jax.Array, like: jax.Array) -> jax.Array:
+    """:math:`1/m` in ``like``'s dtype, shaped to broadcast against ``(n, d)`` velocities."""
     m = jnp.asarray(masses, like.dtype)
     return (1.0 / m)[:, None] if m.ndim == 1 else 1.0 / m
+
+
+def velocity_verlet(model, carry: Carry, masses, params, dt, v: jax.Array) -> Carry:
+    """One velocity Verlet step from velocities ``v`` (the forces in ``carry`` are at its
+    positions): half kick, drift, forces at the new positions, half kick."""
+    inv_m = inverse_mass(masses, v)
+    v = v + (0.5 * dt) * carry.forces * inv_m
+    x = model.space.shift(carry.positions, dt * v)
+    nbrs = carry.neighbors.update(x) if carry.neighbors is not None else None
+    e, f = model.energy_and_forces(x, params, nbrs)
+    v = v + (0.5 * dt) * f * inv_m
+    return carry._replace(positions=x, velocities=v, forces=f, potential_energy=e,
+                          neighbors=nbrs, step=carry.step + 1)
 
 
 class Integrator:
@@ -134,14 +148,7 @@ class NVE(Integrator):
     """
 
     def step(self, model, carry: Carry, masses, params, dt, key) -> Carry:
-        inv_m = _inverse_mass(masses, carry.velocities)
-        v = carry.velocities + (0.5 * dt) * carry.forces * inv_m
-        x = model.space.shift(carry.positions, dt * v)
-        nbrs = carry.neighbors.update(x) if carry.neighbors is not None else None
-        e, f = model.energy_and_forces(x, params, nbrs)
-        v = v + (0.5 * dt) * f * inv_m
-        return carry._replace(positions=x, velocities=v, forces=f, potential_energy=e,
-                              neighbors=nbrs, step=carry.step + 1)
+        return velocity_verlet(model, carry, masses, params, dt, carry.velocities)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -176,7 +183,7 @@ class Langevin(Integrator):
 
     def step(self, model, carry: Carry, masses, params, dt, key) -> Carry:
         v0 = carry.velocities
-        inv_m = _inverse_mass(masses, v0)
+        inv_m = inverse_mass(masses, v0)
         half = 0.5 * dt
         v = v0 + half * carry.forces * inv_m
         x = model.space.shift(carry.positions, half * v)
