@@ -26,18 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._adaptive import (
-    _adaptive_init,
-    _Attempt,
-    _attempt,
-    _k_exponent,
-    _not_done,
-    _placeholder_dense,
-    _stats_of,
-)
+from ._control import DEFAULT_CONTROLLER, PIDController, check_controller
 from ._dae import INITIALIZE, MassField, initialise, prepare_mass
 from ._errors import Result, SolverError, result_message
-from ._solution import SaveAt, Solution, assemble_solution
+from ._solution import SaveAt, Solution
 from ._solve import (
     _SAVE_T1,
     DEFAULT_MAX_STEPS,
@@ -49,19 +41,31 @@ from ._solve import (
 )
 from ._solver._base import AbstractSolver, PyTree, VectorField
 from ._solver._sde import AbstractSDESolver
-from ._util import buffer, inside_trace, is_tracer, time_dtype, tree_where
+from ._stepping import (
+    Attempt,
+    adaptive_init,
+    adaptive_solution,
+    attempt,
+    error_exponent,
+    first_last,
+    not_done,
+    save_dense,
+    stats_of,
+)
+from ._util import buffer, inside_trace, is_tracer, time_dtype
 from ._validate import Checks, check_args, check_resolution, check_state, check_times
 from .progress import bar as progress_bar
 
 __all__ = ["solve_ensemble"]
 
 _KEYWORDS = ("solver", "rtol", "atol", "dt", "args", "args_axes", "saveat", "max_steps",
-             "throw", "chunk_steps", "min_bucket", "progress", "mass_matrix", "initialize")
+             "throw", "chunk_steps", "min_bucket", "progress", "mass_matrix", "initialize",
+             "controller")
 
 
 class _Member(NamedTuple):
     """One member's whole state between chunks (batched along a leading member axis)."""
-    c: _Attempt          # the adaptive driver's carry: t, y, h, controller, solver state, stats
+    c: Attempt           # the adaptive driver's carry: t, y, h, controller, solver state, stats
     t1: jax.Array
     direction: jax.Array
     last: Any            # ts mode: (t, y, h, y1, dense) of the last accepted step; else None
@@ -80,6 +84,7 @@ class _Plan(NamedTuple):
     args_batched: tuple  # per leaf of ``args``: batched over members?
     has_dt0: bool
     mass: bool = False   # a DAE: ``f`` a MassField, M (shared) the last of the shared leaves
+    controller: PIDController = DEFAULT_CONTROLLER
 
 
 def _merge_args(plan: _Plan, batched, shared):
@@ -93,69 +98,54 @@ def _merge_args(plan: _Plan, batched, shared):
 
 def _init_member(plan: _Plan, y0, t0, t1, batched, shared, dt0, rtol, atol, code):
     args = _merge_args(plan, batched, shared)
-    c, t0, t1, direction = _adaptive_init(plan.f, plan.solver, y0, t0, t1, dt0, rtol, atol,
-                                          args)
+    c, t0, t1, direction = adaptive_init(plan.f, plan.solver, plan.controller, y0, t0, t1, dt0,
+                                         rtol, atol, args)
     c = c._replace(result=jnp.where(code != 0, code, c.result))  # refused: never steps
     last = saved = n_saved = None
     if plan.mode == "ts":
-        last = (t0, y0, jnp.zeros_like(t0), y0, _placeholder_dense(plan.f, plan.solver, c, args))
+        last = first_last(plan.f, plan.solver, c, args)
         saved = buffer(y0, plan.n_save, jnp.nan)
         n_saved = jnp.array(0, jnp.int32)
     return _Member(c, t1, direction, last, saved, n_saved, batched)
 
 
 def _advance_member(plan: _Plan, m: _Member, shared, ts, rtol, atol, budget, max_steps):
-    """At most ``budget`` attempts of the adaptive driver for one member,
-    filling the save times they cover (ts mode) as ``_adaptive_forward`` does."""
+    """At most ``budget`` attempts of the adaptive driver for one member, filling the save
+    times they cover (ts mode) with the adaptive driver's :func:`save_dense`."""
     f, solver = plan.f, plan.solver
     args = _merge_args(plan, m.args, shared)
     t1, direction = m.t1, m.direction
-    k_exp = _k_exponent(solver)
+    k = error_exponent(solver)
 
-    def live(c):
-        return _not_done(c, t1, direction, max_steps)
+    def advance(run):
+        c, n = run
+        c, data = attempt(f, solver, plan.controller, k, c, t1, direction, rtol, atol, args)
+        return (c, n + 1), data
 
-    def attempt(c):
-        return _attempt(f, solver, k_exp, c, t1, direction, rtol, atol, args)
+    def live(run):
+        return not_done(run[0], t1, direction, max_steps) & (run[1] < budget)
 
-    c, k = m.c, jnp.array(0, jnp.int32)
+    run = (m.c, jnp.array(0, jnp.int32))
     last, saved, n_saved = m.last, m.saved, m.n_saved
     if plan.mode == "ts":
-        def follow(s):
-            c, last, k = s
-            new, (t, y, h, accept, y1, dense) = attempt(c)
-            return new, tree_where(accept, (t, y, h, y1, dense), last), k + 1
-
-        def save(s, inputs):
-            t_save, old, j = inputs
-            s = lax.while_loop(
-                lambda s: live(s[0]) & (direction * (t_save - s[0].t) > 0) & (s[2] < budget),
-                follow, s)
-            c, last, _ = s
-            t, y, h, y1, dense = last
-            theta = (t_save - t) / jnp.where(h == 0, 1.0, h)
-            value = solver.interpolate(f, args, t, y, h, y1, dense, theta)
-            fresh = (j >= n_saved) & (direction * (t_save - c.t) <= 0)
-            return s, tree_where(fresh, value, old)
-
         # the run's end as one more save time: the attempts after the last save time run
         # in the same loop (the step is traced once), its value is dropped
         t_ext = jnp.concatenate([ts, t1[None]])
         old_ext = jax.tree_util.tree_map(lambda b: jnp.concatenate([b, b[-1:]]), saved)
-        (c, last, k), saved = lax.scan(
-            save, (c, last, k), (t_ext, old_ext, jnp.arange(plan.n_save + 1, dtype=jnp.int32)))
+        (run, last), saved = save_dense(f, solver, args, advance, live, run, last, t_ext,
+                                        direction, previous=(old_ext, n_saved))
         saved = jax.tree_util.tree_map(lambda b: b[:-1], saved)
-        n_saved = jnp.sum(direction * (ts - c.t) <= 0).astype(jnp.int32)
+        n_saved = jnp.sum(direction * (ts - run[0].t) <= 0).astype(jnp.int32)
     else:
-        c, _ = lax.while_loop(lambda s: live(s[0]) & (s[1] < budget),
-                              lambda s: (attempt(s[0])[0], s[1] + 1), (c, k))
-    return m._replace(c=c, last=last, saved=saved, n_saved=n_saved), live(c)
+        run = lax.while_loop(live, lambda run: advance(run)[0], run)
+    c = run[0]
+    return m._replace(c=c, last=last, saved=saved, n_saved=n_saved), \
+        not_done(c, t1, direction, max_steps)
 
 
 def _outputs(plan: _Plan, m: _Member):
     """What the result needs of a member: its end, saved values and statistics."""
-    n_steps, n_acc, result, state_fevals = _stats_of(m.c, plan.solver)
-    return (m.c.t, m.c.y, m.saved, n_steps, n_acc, result, state_fevals)
+    return (m.c.t, m.c.y, m.saved, stats_of(m.c, plan.solver))
 
 
 # ---- compiled calls (one per bucket size)
@@ -189,18 +179,10 @@ def _finish(plan, save_t0, max_steps, out, y0s, t0s, t1s, ts, codes):
     """The batched :class:`Solution`, assembled per member as ``_adaptive_run`` does; a
     member refused before its run (``codes``, the DAE initialisation's) gets its outputs
     NaN, as ``Checks.apply`` does for ``solve``."""
-    solver = plan.solver
-    init_fevals = solver.init_fevals if plan.has_dt0 else 2
-
     def one(o, y0, t0, t1, code):
-        t_end, y_end, saved, n_steps, n_acc, result, state_fevals = o
-        direction = jnp.where(t1 >= t0, 1.0, -1.0)
-        unfinished = (result == 0) & (direction * (t1 - t_end) > 0)
-        result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
-        n_fevals = solver.num_fevals(n_steps, n_acc) + state_fevals + init_fevals
-        sol = assemble_solution(plan.mode, save_t0, t0, y0, t_end, y_end, ts, saved,
-                                (None, None), (n_steps, n_acc, n_fevals, t_end), result,
-                                False, t1, max_steps)
+        t_end, y_end, saved, stats = o
+        sol = adaptive_solution(plan.solver, plan.mode, save_t0, plan.has_dt0, max_steps, t0,
+                                t1, y0, t_end, y_end, ts, saved, (None, None), stats)
         refused = code != 0
 
         def poison(x):
@@ -269,6 +251,7 @@ def solve_ensemble(
     progress: bool = False,
     mass_matrix: Any = None,
     initialize: str = "check",
+    controller: PIDController | None = None,
     **unknown: Any,
 ) -> Solution:
     """An adaptive :func:`solve` of every member of an ensemble, finished members dropped
@@ -326,6 +309,8 @@ def solve_ensemble(
             ``Result.INCONSISTENT_INITIAL_CONDITIONS`` and its outputs NaN (as
             ``jax.vmap(solve)`` gives it), the other members unaffected; with
             ``throw=True`` a :class:`SolverError` names it before any member runs.
+        controller: The step-size controller, shared by all members, as for
+            :func:`solve` (default: ``PIDController()``).
 
     Returns:
         A :class:`Solution` batched over the members, in their original order: what
@@ -471,7 +456,9 @@ def solve_ensemble(
                                                jax.tree_util.tree_leaves(out), strict=True)):
         f = _CastToState(f)
 
-    plan = _Plan(f, solver, mode, n_save, args_tree, batched_flags, dt is not None)
+    check_controller(controller, True)
+    plan = _Plan(f, solver, mode, n_save, args_tree, batched_flags, dt is not None,
+                 controller=DEFAULT_CONTROLLER if controller is None else controller)
     t0s, t1s = jnp.asarray(t0_np, tdtype), jnp.asarray(t1_np, tdtype)
     rtol_a, atol_a = jnp.asarray(rtol, tdtype), jnp.asarray(atol, tdtype)
     codes = jnp.zeros((n,), jnp.int32)

@@ -20,6 +20,7 @@ import numpy as np
 from ._adjoint import AbstractAdjoint, Reversible
 from ._auto import AUTOMATIC
 from ._brownian import BrownianPath, BrownianSteps, VirtualBrownianPath, levels_for
+from ._control import PIDController
 from ._fixed import fixed_iterations, grid_count
 from ._fixed import fixed_jit as _fixed_jit
 from ._solution import SaveAt, Solution
@@ -131,7 +132,8 @@ def _diffusion_depends_on_state(g, y0, args, tdtype) -> bool | None:
 def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, brownian, dt,
               rtol, atol,
               args: Any, saveat: SaveAt, max_steps: int, throw: bool,
-              adjoint: AbstractAdjoint | None, events, progress: bool = False) -> Solution:
+              adjoint: AbstractAdjoint | None, events, progress: bool = False,
+              controller: PIDController | None = None) -> Solution:
     """The SDE branch of :func:`simlib.solve` (arguments as there); checks its arguments
     eagerly, naming the bad one."""
     from ._solve import _as_array_tree, _bar, _check_scalar, _raise_if_failed, _tolerances
@@ -222,7 +224,8 @@ def solve_sde(f, y0, t0, t1, *, solver: AbstractSolver, diffusion, key, noise, b
     if adaptive:
         return _solve_adaptive(f, diffusion, solver, y0, t0, t1, dt, rtol, atol, key, noise,
                                shape, tdtype, args, saveat, mode, ts, n_save, max_steps,
-                               throw, traced, in_graph_check, adjoint, progress, checks)
+                               throw, traced, in_graph_check, adjoint, progress, checks,
+                               controller)
 
     if concrete:
         levels = levels_for(float(t0), float(t1), float(dt))
@@ -264,7 +267,8 @@ leaf is ``(t1 - t0) / 2^levels`` long (float32 resolves positions to ~2^-24 of t
 
 def _solve_adaptive(f, diffusion, solver, y0, t0, t1, dt, rtol, atol, key, noise, shape,
                     tdtype, args, saveat, mode, ts, n_save, max_steps, throw, traced,
-                    in_graph_check, adjoint, progress, checks) -> Solution:
+                    in_graph_check, adjoint, progress, checks,
+                    controller: PIDController | None = None) -> Solution:
     """An adaptive SDE solve on the adaptive driver of ODEs, the path a
     :class:`VirtualBrownianPath` (queried at any time, consistent with the tree)."""
     from ._adaptive import adaptive_jit
@@ -279,7 +283,7 @@ def _solve_adaptive(f, diffusion, solver, y0, t0, t1, dt, rtol, atol, key, noise
         sol = adaptive_jit(_SDEField(f, diffusion), solver, mode, saveat.t0, n_save,
                            in_graph_check, max_steps, AUTOMATIC if adjoint is None else adjoint,
                            y0, t0, t1, dt, rtol, atol, ts, _SDEArgs(args, path, noise),
-                           progress=every)
+                           progress=every, controller=controller)
         if every:
             jax.block_until_ready(sol)
             bar.set(abs(float(sol.stats["t_final"]) - float(t0)))

@@ -19,6 +19,7 @@ import numpy as np
 from ._adaptive import adaptive_jit as _adaptive_jit
 from ._adjoint import AbstractAdjoint, Reversible, is_time_symmetric
 from ._auto import AUTOMATIC
+from ._control import PIDController, check_controller
 from ._dae import INITIALIZE, MassField, initialise, prepare_mass, wrap_events
 from ._errors import (
     Result,
@@ -58,7 +59,7 @@ __all__ = ["DEFAULT_MAX_STEPS", "SaveAt", "Solution", "solve"]
 
 _KEYWORDS = ("solver", "dt", "rtol", "atol", "args", "saveat", "max_steps", "throw", "adjoint",
              "events", "progress", "diffusion", "key", "noise", "brownian", "jac_sparsity",
-             "jac_bandwidth", "linear_solver", "mass_matrix", "initialize")
+             "jac_bandwidth", "linear_solver", "mass_matrix", "initialize", "controller")
 
 
 def _as_array_tree(y0, name: str) -> PyTree:
@@ -189,6 +190,7 @@ def solve(
     linear_solver: Any = None,
     mass_matrix: Any = None,
     initialize: str = "check",
+    controller: PIDController | None = None,
     **unknown: Any,
 ) -> Solution:
     """Integrate ``dy/dt = f(t, y, args)`` from ``t0`` to ``t1``.
@@ -278,6 +280,9 @@ def solve(
             ``Result.INCONSISTENT_INITIAL_CONDITIONS``); ``"consistent"`` computes the
             algebraic components from the differential ones by Newton (as SUNDIALS IDA's
             ``IDACalcIC``), differentiably; ``"none"`` starts from ``y0`` unchecked.
+        controller: The step-size controller of an adaptive run (default:
+            ``PIDController()``, the PI controller): its coefficients, bounds on the
+            step change, ``dtmin``/``dtmax`` and error norm (docs/solvers.md).
 
     Returns:
         A :class:`Solution`.
@@ -319,7 +324,9 @@ def solve(
         return solve_sde(f, y0, t0, t1, solver=solver, diffusion=diffusion, key=key,
                          noise=noise, brownian=brownian, dt=dt, rtol=rtol, atol=atol,
                          args=args, saveat=saveat, max_steps=max_steps, throw=throw,
-                         adjoint=adjoint, events=events, progress=progress)
+                         adjoint=adjoint, events=events, progress=progress,
+                         controller=controller)
+    check_controller(controller, rtol is not None or atol is not None)
     if adjoint is not None and not isinstance(adjoint, AbstractAdjoint):
         raise TypeError(
             "adjoint must be simlib.Direct(), simlib.Checkpointed(), simlib.Reversible() or "
@@ -428,7 +435,7 @@ def solve(
             sol = _adaptive_jit(f, solver, mode, saveat.t0, n_save, in_graph_check, max_steps,
                                 AUTOMATIC if adjoint is None else adjoint,
                                 y0, t0, t1, dt, rtol, atol, ts, args, events=events,
-                                progress=every)
+                                progress=every, controller=controller)
             if every:
                 jax.block_until_ready(sol)
                 bar.set(abs(float(sol.stats["t_final"]) - float(t0)))
