@@ -239,7 +239,10 @@ class PIDController:
         else:
             factor, state_next = solver.propose_step(h, ratio, accept, err, state, state1,
                                                      rtol, atol)
-            factor = jnp.clip(factor, self.factor_min, self.factor_max)
+            # a select, not jnp.clip: at a bound the solver's own min/max (BDF's
+            # min(10, ...)) keeps its whole derivative
+            factor = jnp.where(factor > self.factor_max, self.factor_max,
+                               jnp.where(factor < self.factor_min, self.factor_min, factor))
         remembered = jnp.maximum(log_ratio, LOG_RATIO_FLOOR)
         memory_next = (jnp.where(accept, remembered, memory[0]),) + tuple(
             jnp.where(accept, memory[i - 1], memory[i]) for i in range(1, len(memory)))
