@@ -2,7 +2,9 @@
 
 The forward pass is a ``while_loop``; its reverse-mode derivative (a ``custom_vjp``)
 replays the same attempts in a bounded ``lax.scan`` and differentiates that, so
-``jax.grad`` sees the whole computation, the step-size controller included.
+``jax.grad`` sees the whole computation, the step-size controller included. The step
+attempt, the dense-save loop and the output assembly are ``_stepping.py``'s (shared with
+the ensemble chunks of ``_compact.py``); the controller is a :class:`~simlib.PIDController`.
 See docs/design.md.
 """
 

@@ -8,9 +8,9 @@ reached, or failed), and once the live ones fit a smaller power-of-two bucket it
 them into it (finished members' outputs go to their place in the result). Only the
 bucket sizes ``n, 2^k, 2^(k-1), ..., min_bucket`` are ever compiled.
 
-Each member takes exactly the step attempts of the adaptive driver (``_adaptive.py``'s
-``_attempt``, the same initial step, controller and failure codes), so the results are
-those of ``solve`` per member. See docs/ensembles.md ("Uneven ensembles") and
+Each member runs the adaptive driver's own pieces (``_stepping.py``: the same step
+attempt, initial step, controller, dense-save loop, failure codes and output assembly),
+so the results are those of ``solve`` per member. See docs/ensembles.md ("Uneven ensembles") and
 docs/design.md.
 """
 
@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import _stepping
 from ._control import DEFAULT_CONTROLLER, PIDController, check_controller
 from ._dae import INITIALIZE, MassField, initialise, prepare_mass
 from ._errors import Result, SolverError, result_message
@@ -41,17 +42,6 @@ from ._solve import (
 )
 from ._solver._base import AbstractSolver, PyTree, VectorField
 from ._solver._sde import AbstractSDESolver
-from ._stepping import (
-    Attempt,
-    adaptive_init,
-    adaptive_solution,
-    attempt,
-    error_exponent,
-    first_last,
-    not_done,
-    save_dense,
-    stats_of,
-)
 from ._util import buffer, inside_trace, is_tracer, time_dtype
 from ._validate import Checks, check_args, check_resolution, check_state, check_times
 from .progress import bar as progress_bar
@@ -65,7 +55,7 @@ _KEYWORDS = ("solver", "rtol", "atol", "dt", "args", "args_axes", "saveat", "max
 
 class _Member(NamedTuple):
     """One member's whole state between chunks (batched along a leading member axis)."""
-    c: Attempt           # the adaptive driver's carry: t, y, h, controller, solver state, stats
+    c: _stepping.Attempt  # the adaptive carry: t, y, h, controller memory, solver state, stats
     t1: jax.Array
     direction: jax.Array
     last: Any            # ts mode: (t, y, h, y1, dense) of the last accepted step; else None
@@ -98,12 +88,12 @@ def _merge_args(plan: _Plan, batched, shared):
 
 def _init_member(plan: _Plan, y0, t0, t1, batched, shared, dt0, rtol, atol, code):
     args = _merge_args(plan, batched, shared)
-    c, t0, t1, direction = adaptive_init(plan.f, plan.solver, plan.controller, y0, t0, t1, dt0,
-                                         rtol, atol, args)
+    c, t0, t1, direction = _stepping.adaptive_init(plan.f, plan.solver, plan.controller, y0,
+                                                   t0, t1, dt0, rtol, atol, args)
     c = c._replace(result=jnp.where(code != 0, code, c.result))  # refused: never steps
     last = saved = n_saved = None
     if plan.mode == "ts":
-        last = first_last(plan.f, plan.solver, c, args)
+        last = _stepping.first_last(plan.f, plan.solver, c, args)
         saved = buffer(y0, plan.n_save, jnp.nan)
         n_saved = jnp.array(0, jnp.int32)
     return _Member(c, t1, direction, last, saved, n_saved, batched)
@@ -115,15 +105,16 @@ def _advance_member(plan: _Plan, m: _Member, shared, ts, rtol, atol, budget, max
     f, solver = plan.f, plan.solver
     args = _merge_args(plan, m.args, shared)
     t1, direction = m.t1, m.direction
-    k = error_exponent(solver)
+    k = _stepping.error_exponent(solver)
 
     def advance(run):
         c, n = run
-        c, data = attempt(f, solver, plan.controller, k, c, t1, direction, rtol, atol, args)
+        c, data = _stepping.attempt(f, solver, plan.controller, k, c, t1, direction, rtol,
+                                    atol, args)
         return (c, n + 1), data
 
     def live(run):
-        return not_done(run[0], t1, direction, max_steps) & (run[1] < budget)
+        return _stepping.not_done(run[0], t1, direction, max_steps) & (run[1] < budget)
 
     run = (m.c, jnp.array(0, jnp.int32))
     last, saved, n_saved = m.last, m.saved, m.n_saved
@@ -132,20 +123,20 @@ def _advance_member(plan: _Plan, m: _Member, shared, ts, rtol, atol, budget, max
         # in the same loop (the step is traced once), its value is dropped
         t_ext = jnp.concatenate([ts, t1[None]])
         old_ext = jax.tree_util.tree_map(lambda b: jnp.concatenate([b, b[-1:]]), saved)
-        (run, last), saved = save_dense(f, solver, args, advance, live, run, last, t_ext,
-                                        direction, previous=(old_ext, n_saved))
+        (run, last), saved = _stepping.save_dense(f, solver, args, advance, live, run, last,
+                                                  t_ext, direction, previous=(old_ext, n_saved))
         saved = jax.tree_util.tree_map(lambda b: b[:-1], saved)
         n_saved = jnp.sum(direction * (ts - run[0].t) <= 0).astype(jnp.int32)
     else:
         run = lax.while_loop(live, lambda run: advance(run)[0], run)
     c = run[0]
     return m._replace(c=c, last=last, saved=saved, n_saved=n_saved), \
-        not_done(c, t1, direction, max_steps)
+        _stepping.not_done(c, t1, direction, max_steps)
 
 
 def _outputs(plan: _Plan, m: _Member):
     """What the result needs of a member: its end, saved values and statistics."""
-    return (m.c.t, m.c.y, m.saved, stats_of(m.c, plan.solver))
+    return (m.c.t, m.c.y, m.saved, _stepping.stats_of(m.c, plan.solver))
 
 
 # ---- compiled calls (one per bucket size)
@@ -181,8 +172,9 @@ def _finish(plan, save_t0, max_steps, out, y0s, t0s, t1s, ts, codes):
     NaN, as ``Checks.apply`` does for ``solve``."""
     def one(o, y0, t0, t1, code):
         t_end, y_end, saved, stats = o
-        sol = adaptive_solution(plan.solver, plan.mode, save_t0, plan.has_dt0, max_steps, t0,
-                                t1, y0, t_end, y_end, ts, saved, (None, None), stats)
+        sol = _stepping.adaptive_solution(plan.solver, plan.mode, save_t0, plan.has_dt0,
+                                          max_steps, t0, t1, y0, t_end, y_end, ts, saved,
+                                          (None, None), stats)
         refused = code != 0
 
         def poison(x):
