@@ -1,11 +1,12 @@
-"""The adaptive step attempt, the dense-output save loop and the adaptive output assembly,
-shared by the adaptive driver (``_adaptive.py``) and the ensemble chunks (``_compact.py``).
+"""The pieces the ODE drivers share: the adaptive step attempt and the dense-output save
+loop (the adaptive driver ``_adaptive.py`` and the ensemble chunks ``_compact.py``), and
+the output assembly (those and the fixed-step driver ``_fixed.py``).
 
 An adaptive run is a loop of :func:`attempt` calls over an :class:`Attempt` carry: the
 solver protocol takes the step (``AbstractSolver.step``), the controller
 (:class:`~simlib.PIDController`) judges it and proposes the next one. Save times are
-filled by :func:`save_dense` from the solver's dense output, and the run ends in
-:func:`adaptive_solution`. See docs/design.md.
+filled by :func:`save_dense` from the solver's dense output, and every run ends in
+:func:`run_solution`. See docs/design.md.
 """
 
 from __future__ import annotations
@@ -200,26 +201,41 @@ def stats_of(c: Attempt, solver: AbstractSolver, ev: Any = None) -> tuple:
     return stats + ((ev.g, ev.counts, ev.stopped, ev.n_restarts),)
 
 
-def adaptive_solution(solver: AbstractSolver, mode: str, save_t0: bool, has_dt0: bool,
-                      max_steps: int, t0, t1, y0: PyTree, t_end, y_end: PyTree, ts, saved,
-                      steps_out, stats: tuple, events: Any = None, ev: Any = None) -> Solution:
-    """The output assembly of an adaptive run: the final status (``MAX_STEPS_REACHED``
-    where ``t1`` was not reached and nothing else stopped the run), the count of ``f``
-    evaluations, and the :class:`~simlib.Solution`."""
-    n_steps, n_acc, result, state_fevals = stats
-    direction = jnp.where(t1 >= t0, 1.0, -1.0)
+def run_solution(solver: AbstractSolver, mode: str, save_t0: bool, max_steps: int, t0, t1,
+                 y0: PyTree, t_end, y_end: PyTree, ts, saved, steps_out, counts: tuple, result,
+                 unfinished, init_fevals: int, t_final, events: Any = None,
+                 ev: Any = None) -> Solution:
+    """The output assembly of every ODE driver (fixed step, adaptive, ensemble chunks): the
+    final status (``EVENT_CAPACITY_EXCEEDED`` where an event overflowed;
+    ``MAX_STEPS_REACHED`` where the run is ``unfinished`` and nothing else stopped it), the
+    count of ``f`` evaluations from ``counts = (n_steps, n_accepted, state_fevals)`` and
+    the solver's ``num_fevals``, and the :class:`~simlib.Solution`."""
+    n_steps, n_acc, state_fevals = counts
     if ev is not None:
         result = jnp.where((result == 0) & overflowed(events, ev),
                            Result.EVENT_CAPACITY_EXCEEDED.value, result)
-    unfinished = (result == 0) & (direction * (t1 - t_end) > 0)
+    unfinished = (result == 0) & unfinished
     if ev is not None:
         unfinished = unfinished & ~ev.stopped
     result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
-    # f(t0, y0) and the Euler probe of initial_step (f0 then reaches init), or init's own
-    init_fevals = solver.init_fevals if has_dt0 else 2
     n_fevals = solver.num_fevals(n_steps, n_acc) + state_fevals + init_fevals
     if ev is not None:  # solver restarts after apply
         n_fevals = n_fevals + ev.n_restarts * solver.init_fevals
     return assemble_solution(mode, save_t0, t0, y0, t_end, y_end, ts, saved, steps_out,
-                             (n_steps, n_acc, n_fevals, t_end), result, False, t1, max_steps,
+                             (n_steps, n_acc, n_fevals, t_final), result, False, t1, max_steps,
                              events=None if ev is None else records(events, ev))
+
+
+def adaptive_solution(solver: AbstractSolver, mode: str, save_t0: bool, has_dt0: bool,
+                      max_steps: int, t0, t1, y0: PyTree, t_end, y_end: PyTree, ts, saved,
+                      steps_out, stats: tuple, events: Any = None, ev: Any = None) -> Solution:
+    """:func:`run_solution` for an adaptive run ending at ``t_end`` with ``stats``
+    (:func:`stats_of`): unfinished short of ``t1``, and ``f(t0, y0)`` and the Euler probe
+    of the first-step choice counted (``f0`` then reaches ``init``), or ``init``'s own
+    evaluations when ``dt0`` was given."""
+    n_steps, n_acc, result, state_fevals = stats
+    direction = jnp.where(t1 >= t0, 1.0, -1.0)
+    return run_solution(solver, mode, save_t0, max_steps, t0, t1, y0, t_end, y_end, ts, saved,
+                        steps_out, (n_steps, n_acc, state_fevals), result,
+                        direction * (t1 - t_end) > 0, solver.init_fevals if has_dt0 else 2,
+                        t_end, events, ev)
