@@ -150,3 +150,42 @@ def test_ensemble_and_bdf_take_the_controller():
     sol, ts, _ = _run(decay, 4.0, ctrl, solver=sl.BDF(), tol=1e-4)
     assert int(sol.result) == 0
     assert np.diff(np.concatenate([[0.0], ts])).max() <= dtmax * (1 + 1e-12)
+
+
+@pytest.mark.slow
+def test_replay_and_sde_take_the_controller():
+    """The reverse-mode replay (a bounded scan) takes the forward loop's attempts to the
+    bit under a controller with every field changed (a derivative term, ``dtmax``, a max
+    norm); an adaptive SDE run honours ``dtmax`` too."""
+    from simlib import _adaptive
+
+    ctrl = sl.PIDController(beta1=0.5, beta2=0.3, beta3=0.1, safety=0.8, factor_max=5.0,
+                            dtmax=0.3, norm=lambda e: jnp.max(jnp.abs(e)))
+
+    def vdp(t, y, a):
+        return jnp.stack([y[1], a[0] * (1 - y[0] ** 2) * y[1] - y[0]])
+
+    inputs = dict(y0=jnp.array([2.0, 0.0]), t0=jnp.asarray(0.0), t1=jnp.asarray(10.0),
+                  dt0=None, rtol=jnp.asarray(1e-6), atol=jnp.asarray(1e-6), ts=None,
+                  args=(5.0,))
+
+    @jax.jit
+    def both(inputs):
+        return (_adaptive._adaptive_forward(vdp, sl.Tsit5(), "steps", 0, 2000, **inputs,
+                                            controller=ctrl),
+                _adaptive._adaptive_replay(vdp, sl.Tsit5(), "steps", 0, 2000, sl.Direct(),
+                                           **inputs, controller=ctrl))
+
+    fwd, rep = both(inputs)
+    assert int(fwd[0].result) == 0 and int(fwd[0].n_steps) > int(fwd[0].n_accepted)
+    for a, b in zip(jax.tree_util.tree_leaves(fwd), jax.tree_util.tree_leaves(rep),
+                    strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    sol = sl.solve(lambda t, y, a: -y, jnp.ones(2), 0.0, 1.0, solver=sl.StochasticHeun(),
+                   diffusion=lambda t, y, a: 0.1 * y, key=jax.random.PRNGKey(0), rtol=1e-2,
+                   atol=1e-2, saveat=sl.SaveAt(steps=True), max_steps=512,
+                   controller=sl.PIDController(dtmax=0.05))
+    n = int(sol.stats["num_accepted"])
+    assert int(sol.result) == 0 and n >= 20
+    assert np.diff(np.asarray(sol.ts[:n])).max() <= 0.05 * (1 + 1e-12)
