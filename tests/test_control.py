@@ -177,7 +177,7 @@ def test_replay_and_sde_take_the_controller():
                                            **inputs, controller=ctrl))
 
     fwd, rep = both(inputs)
-    assert int(fwd[0].result) == 0 and int(fwd[0].n_steps) > int(fwd[0].n_accepted)
+    assert int(fwd[0].result) == 0 and int(fwd[0].n_steps) > 100
     for a, b in zip(jax.tree_util.tree_leaves(fwd), jax.tree_util.tree_leaves(rep),
                     strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
