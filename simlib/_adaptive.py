@@ -195,39 +195,47 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
 
     (c, ev), recs = lax.scan(chunk, (carry, ev0), None, length=n_chunks)
     recs = jax.tree_util.tree_map(lambda r: r.reshape((-1,) + r.shape[2:])[:max_steps], recs)
+    saved, steps_out = _replayed_outputs(f, solver, mode, max_steps, recs, c, t0, y0, ts,
+                                         direction, rtol, atol, args)
+    return (c, saved, steps_out) if events is None else (c, saved, steps_out, ev)
+
+
+def _replayed_outputs(f, solver, mode, max_steps, recs, c, t0, y0, ts, direction, rtol, atol,
+                      args):
+    """``(saved, steps_out)`` of a replay from its records of every attempt
+    ``(t, y, h, accepted, t_new, y_new[, dense])``: the save times by the dense output of
+    the accepted step covering each (its data recorded for a multistep solver, rebuilt by
+    ``step`` from ``init`` otherwise), or the accepted steps in time order."""
     t_rec, y_rec, h_rec, acc_rec, tnew_rec, ynew_rec = recs[:6]
     order = jnp.argsort(~acc_rec, stable=True)  # accepted attempts first, in time order
-    saved = None
-    steps_out = (None, None)
-    if mode == "ts":
-        ts_arr = jnp.asarray(ts, tdtype)
-        starts = jnp.where(acc_rec, direction * t_rec, jnp.inf)[order]
-        idx = jnp.searchsorted(starts, direction * ts_arr, side="left") - 1
-        idx = jnp.clip(idx, 0, max_steps - 1)
-        src = order[idx]
-
-        def interp(s, m):
-            t, h = t_rec[m], h_rec[m]
-            y = jax.tree_util.tree_map(lambda r: r[m], y_rec)
-            if record_dense:  # y1 is unused by a multistep solver's interpolate
-                y1, dense = y, jax.tree_util.tree_map(lambda r: r[m], recs[6])
-            else:
-                state = solver_init(f, solver, t, y, args, rtol, atol)
-                y1, _, dense, _ = solver.step(f, t, y, h, args, state)
-            theta = (s - t) / jnp.where(h == 0, 1.0, h)
-            return solver.interpolate(f, args, t, y, h, y1, dense, theta)
-
-        saved = jax.vmap(interp)(ts_arr, src)
-        # Save times at t0 take y0 (there may be no accepted step, if t0 == t1).
-        saved = where_rows(ts_arr != t0, saved, jax.tree_util.tree_map(
-            lambda v, y: jnp.broadcast_to(y, v.shape[1:]), saved, y0))
-        saved = where_rows(direction * (ts_arr - c.t) <= 0, saved, jnp.nan)
-    elif mode == "steps":
+    if mode == "steps":
         valid = jnp.arange(max_steps) < c.n_accepted
-        steps_out = (jnp.where(valid, tnew_rec[order], jnp.inf),
-                     where_rows(valid, jax.tree_util.tree_map(lambda r: r[order], ynew_rec),
+        return None, (jnp.where(valid, tnew_rec[order], jnp.inf),
+                      where_rows(valid, jax.tree_util.tree_map(lambda r: r[order], ynew_rec),
                                  jnp.inf))
-    return (c, saved, steps_out) if events is None else (c, saved, steps_out, ev)
+    if mode != "ts":
+        return None, (None, None)
+    ts_arr = jnp.asarray(ts, t0.dtype)
+    starts = jnp.where(acc_rec, direction * t_rec, jnp.inf)[order]
+    idx = jnp.searchsorted(starts, direction * ts_arr, side="left") - 1
+    src = order[jnp.clip(idx, 0, max_steps - 1)]
+
+    def interp(s, m):
+        t, h = t_rec[m], h_rec[m]
+        y = jax.tree_util.tree_map(lambda r: r[m], y_rec)
+        if len(recs) > 6:  # a multistep solver: y1 is unused by its interpolate
+            y1, dense = y, jax.tree_util.tree_map(lambda r: r[m], recs[6])
+        else:
+            state = solver_init(f, solver, t, y, args, rtol, atol)
+            y1, _, dense, _ = solver.step(f, t, y, h, args, state)
+        theta = (s - t) / jnp.where(h == 0, 1.0, h)
+        return solver.interpolate(f, args, t, y, h, y1, dense, theta)
+
+    saved = jax.vmap(interp)(ts_arr, src)
+    # Save times at t0 take y0 (there may be no accepted step, if t0 == t1).
+    saved = where_rows(ts_arr != t0, saved, jax.tree_util.tree_map(
+        lambda v, y: jnp.broadcast_to(y, v.shape[1:]), saved, y0))
+    return where_rows(direction * (ts_arr - c.t) <= 0, saved, jnp.nan), (None, None)
 
 
 def _adaptive_diff_outputs(c, saved, steps_out, ev=None):
