@@ -35,6 +35,7 @@ from jax import lax
 
 from .._util import inside_trace, is_tracer
 from ._mixing import PairParams
+from ._neighbors import neighbor_list
 from ._space import Space
 
 
@@ -132,6 +133,10 @@ class CellList:
 
     def needs_rebuild(self, positions) -> jax.Array:
         return jnp.asarray(True)
+
+    def reallocate(self, positions, capacity_multiplier: float = 1.5) -> CellList:
+        """Larger cells built at ``positions``: see :func:`reallocate_cells`."""
+        return reallocate_cells(self, positions, capacity_multiplier)
 
     def did_overflow(self) -> bool:
         """``overflow`` as a Python bool (eager use)."""
@@ -239,8 +244,6 @@ def pair_search(space: Space, positions, r_cut: float, skin: float = 0.3, *,
         method: ``"auto"``, ``"list"`` or ``"cells"``.
         backend: The backend to choose for (default ``jax.default_backend()``).
     """
-    from ._neighbors import neighbor_list
-
     if method not in ("auto", "list", "cells"):
         raise ValueError(f"pair_search: method must be 'auto', 'list' or 'cells', got "
                          f"{method!r}")
