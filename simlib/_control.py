@@ -20,12 +20,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from ._solver._base import AbstractSolver, PyTree, VectorField, axpy, error_scale, safe_sqrt
 from ._util import tree_where
+
+Scalar = jax.Array | float
+"""A time, step, tolerance or flag: a scalar array (traced or not) or a Python number."""
 
 LOG_RATIO_FLOOR = math.log(1e-4)
 """``log r`` of an accepted step is floored here before it is remembered (a previous
@@ -52,8 +56,9 @@ def _scaled_norm(norm: Callable[[PyTree], jax.Array] | None, tree: PyTree,
     return norm(jax.tree_util.tree_map(lambda x, s: x / s, tree, scale))
 
 
-def initial_step(f: VectorField, t0, y0: PyTree, f0: PyTree, args, direction, order: int,
-                 rtol, atol, norm: Callable[[PyTree], jax.Array] | None = None) -> jax.Array:
+def initial_step(f: VectorField, t0: Scalar, y0: PyTree, f0: PyTree, args: Any, direction: Scalar,
+                 order: int, rtol: Scalar, atol: Scalar,
+                 norm: Callable[[PyTree], jax.Array] | None = None) -> jax.Array:
     """Hairer's algorithm for the first step (Hairer et al. 1993, II.4, p. 169).
 
     ``d0 = ||y0||``, ``d1 = ||f0||``, ``h0 = 0.01 d0/d1``; one Euler step gives
@@ -182,8 +187,9 @@ class PIDController:
                             f"{self.norm!r}")
 
     # ---- the first step
-    def first_step(self, f: VectorField, solver: AbstractSolver, t0, y0: PyTree,
-                   f0: PyTree | None, args, direction, dt0, rtol, atol) -> jax.Array:
+    def first_step(self, f: VectorField, solver: AbstractSolver, t0: Scalar, y0: PyTree,
+                   f0: PyTree | None, args: Any, direction: Scalar, dt0: Scalar | None,
+                   rtol: Scalar, atol: Scalar) -> jax.Array:
         """The signed first step: ``dt0`` if given, else Hairer's choice
         (:func:`initial_step`, from ``f0 = f(t0, y0)``), clipped to
         ``[dtmin, dtmax]``."""
@@ -196,14 +202,14 @@ class PIDController:
             h0 = direction * jnp.clip(jnp.abs(h0), self.dtmin, self.dtmax)
         return h0
 
-    def init_memory(self, dtype) -> tuple[jax.Array, ...]:
+    def init_memory(self, dtype: Any) -> tuple[jax.Array, ...]:
         """The carried ``log r`` of the last accepted steps (two with a ``beta3``)."""
         zero = jnp.asarray(0.0, dtype)
         return (zero, zero) if self.beta3 else (zero,)
 
     # ---- one attempt
-    def error_ratio(self, solver: AbstractSolver, y: PyTree, y1: PyTree, err: PyTree, h,
-                    rtol, atol) -> jax.Array:
+    def error_ratio(self, solver: AbstractSolver, y: PyTree, y1: PyTree, err: PyTree, h: Scalar,
+                    rtol: Scalar, atol: Scalar) -> jax.Array:
         """The step's scaled error: ``solver.error_ratio``, given ``norm`` if one is set."""
         if self.norm is None:
             return solver.error_ratio(y, y1, err, h, rtol, atol)
@@ -225,9 +231,9 @@ class PIDController:
         log_factor = jnp.clip(log_factor, log_min, math.log(self.factor_max))
         return jnp.exp(jnp.where(jnp.isfinite(log_ratio), log_factor, log_min))
 
-    def propose(self, solver: AbstractSolver, h, ratio, accept, err: PyTree, state: PyTree,
-                state1: PyTree, memory: tuple[jax.Array, ...], k: int, rtol, atol
-                ) -> tuple[jax.Array, PyTree, tuple[jax.Array, ...]]:
+    def propose(self, solver: AbstractSolver, h: Scalar, ratio: Scalar, accept: Scalar, err: PyTree,
+                state: PyTree, state1: PyTree, memory: tuple[jax.Array, ...], k: int, rtol: Scalar,
+                atol: Scalar) -> tuple[jax.Array, PyTree, tuple[jax.Array, ...]]:
         """``(factor, state_next, memory_next)`` after an attempt with error ratio
         ``ratio``: the PID factor, the solver's carried state (``state1`` if accepted,
         else ``state``), and the remembered ratios. A solver with its own rule
@@ -248,14 +254,15 @@ class PIDController:
             jnp.where(accept, memory[i - 1], memory[i]) for i in range(1, len(memory)))
         return factor, state_next, memory_next
 
-    def next_step(self, h, factor, direction) -> jax.Array:
+    def next_step(self, h: Scalar, factor: Scalar, direction: Scalar) -> jax.Array:
         """``h * factor``, capped at ``dtmax``."""
         h_next = h * factor
         if self.dtmax is not None:
             h_next = direction * jnp.minimum(jnp.abs(h_next), self.dtmax)
         return h_next
 
-    def too_small(self, h_next, t, t_new, t1, direction) -> jax.Array:
+    def too_small(self, h_next: Scalar, t: Scalar, t_new: Scalar, t1: Scalar,
+                  direction: Scalar) -> jax.Array:
         """Whether the step ``h_next`` proposed by an attempt from ``t`` (the run now at
         ``t_new``) is below what is allowed: the resolution of ``t`` (ten ulps), or
         ``dtmin`` where it does not reach ``t1``. The driver stops the run there

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._control import PIDController
+from ._control import PIDController, Scalar
 from ._errors import Result
 from ._events import overflowed, records
 from ._solution import Solution, assemble_solution
@@ -52,16 +52,16 @@ def error_exponent(solver: AbstractSolver) -> int:
     return (solver.error_order or solver.order - 1) + 1
 
 
-def solver_init(f: VectorField, solver: AbstractSolver, t, y: PyTree, args, rtol, atol,
-                f0: PyTree = None) -> PyTree:
+def solver_init(f: VectorField, solver: AbstractSolver, t: Scalar, y: PyTree, args: Any,
+                rtol: Scalar, atol: Scalar, f0: PyTree = None) -> PyTree:
     """The solver's carried state at ``(t, y)`` for an adaptive run: ``init``, then the
     run's tolerances (``set_tolerances``); every (re)start goes through here."""
     return solver.set_tolerances(solver.init(f, t, y, args, f0), rtol, atol)
 
 
 def adaptive_init(f: VectorField, solver: AbstractSolver, controller: PIDController, y0: PyTree,
-                  t0, t1, dt0, rtol, atol, args) -> tuple[Attempt, jax.Array, jax.Array,
-                                                          jax.Array]:
+                  t0: Scalar, t1: Scalar, dt0: Scalar | None, rtol: Scalar, atol: Scalar,
+                  args: Any) -> tuple[Attempt, jax.Array, jax.Array, jax.Array]:
     """``(carry, t0, t1, direction)`` at the start: the first step from the controller
     (given ``f(t0, y0)``, which the solver's ``init`` then reuses, when ``dt0`` is
     ``None``)."""
@@ -79,7 +79,8 @@ def adaptive_init(f: VectorField, solver: AbstractSolver, controller: PIDControl
 
 
 def attempt(f: VectorField, solver: AbstractSolver, controller: PIDController, k: int,
-            carry: Attempt, t1, direction, rtol, atol, args) -> tuple[Attempt, tuple]:
+            carry: Attempt, t1: Scalar, direction: Scalar, rtol: Scalar, atol: Scalar,
+            args: Any) -> tuple[Attempt, tuple]:
     """One step attempt: the solver takes the step, the controller accepts or rejects it
     and proposes the next step size.
 
@@ -122,29 +123,29 @@ def attempt(f: VectorField, solver: AbstractSolver, controller: PIDController, k
     return new, (t, y, h, accept, y1, dense)
 
 
-def not_done(c: Attempt, t1, direction, max_steps) -> jax.Array:
+def not_done(c: Attempt, t1: Scalar, direction: Scalar, max_steps: int) -> jax.Array:
     """Whether the run goes on: no failure, ``t1`` not reached, attempts left."""
     return (c.result == 0) & (direction * (t1 - c.t) > 0) & (c.n_steps < max_steps)
 
 
-def placeholder_dense(f: VectorField, solver: AbstractSolver, carry: Attempt, args) -> PyTree:
+def placeholder_dense(f: VectorField, solver: AbstractSolver, carry: Attempt, args: Any) -> PyTree:
     """Zeros shaped like one step's dense-output data (the solver's, opaque here)."""
     shapes = jax.eval_shape(lambda t, y, h, a, s: solver.step(f, t, y, h, a, s)[2],
                             carry.t, carry.y, carry.h, args, carry.state)
     return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-def first_last(f: VectorField, solver: AbstractSolver, carry: Attempt, args) -> tuple:
+def first_last(f: VectorField, solver: AbstractSolver, carry: Attempt, args: Any) -> tuple:
     """The ``last`` step :func:`save_dense` starts from: a step of length zero at the
     start, whose interpolant is the start itself."""
     return (carry.t, carry.y, jnp.zeros_like(carry.t), carry.y,
             placeholder_dense(f, solver, carry, args))
 
 
-def save_dense(f: VectorField, solver: AbstractSolver, args, advance: Callable, live: Callable,
-               run: tuple, last: tuple, ts: jax.Array, direction,
-               previous: tuple | None = None, on_save: Callable | None = None
-               ) -> tuple[tuple, PyTree]:
+def save_dense(f: VectorField, solver: AbstractSolver, args: Any, advance: Callable, live: Callable,
+               run: tuple, last: tuple, ts: jax.Array, direction: Scalar,
+               previous: tuple | None = None,
+               on_save: Callable | None = None) -> tuple[tuple, PyTree]:
     """The dense-output save loop of the adaptive drivers: a ``lax.scan`` over the save
     times, each running the attempts until one covers it, then evaluating the solver's
     dense output (``interpolate``) on the last accepted step.
@@ -201,9 +202,10 @@ def stats_of(c: Attempt, solver: AbstractSolver, ev: Any = None) -> tuple:
     return stats + ((ev.g, ev.counts, ev.stopped, ev.n_restarts),)
 
 
-def run_solution(solver: AbstractSolver, mode: str, save_t0: bool, max_steps: int, t0, t1,
-                 y0: PyTree, t_end, y_end: PyTree, ts, saved, steps_out, counts: tuple, result,
-                 unfinished, init_fevals: int, t_final, events: Any = None,
+def run_solution(solver: AbstractSolver, mode: str, save_t0: bool, max_steps: int, t0: Scalar,
+                 t1: Scalar, y0: PyTree, t_end: jax.Array, y_end: PyTree, ts: jax.Array | None,
+                 saved: PyTree, steps_out: tuple, counts: tuple, result: jax.Array,
+                 unfinished: jax.Array, init_fevals: int, t_final: jax.Array, events: Any = None,
                  ev: Any = None) -> Solution:
     """The output assembly of every ODE driver (fixed step, adaptive, ensemble chunks): the
     final status (``EVENT_CAPACITY_EXCEEDED`` where an event overflowed;
@@ -227,8 +229,9 @@ def run_solution(solver: AbstractSolver, mode: str, save_t0: bool, max_steps: in
 
 
 def adaptive_solution(solver: AbstractSolver, mode: str, save_t0: bool, has_dt0: bool,
-                      max_steps: int, t0, t1, y0: PyTree, t_end, y_end: PyTree, ts, saved,
-                      steps_out, stats: tuple, events: Any = None, ev: Any = None) -> Solution:
+                      max_steps: int, t0: Scalar, t1: Scalar, y0: PyTree, t_end: jax.Array,
+                      y_end: PyTree, ts: jax.Array | None, saved: PyTree, steps_out: tuple,
+                      stats: tuple, events: Any = None, ev: Any = None) -> Solution:
     """:func:`run_solution` for an adaptive run ending at ``t_end`` with ``stats``
     (:func:`stats_of`): unfinished short of ``t1``, and ``f(t0, y0)`` and the Euler probe
     of the first-step choice counted (``f0`` then reaches ``init``), or ``init``'s own
