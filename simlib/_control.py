@@ -281,14 +281,3 @@ PIDController.__module__ = "simlib"
 DEFAULT_CONTROLLER = PIDController()
 """The controller of adaptive runs given none."""
 
-
-def check_controller(controller: object, adaptive: bool) -> None:
-    """Refuse a ``controller=`` that is not a :class:`PIDController`, or one given to a
-    fixed-step run (which has no step-size control)."""
-    if controller is None:
-        return
-    if not isinstance(controller, PIDController):
-        raise TypeError(f"controller must be a simlib.PIDController, got {controller!r}")
-    if not adaptive:
-        raise ValueError("controller applies to adaptive runs: give rtol/atol (a fixed-step "
-                         "run, dt alone, takes every step of size dt)")
