@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._adjoint import AbstractAdjoint, Reversible, is_time_symmetric
+from ._control import PIDController
 from ._dae import INITIALIZE
 from ._solution import SaveAt
 from ._solver._base import AbstractSolver, PyTree, VectorField
@@ -172,12 +173,17 @@ def check_adjoint(adjoint: Any, solver: AbstractSolver, events: Any, *,
                          "ForwardMode()")
 
 
-def check_controller(controller: Any) -> Any:
-    """The step-size controller of an adaptive run: only the default (``None``) so far;
-    the drivers' controller object is taken here when it lands."""
-    if controller is not None:
-        raise ValueError(f"controller must be None (the default PI controller), "
-                         f"got {controller!r}")
+def check_controller(controller: Any, adaptive: bool = True) -> PIDController | None:
+    """The step-size controller of an adaptive run: ``None`` (the default
+    :class:`~simlib.PIDController`) or a ``PIDController``; refused for a fixed-step run
+    (which has no step-size control)."""
+    if controller is None:
+        return None
+    if not isinstance(controller, PIDController):
+        raise TypeError(f"controller must be a simlib.PIDController, got {controller!r}")
+    if not adaptive:
+        raise ValueError("controller applies to adaptive runs: give rtol/atol (a fixed-step "
+                         "run, dt alone, takes every step of size dt)")
     return controller
 
 
@@ -294,7 +300,7 @@ class Problem(NamedTuple):
     adjoint: AbstractAdjoint | None
     events: Any
     progress: bool
-    controller: Any
+    controller: PIDController | None
     tdtype: Any          # the time dtype (that of y0's leaves)
     checks: Checks       # the call's traced checks, applied to the run's solution
     adaptive: bool       # rtol or atol given
@@ -316,7 +322,7 @@ def normalise(caller: str, f: VectorField, y0: Any, t0: Any, t1: Any, *,
     mode = check_saveat(saveat)
     max_steps = check_count(max_steps, "max_steps")
     check_adjoint(adjoint, solver, events, sde=sde)
-    controller = check_controller(controller)
+    controller = check_controller(controller, rtol is not None or atol is not None)
     if members:
         check_scalar(dt, "dt")
         y0, n = as_members(y0)

@@ -26,14 +26,12 @@ from ._events import (
     EventSet,
     after_step,
     init_state,
-    overflowed,
     pack_events,
-    records,
     unpack_events,
 )
-from ._solution import assemble_solution
 from ._solver._base import AbstractSolver
 from ._solver._explicit_rk import hermite
+from ._stepping import run_solution
 from ._util import (
     buffer,
     checked_step,
@@ -238,26 +236,15 @@ def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0,
     if saves_out:  # the buffer came back as the loop's output
         carry, outs = carry[:5] + (outs,) + carry[6:], None
     t, y, _, k, i, buf, result, fail_t, fail_step, count, *ev = carry
-    if ev:
-        ev = ev[0]
-        result = jnp.where((result == 0) & overflowed(events, ev),
-                           Result.EVENT_CAPACITY_EXCEEDED.value, result)
-    unfinished = (result == 0) & ((t != t1) | (i < n_save if mode == "ts" else False))
-    if ev:
-        unfinished = unfinished & ~ev.stopped
-    result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
+    # a failed step: the run's time and step count are the failure's
     failed = (result == Result.NONFINITE_STATE.value) | (result == Result.NEWTON_FAILED.value)
-    t_final = jnp.where(failed, fail_t, t)
     step_final = jnp.where(failed, fail_step, count)
-
-    n_fevals = solver.num_fevals(step_final, step_final) + solver.init_fevals
-    if ev:  # solver restarts after apply
-        n_fevals = n_fevals + ev.n_restarts * solver.init_fevals
-    return assemble_solution(mode, save_t0, t0, y0, t, y, ts_arr,
-                             jax.tree_util.tree_map(lambda b: b[:n_save], buf) if mode == "ts"
-                             else None, outs, (step_final, step_final, n_fevals, t_final),
-                             result, False, t1, max_steps,
-                             events=records(events, ev) if ev else None)
+    return run_solution(solver, mode, save_t0, max_steps, t0, t1, y0, t, y, ts_arr,
+                        jax.tree_util.tree_map(lambda b: b[:n_save], buf) if mode == "ts"
+                        else None, outs, (step_final, step_final, 0), result,
+                        (t != t1) | (i < n_save if mode == "ts" else False),
+                        solver.init_fevals, jnp.where(failed, fail_t, t), events,
+                        ev[0] if ev else None)
 
 
 def _reporting_scan(body, carry0, n_iter: int, every: int):

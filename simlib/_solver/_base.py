@@ -52,7 +52,8 @@ def linear_combination(terms: list[tuple[float, PyTree]]) -> PyTree:
     return jax.tree_util.tree_map(leaf, *[k for _, k in terms])
 
 
-def _sum_squares(tree: PyTree) -> jax.Array:
+def sum_squares(tree: PyTree) -> jax.Array:
+    """``sum(x^2)`` over every component of a pytree."""
     return sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree))
 
 
@@ -73,11 +74,15 @@ def error_scale(y: PyTree, y1: PyTree, rtol, atol) -> PyTree:
     )
 
 
-def rms_error_ratio(y: PyTree, y1: PyTree, err: PyTree, rtol, atol, factor=1.0) -> jax.Array:
-    """``factor * sqrt(mean((err / (atol + rtol max(|y|, |y1|)))^2))`` over every component."""
+def rms_error_ratio(y: PyTree, y1: PyTree, err: PyTree, rtol, atol, factor=1.0,
+                    norm: Callable[[PyTree], jax.Array] | None = None) -> jax.Array:
+    """``factor * sqrt(mean((err / (atol + rtol max(|y|, |y1|)))^2))`` over every component
+    (``factor * norm(err / (atol + rtol max(|y|, |y1|)))`` with a ``norm``)."""
     scale = error_scale(y, y1, rtol, atol)
     scaled = jax.tree_util.tree_map(lambda e, s: e / s, err, scale)
-    return factor * safe_sqrt(_sum_squares(scaled) / tree_size(y))
+    if norm is not None:
+        return factor * norm(scaled)
+    return factor * safe_sqrt(sum_squares(scaled) / tree_size(y))
 
 
 class AbstractSolver:
@@ -108,11 +113,13 @@ class AbstractSolver:
             for ``interpolate``, stored by the adaptive driver for ``SaveAt(ts=...)``;
             ``state1`` is the carried state after the step (an adaptive run keeps the old
             one when it rejects the step).
-        error_ratio(y, y1, err, h, rtol, atol): the scaled error of a step, accepted when
-            at most one. The default takes ``err`` to be the local error estimate itself
-            and returns its RMS norm
+        error_ratio(y, y1, err, h, rtol, atol, norm=None): the scaled error of a step,
+            accepted when at most one. The default takes ``err`` to be the local error
+            estimate itself and returns its RMS norm
             ``sqrt(mean((err / (atol + rtol max(|y|, |y1|)))^2))`` (Hairer, Norsett and
-            Wanner, *Solving ODEs I*, 2nd ed., 1993, II.4, eq. 4.11).
+            Wanner, *Solving ODEs I*, 2nd ed., 1993, II.4, eq. 4.11). ``norm`` is the
+            :class:`PIDController`'s when it sets one (then passed as a keyword; a
+            solver that takes no ``norm`` runs with the default controller's RMS norm).
         interpolate(f, args, t, y, h, y1, dense, theta): dense output ``y(t + theta h)``
             for ``theta`` in ``[0, 1]`` from a completed step (adaptive solvers).
         step_failed(err): whether the step's implicit solve failed (a Newton iteration
@@ -128,14 +135,16 @@ class AbstractSolver:
             Newton iterations there).
 
     Optional step control (a solver that picks its own step size and order, as
-    :class:`BDF`; every other solver keeps the driver's PI controller):
+    :class:`BDF`; every other solver keeps the :class:`PIDController`'s formula):
         propose_step(h, ratio, accept, err, state, state1, rtol, atol): ``None`` by default
-            (the adaptive driver's PI controller, the carried state becoming ``state1`` if
-            the step is accepted and staying ``state`` if not). A solver that defines it
+            (the controller's PID factor, the carried state becoming ``state1`` if the
+            step is accepted and staying ``state`` if not). A solver that defines it
             returns ``(factor, state_next)``: the next step is ``factor * h`` and the
             solver itself chooses the state carried on (``state`` before the attempt,
             ``state1`` from it; e.g. a new order, or a Jacobian kept after a rejection).
             ``ratio`` is the driver's error ratio (``inf`` for a failed or non-finite step).
+            The controller (:meth:`PIDController.propose`) clips the factor to its
+            ``[factor_min, factor_max]`` and applies its ``dtmin``/``dtmax``.
             Such a solver needs tolerances, so it runs under the adaptive driver only.
         set_tolerances(state, rtol, atol): the state after ``init`` for a run at these
             tolerances (called once by the adaptive driver; the identity by default), for
@@ -160,7 +169,7 @@ class AbstractSolver:
     fevals_per_step: int = 0
     init_fevals: int = 0
     multistep: bool = False
-    propose_step = None  # optional step-control hook (see above); None: the PI controller
+    propose_step = None  # optional step-control hook (see above); None: the PID formula
 
     def init(self, f: VectorField, t, y: PyTree, args, f0: PyTree = None) -> PyTree:
         return None
@@ -172,9 +181,11 @@ class AbstractSolver:
         """The carried state for a run at ``rtol``/``atol`` (the identity by default)."""
         return state
 
-    def error_ratio(self, y: PyTree, y1: PyTree, err: PyTree, h, rtol, atol) -> jax.Array:
-        """RMS norm of ``err / (atol + rtol max(|y|, |y1|))`` (Hairer et al. II.4)."""
-        return rms_error_ratio(y, y1, err, rtol, atol)
+    def error_ratio(self, y: PyTree, y1: PyTree, err: PyTree, h, rtol, atol,
+                    norm: Callable[[PyTree], jax.Array] | None = None) -> jax.Array:
+        """RMS norm (or ``norm``) of ``err / (atol + rtol max(|y|, |y1|))`` (Hairer et al.
+        II.4)."""
+        return rms_error_ratio(y, y1, err, rtol, atol, norm=norm)
 
     def interpolate(self, f: VectorField, args, t, y: PyTree, h, y1: PyTree, dense, theta):
         raise NotImplementedError(f"{type(self).__name__} has no dense output")

@@ -45,6 +45,7 @@ larger systems (docs/pde.md).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -53,6 +54,7 @@ import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from .._linalg._base import LinearSolver
 from ._base import AbstractSolver, PyTree, VectorField, register_static
 from ._implicit import (
     LinearAlgebra,
@@ -112,9 +114,9 @@ class _ImplicitRK(LinearAlgebra, AbstractSolver):
 
     default_newton_iters = 10
 
-    def __init__(self, jac="fwd", newton_rtol: float | None = None,
+    def __init__(self, jac: str | Callable = "fwd", newton_rtol: float | None = None,
                  newton_atol: float | None = None, max_newton_iters: int | None = None,
-                 linear_solver=None):
+                 linear_solver: LinearSolver | None = None) -> None:
         if max_newton_iters is None:
             max_newton_iters = self.default_newton_iters
         self.jac = check_jac(jac)
@@ -291,9 +293,11 @@ class ESDIRK(_ImplicitRK):
         state1 = state._replace(k=unravel(k_last), n_newton=state.n_newton + extra)
         return unravel(z), (unravel(err), ~ok), (k_first, k_last), state1
 
-    def error_ratio(self, y: PyTree, y1: PyTree, err: PyTree, h, rtol, atol) -> jax.Array:
-        """The RMS error ratio of ``Z_s - Z_{s-1}``, ``inf`` when Newton failed."""
-        ratio = super().error_ratio(y, y1, err[0], h, rtol, atol)
+    def error_ratio(self, y: PyTree, y1: PyTree, err: PyTree, h, rtol, atol,
+                    norm: Callable[[PyTree], jax.Array] | None = None) -> jax.Array:
+        """The RMS (or ``norm``) error ratio of ``Z_s - Z_{s-1}``, ``inf`` when Newton
+        failed."""
+        ratio = super().error_ratio(y, y1, err[0], h, rtol, atol, norm=norm)
         return jnp.where(err[1], jnp.inf, ratio)
 
     def interpolate(self, f: VectorField, args, t, y: PyTree, h, y1: PyTree, dense, theta):
@@ -363,12 +367,8 @@ class Kvaerno5(ESDIRK):
     """Kvaerno's ESDIRK 5(4) (BIT 44, 2004): 7 stages (6 implicit), stiffly accurate,
     L-stable, order 5 with an embedded order-4 estimate, cubic Hermite dense output. One
     Jacobian and one LU of ``I - h gamma J`` (``gamma = 0.26``) per step, simplified
-    Newton per stage. For stiff problems at ``rtol`` about 1e-6 to 1e-10.
-
-    Args: see the module (``jac``, ``newton_rtol``, ``newton_atol``,
-    ``max_newton_iters``). ``num_fevals`` counts one evaluation per implicit stage and
-    attempt, plus the Newton iterations beyond the first of each stage in accepted steps
-    (those of rejected steps are not counted: a lower bound).
+    Newton per stage. For stiff problems at ``rtol`` about 1e-6 to 1e-10. Arguments and
+    the counting of ``num_fevals``: as :class:`Kvaerno3`.
     """
 
     order = 5
