@@ -41,11 +41,12 @@ _CHUNK = 16  # attempts per chunk in the differentiable replay of adaptive runs
 
 # ---- events (simlib/_events.py): handled after each attempt; ``events=None`` adds nothing
 def _attempt_events(f, solver, controller, k, c: Attempt, ev, events, t1, direction, rtol,
-                    atol, args):
-    """:func:`attempt`, then the events: locate crossings on the step's dense output,
-    record them, and stop (terminal) or restart from the changed state (``apply``) at the
-    first acting one. Returns ``(new carry, new event state, attempt data)``."""
-    new, data = attempt(f, solver, controller, k, c, t1, direction, rtol, atol, args)
+                    atol, args, guard=False):
+    """:func:`attempt` (``guard``: its reverse-mode guard against non-finite attempts),
+    then the events: locate crossings on the step's dense output, record them, and stop
+    (terminal) or restart from the changed state (``apply``) at the first acting one.
+    Returns ``(new carry, new event state, attempt data)``."""
+    new, data = attempt(f, solver, controller, k, c, t1, direction, rtol, atol, args, guard)
     if events is None:
         return new, ev, data
     t, y, h, accept, y1, dense = data
@@ -161,7 +162,8 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
         c, ev = s
         active = _live(c, ev, t1, direction, max_steps)
         new, ev_new, (t, y, h, accept, _, dense) = _attempt_events(
-            f, solver, controller, k, c, ev, events, t1, direction, rtol, atol, args)
+            f, solver, controller, k, c, ev, events, t1, direction, rtol, atol, args,
+            guard=True)
         new, ev_new = jax.tree_util.tree_map(lambda a, b: jnp.where(active, a, b),
                                              (new, ev_new), (c, ev))
         rec = (t, y, h, accept & active, new.t, new.y)

@@ -78,11 +78,64 @@ def adaptive_init(f: VectorField, solver: AbstractSolver, controller: PIDControl
     return carry, t0, t1, direction
 
 
+def _plain_step(f: VectorField, solver: AbstractSolver, controller: PIDController, t: Scalar,
+                y: PyTree, h: Scalar, args: Any, state: PyTree, rtol: Scalar,
+                atol: Scalar) -> tuple:
+    """``(y1, err, dense, state1, ratio)``: the solver's step and the controller's error
+    ratio of it."""
+    y1, err, dense, state1 = solver.step(f, t, y, h, args, state)
+    ratio = controller.error_ratio(solver, y, y1, err, h, rtol, atol)
+    return y1, err, dense, state1, ratio
+
+
+def guarded_step(f: VectorField, solver: AbstractSolver, controller: PIDController, t: Scalar,
+                 y: PyTree, h: Scalar, args: Any, state: PyTree, rtol: Scalar,
+                 atol: Scalar) -> tuple:
+    """:func:`_plain_step` whose reverse-mode derivative is zero where the attempt is
+    non-finite (a non-finite ``ratio`` or ``y1``).
+
+    Such an attempt is rejected and contributes nothing differentiable: its ``y1``,
+    ``dense`` and ``state1`` are discarded (``tree_where`` on the acceptance; BDF keeps
+    only its stop-gradient factorisation), and its ratio, replaced by ``inf``, gives the
+    constant ``factor_min``. So the derivative of the attempt through the step is exactly
+    zero, but the pullback of the step itself would multiply those zero cotangents by the
+    ``inf`` inside it (``f``'s derivative at an overflowed stage) and give NaN: the NaN of
+    the unselected branch of ``jnp.where``. Here the pullback's result is replaced by
+    zeros on such an attempt (a select, so a finite attempt's derivative is unchanged
+    bit for bit).
+    """
+
+    def step(t, y, h, args, state, rtol, atol):
+        return _plain_step(f, solver, controller, t, y, h, args, state, rtol, atol)
+
+    @jax.custom_vjp
+    def guarded(t, y, h, args, state, rtol, atol):
+        return step(t, y, h, args, state, rtol, atol)
+
+    def guarded_fwd(t, y, h, args, state, rtol, atol):
+        out, pull_back = jax.vjp(step, t, y, h, args, state, rtol, atol)
+        y1, ratio = out[0], out[4]
+        return out, (pull_back, jnp.isfinite(ratio) & all_finite(y1))
+
+    def guarded_bwd(res, cotangent):
+        pull_back, finite = res
+        return jax.tree_util.tree_map(
+            lambda ct: ct if getattr(ct, "dtype", None) == jax.dtypes.float0
+            else jnp.where(finite, ct, 0.0), pull_back(cotangent))
+
+    guarded.defvjp(guarded_fwd, guarded_bwd)
+    return guarded(t, y, h, args, state, rtol, atol)
+
+
 def attempt(f: VectorField, solver: AbstractSolver, controller: PIDController, k: int,
             carry: Attempt, t1: Scalar, direction: Scalar, rtol: Scalar, atol: Scalar,
-            args: Any) -> tuple[Attempt, tuple]:
+            args: Any, guard: bool = False) -> tuple[Attempt, tuple]:
     """One step attempt: the solver takes the step, the controller accepts or rejects it
     and proposes the next step size.
+
+    ``guard``: take the step through :func:`guarded_step`, whose reverse-mode derivative
+    is zero on an attempt with a non-finite error ratio or state (the differentiated
+    replay of an adaptive run sets it; the derivative is the same otherwise).
 
     Returns the new carry and the data of the attempt: ``(t, y, h, accepted, y1, dense)``,
     ``dense`` being the solver's opaque dense-output data.
@@ -90,8 +143,9 @@ def attempt(f: VectorField, solver: AbstractSolver, controller: PIDController, k
     t, y, h = carry.t, carry.y, carry.h
     last = direction * (t + h - t1) >= 0
     h = jnp.where(last, t1 - t, h)
-    y1, err, dense, state1 = solver.step(f, t, y, h, args, carry.state)
-    ratio = controller.error_ratio(solver, y, y1, err, h, rtol, atol)
+    step = guarded_step if guard else _plain_step
+    y1, err, dense, state1, ratio = step(f, solver, controller, t, y, h, args, carry.state,
+                                         rtol, atol)
     newton_failed = solver.step_failed(err)
     finite = jnp.isfinite(ratio) & all_finite(y1)
     ratio = jnp.where(finite & ~newton_failed, ratio, jnp.inf)
