@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal
 
-from ._solver._base import register_static
+from ._static import register_static
 from ._util import checked_step, convert_closure, split_inexact
 
 
