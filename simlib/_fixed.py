@@ -153,8 +153,36 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
 
 def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0, t0, t1, dt,
                n_grid, ts, args, events, progress=0):
+    """The walk from ``t0`` to ``t1`` (:func:`_walker`), one scan of :func:`_step_body`
+    differentiated as ``adjoint`` builds it, assembled into a solution (:func:`_finish`)."""
     tdtype = time_dtype(y0)
-    t0, t1, dt, ts = adjoint.times((t0, t1, dt, ts))
+    t0, t1, direction, step, n_grid, ts_arr = _grid(adjoint.times((t0, t1, dt, ts)), n_grid,
+                                                    tdtype)
+    advance = _walker(mode, n_save, t0, t1, direction, step, n_grid, ts_arr, tdtype)
+    # Checkpointed: the save buffer stays out of the recomputed segments
+    saves_out = mode == "ts" and adjoint.saves_as_outputs and not progress
+    body = _step_body(f, solver, mode, n_save, advance, args, events, saves_out)
+    buf0 = buffer(y0, n_save + 1, jnp.nan) if mode == "ts" and not saves_out else None
+    zero = jnp.array(0, jnp.int32)
+    carry0 = (t0, y0, solver.init(f, t0, y0, args), zero, zero, buf0, zero, t0, zero, zero)
+    if events is not None:
+        carry0 = carry0 + (init_state(events, t0, y0),)
+    if progress:  # an eager run's bar (simlib/progress.py): the same steps, in chunks
+        carry, outs = _reporting_scan(body, carry0, n_iter, progress)
+    else:
+        carry, outs = adjoint.scan(body, carry0, n_iter, padding=True,
+                                   backwards=lambda c, n: reversible_scan(
+                                       f, solver, mode, n_save, advance, c, n, args))
+    if saves_out:  # the buffer came back as the loop's output
+        carry, outs = carry[:5] + (outs,) + carry[6:], None
+    return _finish(solver, mode, save_t0, n_save, max_steps, t0, t1, y0, ts_arr, carry, outs,
+                   events)
+
+
+def _grid(times, n_grid, tdtype):
+    """``(t0, t1, direction, step, n_grid, ts)`` of the walk, in the time dtype; ``n_grid``
+    (:func:`grid_count`) computed in the graph when the host could not (traced times)."""
+    t0, t1, dt, ts = times
     t0 = jnp.asarray(t0, tdtype)
     t1 = jnp.asarray(t1, tdtype)
     direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(tdtype)
@@ -164,16 +192,19 @@ def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0,
         n_grid = jnp.where(
             span == 0, 0, jnp.maximum(1, jnp.ceil(span / jnp.abs(step) * (1 - 1e-12)))
         ).astype(jnp.int32)
+    return t0, t1, direction, step, n_grid, None if ts is None else jnp.asarray(ts, tdtype)
 
-    advance = _walker(mode, n_save, t0, t1, direction, step, n_grid,
-                      None if ts is None else jnp.asarray(ts, tdtype), tdtype)
-    state0 = solver.init(f, t0, y0, args)
-    ts_arr = None if ts is None else jnp.asarray(ts, tdtype)
 
-    # The time, the grid index, the save index and the step count never depend on the
-    # state, so under vmap they stay unbatched scalars (one time per ensemble, and
-    # dynamic_update_slice rather than scatter for saves). Only the state and the
-    # failure record are per member.
+def _step_body(f, solver, mode, n_save, advance, args, events, saves_out):
+    """The scan body: one step of the walk, ``carry = (t, y, state, k, i, buf, result,
+    fail_t, fail_step, count[, event state])``; the output is the step's ``(t, y)`` for
+    ``SaveAt(steps=True)``, its :class:`SaveWrites` when ``saves_out``, else ``None``.
+
+    The time, the grid index, the save index and the step count never depend on the
+    state, so under vmap they stay unbatched scalars (one time per ensemble, and
+    dynamic_update_slice rather than scatter for saves). Only the state and the failure
+    record are per member."""
+
     def body(carry, _):
         t, y, state, k, i, buf, result, fail_t, fail_step, count, *ev = carry
         k_prev = k
@@ -206,23 +237,14 @@ def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0,
         new = (target, y1, state1, k, i, buf, result, fail_t, fail_step, count)
         return (new + (ev,) if ev else new), out
 
-    # Checkpointed: the save buffer stays out of the recomputed segments
-    saves_out = mode == "ts" and adjoint.saves_as_outputs and not progress
-    buf0 = buffer(y0, n_save + 1, jnp.nan) if mode == "ts" and not saves_out else None
-    zero = jnp.array(0, jnp.int32)
-    carry0 = (t0, y0, state0, zero, zero, buf0, zero, t0, zero, zero)
-    if events is not None:
-        carry0 = carry0 + (init_state(events, t0, y0),)
-    if progress:  # an eager run's bar (simlib/progress.py): the same steps, in chunks
-        carry, outs = _reporting_scan(body, carry0, n_iter, progress)
-    else:
-        carry, outs = adjoint.scan(body, carry0, n_iter, padding=True,
-                                   backwards=lambda c, n: reversible_scan(
-                                       f, solver, mode, n_save, advance, c, n, args))
-    if saves_out:  # the buffer came back as the loop's output
-        carry, outs = carry[:5] + (outs,) + carry[6:], None
+    return body
+
+
+def _finish(solver, mode, save_t0, n_save, max_steps, t0, t1, y0, ts_arr, carry, outs,
+            events):
+    """The solution from the walk's final carry (:func:`~simlib._stepping.run_solution`);
+    after a failed step, the run's time and step count are the failure's."""
     t, y, _, k, i, buf, result, fail_t, fail_step, count, *ev = carry
-    # a failed step: the run's time and step count are the failure's
     failed = (result == Result.NONFINITE_STATE.value) | (result == Result.NEWTON_FAILED.value)
     step_final = jnp.where(failed, fail_step, count)
     return run_solution(solver, mode, save_t0, max_steps, t0, t1, y0, t, y, ts_arr,
