@@ -14,8 +14,8 @@ What the bar is told, and when:
   with a :func:`jax.debug.callback` between chunks that reads the step count or the time
   only. The same steps run in the same order, so the state's arithmetic is unchanged
   (tests/test_progress.py checks bit-identity). A callback in a ``lax.cond`` at every
-  step was measured first and rejected: the conditional alone cost ~45 ns a step, 2.8x on
-  a trivial scan body. The nested loops' cost is in docs/files.md.
+  step was rejected, since the conditional costs every step; both costs are in
+  docs/files.md.
   Under ``jit``, ``vmap`` or ``grad`` (any traced call) ``progress`` is ignored, so a
   traced program never carries a callback (a batched callback would fire once per member,
   and a recomputed segment once more per backward pass).

@@ -107,8 +107,7 @@ class NeighborList:
     def needs_rebuild(self, positions) -> jax.Array:
         """Whether some particle moved more than ``skin / 2`` since the last build."""
         # One contiguous row per axis: XLA's CPU code for the (n, d) layout, with its sum
-        # over an axis of 2-3 entries, took 5x longer (0.56 against 0.11 ms per step at
-        # 32,000 atoms, 11% of an LJ step with the native kernels).
+        # over an axis of 2-3 entries, is several times slower (docs/benchmarks.md).
         d = positions.T - self.reference_positions.T
         r2 = sum(self.space.minimum_image(d[k], k) ** 2 for k in range(d.shape[0]))
         # Written so that a nan displacement (non-finite positions) also rebuilds.
