@@ -74,10 +74,10 @@ def timed(call: Callable[[], Any]) -> tuple[Any, float]:
 def best_of(call: Callable[[], Any], repeats: int = 3, slow_s: float = 2.0,
             once_s: float | None = None, *, slow_repeats: int = 1,
             warmup: bool = True) -> Timing:
-    """Best wall time of ``call()`` over ``repeats`` calls after an untimed warm-up call (one
-    timed call only when the warm-up took more than ``slow_s`` seconds; none, the warm-up
-    being the time, when it took more than ``once_s``). ``warmup=False``: no warm-up call
-    (the caller made one)."""
+    """Best wall time of ``call()`` over ``repeats`` calls after an untimed warm-up call
+    (``slow_repeats`` timed calls, one by default, when the warm-up took more than ``slow_s``
+    seconds; none, the warm-up being the time, when it took more than ``once_s``).
+    ``warmup=False``: no warm-up call (the caller made one)."""
     return round_robin({0: call}, repeats, slow_s, once_s, slow_repeats=slow_repeats,
                        warmup=warmup)[0]
 
