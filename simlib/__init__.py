@@ -6,7 +6,7 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 ``jax.config.update("jax_enable_x64", True)`` when you need it.
 """
 
-from . import particles, pde, systems
+from . import io, particles, pde, systems
 from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
 from ._brownian import BrownianPath, split_keys
 from ._compact import solve_ensemble
@@ -52,6 +52,7 @@ from ._solver import (
     VelocityVerlet,
     Yoshida4,
 )
+from ._version import __version__  # noqa: F401 - the package version
 from .fit import (
     Bounded,
     FitResult,
@@ -64,10 +65,6 @@ from .fit import (
     multiple_shooting,
     trajectory_residuals,
 )
-
-__version__ = "0.1.0"
-
-from . import io  # noqa: E402 - needs __version__
 
 
 def __getattr__(name: str):

@@ -16,7 +16,6 @@ docs/design.md.
 
 from __future__ import annotations
 
-import difflib
 import functools
 from typing import Any, NamedTuple
 
@@ -35,29 +34,30 @@ from ._adaptive import (
     _placeholder_dense,
     _stats_of,
 )
-from ._dae import INITIALIZE, MassField, initialise, prepare_mass
+from ._arguments import (
+    DEFAULT_MAX_STEPS,
+    SAVE_T1,
+    Problem,
+    check_callable,
+    check_count,
+    check_field,
+    check_initialize,
+    check_keywords,
+    check_saveat,
+    check_solver,
+    complete,
+    normalise,
+)
+from ._dae import MassField, initialise, prepare_mass
 from ._errors import Result, SolverError, result_message
 from ._solution import SaveAt, Solution, assemble_solution
-from ._solve import (
-    _SAVE_T1,
-    DEFAULT_MAX_STEPS,
-    _as_array_tree,
-    _CastToState,
-    _check_scalar,
-    _describe,
-    _tolerances,
-)
 from ._solver._base import AbstractSolver, PyTree, VectorField
 from ._solver._sde import AbstractSDESolver
-from ._util import buffer, inside_trace, is_tracer, time_dtype, tree_where
-from ._validate import Checks, check_args, check_resolution, check_state, check_times
+from ._util import buffer, inside_trace, is_tracer, tree_where
+from ._validate import Checks
 from .progress import bar as progress_bar
 
 __all__ = ["solve_ensemble"]
-
-_KEYWORDS = ("solver", "rtol", "atol", "dt", "args", "args_axes", "saveat", "max_steps",
-             "throw", "chunk_steps", "min_bucket", "progress", "mass_matrix", "initialize")
-
 
 class _Member(NamedTuple):
     """One member's whole state between chunks (batched along a leading member axis)."""
@@ -261,9 +261,10 @@ def solve_ensemble(
     dt: float | None = None,
     args: Any = None,
     args_axes: Any = None,
-    saveat: SaveAt = _SAVE_T1,
+    saveat: SaveAt = SAVE_T1,
     max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
+    controller: Any = None,
     chunk_steps: int = 64,
     min_bucket: int = 64,
     progress: bool = False,
@@ -310,6 +311,8 @@ def solve_ensemble(
         max_steps: Bound on each member's step attempts, as for :func:`solve`.
         throw: Raise :class:`SolverError` naming the first failing member (default).
             With ``False`` every member's code is in ``Solution.result``.
+        controller: The step-size controller, as for :func:`solve` (``None``: the default
+            PI controller).
         chunk_steps: Step attempts per chunk (per member). Smaller chunks drop finished
             members sooner but pay a host round trip per chunk.
         min_bucket: The smallest bucket; fewer live members than this run in it padded.
@@ -340,156 +343,20 @@ def solve_ensemble(
         >>> round(float(sol.ys[3, -1, 0]), 6)  # exp(-4)
         0.018316
     """
-    if unknown:
-        bad = next(iter(unknown))
-        close = difflib.get_close_matches(bad, _KEYWORDS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise TypeError(f"solve_ensemble() got an unknown keyword argument {bad!r}{hint} "
-                        f"(valid keywords: {', '.join(_KEYWORDS)})")
-    if isinstance(solver, type):
-        raise TypeError(f"solver must be an instance, e.g. {solver.__name__}(), not the class")
-    if not isinstance(solver, AbstractSolver) or isinstance(solver, AbstractSDESolver):
-        raise TypeError("solver must be an adaptive simlib ODE solver instance such as "
-                        f"simlib.Tsit5(), got {solver!r}")
-    if not solver.adaptive:
-        raise ValueError(f"solve_ensemble needs an adaptive solver (an embedded error "
-                         f"estimate), and {type(solver).__name__} has none; use Tsit5, "
-                         "Dopri5, ... or jax.vmap(solve) for fixed steps")
-    if not callable(f):
-        raise TypeError(f"f must be callable as f(t, y, args), got {f!r}")
-    if rtol is None and atol is None:
-        raise ValueError("solve_ensemble is adaptive: give rtol and/or atol")
-    if initialize not in INITIALIZE:
-        raise ValueError(f"initialize must be one of {INITIALIZE}; got {initialize!r}")
-    if mass_matrix is None and initialize != "check":
-        raise ValueError(f"initialize={initialize!r} applies to a DAE: give mass_matrix")
-    if is_tracer((y0s, t0, t1, rtol, atol, dt, args, mass_matrix,
-                  saveat.ts if isinstance(saveat, SaveAt) else None)) or inside_trace():
-        raise TypeError("solve_ensemble runs eagerly (the host drops finished members between "
-                        "compiled chunks), so it cannot be traced by jax.jit, jax.vmap or "
-                        "jax.grad; call it outside them, or use jax.vmap(solve) there")
-    checks = Checks("solve_ensemble")  # eager only: a bad value raises ValueError at once
-    rtol, atol = _tolerances(rtol, atol, checks)
-    if not isinstance(saveat, SaveAt):
-        raise TypeError(f"saveat must be a simlib.SaveAt, got {saveat!r}")
-    mode = saveat.mode()
-    if mode == "steps":
-        raise ValueError("saveat: solve_ensemble supports SaveAt(t1=True) and SaveAt(ts=...), "
-                         "not SaveAt(steps=True) (max_steps rows per member)")
-    for name, value in (("max_steps", max_steps), ("chunk_steps", chunk_steps),
-                        ("min_bucket", min_bucket)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    max_steps, chunk_steps, min_bucket = int(max_steps), int(chunk_steps), int(min_bucket)
-    _check_scalar(dt, "dt")
-
-    # members
-    y0s = _as_array_tree(y0s, "y0s")
-    leaves = jax.tree_util.tree_leaves(y0s)
-    if any(leaf.ndim == 0 for leaf in leaves):
-        raise ValueError(f"y0s needs a leading member axis on every leaf, got {_describe(y0s)}")
-    sizes = {leaf.shape[0] for leaf in leaves}
-    if len(sizes) != 1:
-        raise ValueError(f"y0s's leaves disagree on the number of members: {_describe(y0s)}")
-    n = sizes.pop()
-    if n == 0:
-        raise ValueError(f"y0s has no members (leading axis of length 0): {_describe(y0s)}")
-    check_state(checks, y0s, "y0s")
-    check_args(checks, args)
-    tdtype = time_dtype(y0s)
-    spans = []
-    for name, t in (("t0", t0), ("t1", t1)):
-        arr = np.asarray(t, np.float64)
-        if arr.ndim == 0:
-            arr = np.full((n,), float(arr))
-        if arr.shape != (n,):
-            raise ValueError(f"{name} must be a scalar or have shape ({n},) (one per member), "
-                             f"got shape {arr.shape}")
-        spans.append(arr)
-    t0_np, t1_np = spans
-    check_times(checks, t0_np, t1_np, dt)
-    check_resolution(checks, t0_np, t1_np, dt, tdtype)
-    direction = np.where(t1_np >= t0_np, 1.0, -1.0)
-    if mode == "ts":
-        ts_np = np.asarray(saveat.ts, np.float64)
-        if ts_np.ndim != 1 or ts_np.shape[0] == 0:
-            raise ValueError(f"saveat.ts must be a non-empty 1-D array, got shape {ts_np.shape}")
-        lo, hi = np.minimum(t0_np, t1_np), np.maximum(t0_np, t1_np)
-        if np.any(ts_np.min() < lo) or np.any(ts_np.max() > hi):
-            bad = int(np.flatnonzero((ts_np.min() < lo) | (ts_np.max() > hi))[0])
-            raise ValueError(f"saveat.ts must lie within every member's [t0, t1]; member {bad} "
-                             f"spans [{lo[bad]}, {hi[bad]}], ts runs from {ts_np.min()} to "
-                             f"{ts_np.max()}")
-        if len(ts_np) > 1 and np.any(direction[:, None] * np.diff(ts_np)[None, :] < 0):
-            raise ValueError("saveat.ts must be ordered in every member's direction of "
-                             "integration")
-        ts = jnp.asarray(ts_np, tdtype)
-        n_save = int(ts_np.shape[0])
-    else:
-        ts, n_save = None, 0
-
-    # args: which leaves are per member
-    args_leaves, args_tree = jax.tree_util.tree_flatten(args)
-    try:
-        axes = jax.tree_util.tree_map(
-            lambda ax, sub: jax.tree_util.tree_map(lambda _: ax, sub), args_axes, args,
-            is_leaf=lambda x: x is None)
-        axes_leaves = jax.tree_util.tree_structure(args).flatten_up_to(axes)
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"args_axes must be None, 0 or a pytree prefix of args of 0 and "
-                         f"None, got {args_axes!r}: {err}") from err
-    if any(ax not in (0, None) for ax in axes_leaves):
-        raise ValueError(f"args_axes entries must be 0 (per member) or None (shared), got "
-                         f"{args_axes!r}")
-    batched_flags = tuple(ax == 0 for ax in axes_leaves)
-    batched, shared = [], []
-    for leaf, b in zip(args_leaves, batched_flags, strict=True):
-        if b:
-            leaf = jnp.asarray(leaf)
-            if leaf.ndim == 0 or leaf.shape[0] != n:
-                raise ValueError(f"args_axes marks a leaf of args as per member, but its shape "
-                                 f"is {leaf.shape}, not ({n}, ...)")
-            batched.append(leaf)
-        else:
-            shared.append(leaf)
-
-    # the vector field must map one member's state onto itself
-    one_y = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), y0s)
-    one_args = _merge_args(
-        _Plan(None, None, None, 0, args_tree, batched_flags, False),
-        [jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in batched], shared)
-    try:
-        out = jax.eval_shape(f, jax.ShapeDtypeStruct((), tdtype), one_y, one_args)
-    except Exception as err:  # noqa: BLE001 - re-raised with context
-        raise TypeError(f"calling f(t0, y0, args) for one member failed: {err}") from err
-    if jax.tree_util.tree_structure(out) != jax.tree_util.tree_structure(one_y) or any(
-            a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(one_y),
-                                               jax.tree_util.tree_leaves(out), strict=True)):
-        raise ValueError(f"f must return a pytree shaped like one member's state: y0 is "
-                         f"{_describe(one_y)}, f returned {_describe(out)}")
-    if any(a.dtype != b.dtype for a, b in zip(jax.tree_util.tree_leaves(one_y),
-                                               jax.tree_util.tree_leaves(out), strict=True)):
-        f = _CastToState(f)
-
-    plan = _Plan(f, solver, mode, n_save, args_tree, batched_flags, dt is not None)
-    t0s, t1s = jnp.asarray(t0_np, tdtype), jnp.asarray(t1_np, tdtype)
-    rtol_a, atol_a = jnp.asarray(rtol, tdtype), jnp.asarray(atol, tdtype)
+    check_keywords("solve_ensemble", unknown)
+    chunk_steps = check_count(chunk_steps, "chunk_steps")
+    min_bucket = check_count(min_bucket, "min_bucket")
+    p = _normalise(f, y0s, t0, t1, solver=solver, rtol=rtol, atol=atol, dt=dt, args=args,
+                   saveat=saveat, max_steps=max_steps, throw=throw, controller=controller,
+                   progress=progress, mass_matrix=mass_matrix, initialize=initialize)
+    plan, batched, shared = _plan(p, args_axes)
+    n, max_steps, tdtype, ts, y0s = p.members, p.max_steps, p.tdtype, p.ts, p.y0
+    t0s, t1s = jnp.asarray(p.t0, tdtype), jnp.asarray(p.t1, tdtype)
+    rtol_a, atol_a = jnp.asarray(p.rtol, tdtype), jnp.asarray(p.atol, tdtype)
     codes = jnp.zeros((n,), jnp.int32)
     if mass_matrix is not None:  # a DAE: solve's checks and initialisation, per member
-        flat = jax.eval_shape(lambda y: jax.flatten_util.ravel_pytree(y)[0], one_y)
-        m, m_fmt = prepare_mass(mass_matrix, solver, flat.size, flat.dtype, checks)
-        operands = (y0s, t0s, batched, shared, m, rtol_a, atol_a)
-        key = plan._replace(solver=None, mode=None, n_save=0)  # compiled once per f
-        y0s, (codes, which, index, value) = _initialise_members(key, initialize, *operands)
-        if throw and bool(jnp.any(codes != 0)):
-            bad = np.flatnonzero(np.asarray(codes))
-            i = int(bad[0])
-            message = _initialise_checks(key, initialize, *operands).message(
-                int(which[i]), int(index[i]), float(value[i]))
-            raise SolverError(f"solve_ensemble: member {i} (of {bad.size} refused of {n}): "
-                              + message, Result(int(codes[i])), member=i)
-        plan = plan._replace(f=MassField(f), mass=True)
-        shared = [*shared, m_fmt]
+        plan, y0s, shared, codes = _start_dae(p, plan, mass_matrix, initialize, t0s, batched,
+                                              shared, rtol_a, atol_a)
     dt0 = None if dt is None else jnp.asarray(dt, tdtype)
     # traced: changing the chunk length or the step budget compiles nothing
     budget, limit = jnp.asarray(chunk_steps, jnp.int32), jnp.asarray(max_steps, jnp.int32)
@@ -515,14 +382,112 @@ def solve_ensemble(
                 break
             slots = np.where(np.arange(new_size) < n_live, slots[keep], n).astype(np.int32)
     sol = _finish(plan, bool(saveat.t0), max_steps, out, y0s, t0s, t1s, ts, codes)
-    if throw:
-        codes = np.asarray(sol.result)
-        bad = np.flatnonzero(codes != 0)
-        if bad.size:
-            i = int(bad[0])
-            message = result_message(int(codes[i]), t=float(sol.stats["t_final"][i]),
-                                     step=int(sol.stats["num_steps"][i]), t1=float(t1_np[i]),
-                                     max_steps=max_steps)
-            raise SolverError(f"solve_ensemble: member {i} (of {bad.size} failing of {n}): "
-                              + message, Result(int(codes[i])), sol)
+    if p.throw:
+        _raise_first_failure(sol, p.t1, max_steps)
     return sol
+
+
+def _normalise(f: VectorField, y0s: Any, t0: Any, t1: Any, *, solver: Any, rtol: Any,
+               atol: Any, mass_matrix: Any, initialize: Any, **common: Any) -> Problem:
+    """``solve``'s normalisation and checks (:func:`simlib._arguments.normalise` and
+    :func:`~simlib._arguments.complete`) for an ensemble: an adaptive ODE solver, at least
+    one tolerance, eager only, ``SaveAt(t1=True)`` or ``SaveAt(ts=...)``, the members'
+    spans and save times."""
+    check_solver(solver)
+    if isinstance(solver, AbstractSDESolver):
+        raise TypeError("solver must be an adaptive simlib ODE solver instance such as "
+                        f"simlib.Tsit5(), got {solver!r}")
+    if not solver.adaptive:
+        raise ValueError(f"solve_ensemble needs an adaptive solver (an embedded error "
+                         f"estimate), and {type(solver).__name__} has none; use Tsit5, "
+                         "Dopri5, ... or jax.vmap(solve) for fixed steps")
+    check_callable(f, "f")
+    if rtol is None and atol is None:
+        raise ValueError("solve_ensemble is adaptive: give rtol and/or atol")
+    check_initialize(initialize, mass_matrix)
+    saveat = common["saveat"]
+    if is_tracer((y0s, t0, t1, rtol, atol, common["dt"], common["args"], mass_matrix,
+                  saveat.ts if isinstance(saveat, SaveAt) else None)) or inside_trace():
+        raise TypeError("solve_ensemble runs eagerly (the host drops finished members between "
+                        "compiled chunks), so it cannot be traced by jax.jit, jax.vmap or "
+                        "jax.grad; call it outside them, or use jax.vmap(solve) there")
+    if check_saveat(saveat) == "steps":
+        raise ValueError("saveat: solve_ensemble supports SaveAt(t1=True) and SaveAt(ts=...), "
+                         "not SaveAt(steps=True) (max_steps rows per member)")
+    # eager only: a bad value raises ValueError at once
+    p = normalise("solve_ensemble", f, y0s, t0, t1, solver=solver, rtol=rtol, atol=atol,
+                  members=True, **common)
+    return complete(p)
+
+
+def _plan(p: Problem, args_axes: Any) -> tuple[_Plan, list, list]:
+    """The run's :class:`_Plan`, with ``args`` split by ``args_axes`` into the per-member
+    (batched) leaves and the shared ones, and ``f`` checked on one member's state."""
+    n, args = p.members, p.args
+    args_leaves, args_tree = jax.tree_util.tree_flatten(args)
+    try:
+        axes = jax.tree_util.tree_map(
+            lambda ax, sub: jax.tree_util.tree_map(lambda _: ax, sub), args_axes, args,
+            is_leaf=lambda x: x is None)
+        axes_leaves = jax.tree_util.tree_structure(args).flatten_up_to(axes)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"args_axes must be None, 0 or a pytree prefix of args of 0 and "
+                         f"None, got {args_axes!r}: {err}") from err
+    if any(ax not in (0, None) for ax in axes_leaves):
+        raise ValueError(f"args_axes entries must be 0 (per member) or None (shared), got "
+                         f"{args_axes!r}")
+    batched_flags = tuple(ax == 0 for ax in axes_leaves)
+    batched, shared = [], []
+    for leaf, b in zip(args_leaves, batched_flags, strict=True):
+        if b:
+            leaf = jnp.asarray(leaf)
+            if leaf.ndim == 0 or leaf.shape[0] != n:
+                raise ValueError(f"args_axes marks a leaf of args as per member, but its shape "
+                                 f"is {leaf.shape}, not ({n}, ...)")
+            batched.append(leaf)
+        else:
+            shared.append(leaf)
+    plan = _Plan(None, None, None, 0, args_tree, batched_flags, False)
+    one_args = _merge_args(plan, [jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in batched],
+                           shared)
+    f = check_field(p.f, _one_member(p.y0), one_args, p.tdtype, where=" for one member")
+    plan = _Plan(f, p.solver, p.mode, p.n_save, args_tree, batched_flags, p.dt is not None)
+    return plan, batched, shared
+
+
+def _one_member(y0s: PyTree) -> PyTree:
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), y0s)
+
+
+def _start_dae(p: Problem, plan: _Plan, mass_matrix: Any, initialize: str, t0s, batched,
+               shared, rtol, atol) -> tuple[_Plan, PyTree, list, jax.Array]:
+    """``solve``'s mass-matrix checks and ``initialize=`` for every member:
+    ``(plan, y0s, shared, codes)`` with ``f`` a :class:`MassField`, ``M`` the last shared
+    leaf and each member's refusal code (0: none); with ``throw`` a refused member raises
+    :class:`SolverError` naming it."""
+    flat = jax.eval_shape(lambda y: jax.flatten_util.ravel_pytree(y)[0], _one_member(p.y0))
+    m, m_fmt = prepare_mass(mass_matrix, p.solver, flat.size, flat.dtype, p.checks)
+    operands = (p.y0, t0s, batched, shared, m, rtol, atol)
+    key = plan._replace(solver=None, mode=None, n_save=0)  # compiled once per f
+    y0s, (codes, which, index, value) = _initialise_members(key, initialize, *operands)
+    if p.throw and bool(jnp.any(codes != 0)):
+        bad = np.flatnonzero(np.asarray(codes))
+        i = int(bad[0])
+        message = _initialise_checks(key, initialize, *operands).message(
+            int(which[i]), int(index[i]), float(value[i]))
+        raise SolverError(f"solve_ensemble: member {i} (of {bad.size} refused of "
+                          f"{p.members}): " + message, Result(int(codes[i])), member=i)
+    return plan._replace(f=MassField(plan.f), mass=True), y0s, [*shared, m_fmt], codes
+
+
+def _raise_first_failure(sol: Solution, t1s: np.ndarray, max_steps: int) -> None:
+    """Raise the :class:`SolverError` of the first failing member, if any."""
+    codes = np.asarray(sol.result)
+    bad = np.flatnonzero(codes != 0)
+    if bad.size:
+        i = int(bad[0])
+        message = result_message(int(codes[i]), t=float(sol.stats["t_final"][i]),
+                                 step=int(sol.stats["num_steps"][i]), t1=float(t1s[i]),
+                                 max_steps=max_steps)
+        raise SolverError(f"solve_ensemble: member {i} (of {bad.size} failing of "
+                          f"{codes.size}): " + message, Result(int(codes[i])), sol)

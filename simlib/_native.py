@@ -122,7 +122,8 @@ def _cpu_target(compiler: list[str]) -> tuple[tuple[str, ...], str]:
     return ("-march=native",), " ".join([version, *resolved])
 
 
-def _disabled() -> bool:
+def disabled() -> bool:
+    """Whether ``SIMLIB_NATIVE`` turns the native kernels off (0, false, no or off)."""
     return os.environ.get("SIMLIB_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
 
 
@@ -217,7 +218,7 @@ class NativeLibrary:
             if "lib" in state:
                 return state["lib"]
             state["lib"] = None
-            if _disabled():
+            if disabled():
                 state["reason"] = "disabled by SIMLIB_NATIVE"
                 return None
             try:

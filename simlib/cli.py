@@ -560,7 +560,7 @@ def info() -> dict[str, str]:
     rows["examples"] = str(examples_dir() or "not found")
     root = _clone_root()
     rows["validation, benchmarks"] = str(root) if root else "not found (need a clone)"
-    if _native._disabled():
+    if _native.disabled():
         rows["native kernels"] = "off: disabled by SIMLIB_NATIVE"
     elif jax.default_backend() != "cpu":
         rows["native kernels"] = "not used: they are CPU kernels"

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ._version import __version__
 from .particles._checkpoint import atomic_write
 
 __all__ = ["FileFormatError", "Loaded", "load", "save", "version_metadata"]
@@ -68,8 +69,6 @@ def version_metadata() -> dict:
     """What simlib records about the run's software: versions, float64 on or off, date."""
     import jax
     import jaxlib
-
-    from . import __version__
 
     return dict(simlib_version=__version__, jax_version=jax.__version__,
                 jaxlib_version=jaxlib.__version__, numpy_version=np.__version__,

@@ -137,6 +137,10 @@ class CellList:
     def needs_rebuild(self, positions) -> jax.Array:
         return jnp.asarray(True)
 
+    def reallocate(self, positions, capacity_multiplier: float = 1.5) -> CellList:
+        """Larger cells built at ``positions``: see :func:`reallocate_cells`."""
+        return reallocate_cells(self, positions, capacity_multiplier)
+
     def did_overflow(self) -> bool:
         """``overflow`` as a Python bool (eager use)."""
         return bool(self.overflow)

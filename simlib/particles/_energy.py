@@ -28,6 +28,7 @@ from jax.typing import ArrayLike
 from .._errors import Result
 from . import _native
 from ._cells import CellList, cell_pass, check_cells
+from ._gravity_pallas import gravity_sums
 from ._mixing import MIXING_RULES, PairParams
 from ._potentials import gravity, is_long_range, lennard_jones
 from ._space import Space, check_box, checked_upstream, free, nan_unless_valid
@@ -283,7 +284,7 @@ class PairEnergy(Energy):
             u, f, _ = cell_pass(self, positions, params, neighbors, True)
             return u, f[neighbors.atom_slot]
         if self._direct_gravity(positions, params, neighbors):
-            if _native.load() is not None:
+            if _native.load() is not None or jax.default_backend() == "tpu":
                 return _gravity_native(positions, params, self)
             return _gravity_direct(self, positions, *_gravity_arguments(positions, params))
         if self._native_lj(positions, params, neighbors):
@@ -411,7 +412,9 @@ def _gravity_arguments(positions, params):
 
 
 def _gravity_native(positions, params, energy: PairEnergy):
-    """Native direct-sum gravity (``_native/gravity.cc``) with a pure-JAX VJP."""
+    """Direct-sum gravity from the kernel for the backend, with a pure-JAX VJP: native
+    (``_native/gravity.cc``) on the CPU where it is built, Pallas tiles on TPUs
+    (:mod:`._gravity_pallas`), :func:`_gravity_direct` elsewhere."""
     return _gravity_kernel(energy, positions, *_gravity_arguments(positions, params))
 
 
@@ -461,11 +464,19 @@ def _gravity_ffi(energy, positions, masses, constants):
     return e, forces
 
 
+def _gravity_pallas(positions, masses, constants):
+    """Energy and forces from the Pallas tiled kernel (TPUs only)."""
+    a, phi = gravity_sums(positions, masses, constants[1])
+    return -0.5 * constants[0] * jnp.sum(masses * phi), -constants[0] * masses[:, None] * a
+
+
 @jax.custom_vjp
 def _gravity_kernel(energy, positions, masses, constants):
     return lax.platform_dependent(
         positions, masses, constants,
-        cpu=lambda *a: _gravity_ffi(energy, *a),
+        cpu=lambda *a: (_gravity_ffi(energy, *a) if _native.load() is not None
+                        else _gravity_direct(energy, *a)),
+        tpu=_gravity_pallas,
         default=lambda *a: _gravity_direct(energy, *a))
 
 

@@ -128,6 +128,10 @@ class NeighborList:
             out = out.replace(missed_pairs=out.missed_pairs + missing_pairs(out, positions))
         return out
 
+    def reallocate(self, positions, capacity_multiplier: float = 1.5) -> NeighborList:
+        """A larger list built at ``positions``: see :func:`reallocate`."""
+        return _reallocate_list(self, positions, capacity_multiplier)
+
     def did_overflow(self) -> bool:
         """``overflow`` as a Python bool (eager use)."""
         return bool(self.overflow)
@@ -482,10 +486,12 @@ def reallocate(nl: NeighborList, positions: ArrayLike,
                capacity_multiplier: float = 1.5) -> NeighborList:
     """A larger list after an overflow, built at ``positions``: room for ``capacity_multiplier``
     times the most neighbours (and cell occupants) seen so far or found at ``positions``.
-    A :class:`~simlib.particles.CellList` gets larger cells the same way."""
-    from ._cells import CellList, reallocate_cells
-    if isinstance(nl, CellList):
-        return reallocate_cells(nl, positions, capacity_multiplier)
+    A :class:`~simlib.particles.CellList` gets larger cells the same way (each kind of pair
+    search reallocates itself: ``nl.reallocate(positions, capacity_multiplier)``)."""
+    return nl.reallocate(positions, capacity_multiplier)
+
+
+def _reallocate_list(nl: NeighborList, positions, capacity_multiplier: float) -> NeighborList:
     return _allocate(nl.space, jnp.asarray(positions), nl.r_cut, nl.skin, None, None,
                      capacity_multiplier, nl.debug,
                      min_capacity=max(nl.capacity + 1,

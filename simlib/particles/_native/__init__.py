@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..._native import NativeLibrary, _disabled  # noqa: F401 - _disabled: used by the CLI
+from ..._native import NativeLibrary, disabled  # noqa: F401 - disabled: used by the CLI
 
 _LIBRARY = NativeLibrary(
     Path(__file__).parent,
