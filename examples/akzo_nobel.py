@@ -15,7 +15,6 @@ published solution (significant correct digits, as the test set counts them);
 
 from __future__ import annotations
 
-import os
 import sys
 
 import jax
@@ -30,8 +29,8 @@ def parse(argv):
 
     available = [n for n in SOLVERS if hasattr(sl, n)]
     p = cli.ExampleParser(__doc__)
-    p.add_argument("--solver", default="Rodas5P",
-                   help=f"DAE solver, one of {', '.join(available)}")
+    p.add_argument("--solver", type=cli.one_of(available, "a DAE solver of this simlib"),
+                   default="Rodas5P", help=f"DAE solver, one of {', '.join(available)}")
     p.add_argument("--rtol", type=cli.tolerance, default=1e-6,
                    help="relative tolerance in (0, 1), atol = 1e-2 rtol")
     p.add_argument("--t1", type=cli.positive_float, default=180.0,
@@ -39,11 +38,7 @@ def parse(argv):
     p.add_argument("--max-steps", type=cli.positive_int, default=100_000,
                    help="bound on step attempts")
     cli.add_output_options(p)
-    args = p.parse_args(argv)
-    if args.solver not in available:
-        p.error(f"argument --solver: {args.solver!r} is not a DAE solver of this simlib; "
-                f"choose from {', '.join(available)}")
-    return args
+    return p.parse_args(argv)
 
 
 @cli.script
@@ -89,10 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                                        rtol=args.rtol, atol=atol, result=int(result)),
                         ts=ts, ys=ys, quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, axes = plt.subplots(2, 3, figsize=(10, 5.5), sharex=True)
         for i, ax in enumerate(axes.flat):
@@ -104,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         fig.tight_layout()
         cli.save_figure(fig, args.plot, quiet=args.quiet)
     if int(result) != 0:
-        prog = cli._prog or os.path.basename(sys.argv[0])
-        print(f"{prog}: error: the solve failed: {sl.Result(int(result)).name} "
-              "(raise --max-steps or loosen --rtol)", file=sys.stderr)
-        return 1
+        return cli.solve_failed(result, "raise --max-steps or loosen --rtol")
     cli.summary(f"akzo_nobel: {args.solver}, rtol {args.rtol:g}, t1 = {args.t1:g}, "
                 f"{int(accepted)} steps", compile_s=compile_s, run_s=seconds,
                 result=("" if digits is None else

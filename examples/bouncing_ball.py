@@ -92,10 +92,7 @@ def main(argv: list[str] | None = None) -> None:
                                        rtol=args.rtol), ts=ts, ys=ys, impact_times=got,
                         closed_form=ref[:n], quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, ax = plt.subplots(figsize=(7, 3.5))
         ax.plot(ts, ys[:, 0], lw=1.2, label="simlib")

@@ -39,11 +39,10 @@ def parse(argv):
     p.add_argument("--t1", type=cli.positive_float, default=3.0, help="end time > 0 (s)")
     p.add_argument("--rtol", type=cli.tolerance, default=1e-8,
                    help="relative tolerance in (0, 1), atol = 1e-3 rtol")
-    p.add_argument("--solver", default="Rodas5P", help=f"one of {', '.join(SOLVERS)}")
+    p.add_argument("--solver", type=cli.one_of(SOLVERS), default="Rodas5P",
+                   help=f"one of {', '.join(SOLVERS)}")
     cli.add_output_options(p)
     args = p.parse_args(argv)
-    if args.solver not in SOLVERS:
-        p.error(f"argument --solver: {args.solver!r} is not one of {', '.join(SOLVERS)}")
     if args.n < 2:
         p.error(f"argument --n: at least 2 nodes, got {args.n}")
     return args
@@ -122,11 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p = (jnp.float64(args.resistance), jnp.float64(args.leak), jnp.float64(args.source))
     (ys, result, steps), compile_s, run_s = cli.timed(solve, p, jnp.asarray(caps))
     if int(result) != 0:
-        import sys
-
-        print(f"circuit: error: the solve failed: {sl.Result(int(result)).name}",
-              file=sys.stderr)
-        return 1
+        return cli.solve_failed(result)
     ys = np.asarray(ys)
     ref = exact(ts, caps, g, s)
     err = np.abs(ys - ref).max(axis=0)
@@ -139,10 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                                        error=float(err.max())),
                         ts=ts, ys=ys, quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, ax = plt.subplots(figsize=(7, 4))
         for i in range(n):

@@ -121,10 +121,7 @@ def main(argv: list[str] | None = None) -> None:
                         observed_forces=np.asarray(observed), box=float(box_scaled),
                         quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         axes[0].plot(np.asarray(observed[0]).ravel(), fitted_forces.ravel(), ".", ms=2)

@@ -100,10 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                         multiple=np.asarray(res.params["args"]),
                         segment_starts=np.asarray(res.params["y0s"]), quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, axes = plt.subplots(2, 2, figsize=(13, 7))
         for col, label in enumerate(results):

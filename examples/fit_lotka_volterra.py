@@ -221,10 +221,7 @@ def main(argv: list[str] | None = None) -> None:
                         history=np.asarray(res.history), ts=ts_np, observed=obs,
                         fitted=np.asarray(predict(jnp.asarray(est))), quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fine = np.linspace(t0, t1, 400)
         rates, y0 = split(jnp.asarray(est))

@@ -89,10 +89,7 @@ def main(argv: list[str] | None = None) -> None:
                         gamma_stderr=float(res.stderr["gamma"]), ts=np.asarray(ts),
                         observed=np.asarray(obs), history=np.asarray(res.history), quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fine = jnp.linspace(0.0, args.t1, 800)
         fitted = sl.solve(damped_driven_pendulum, y0, 0.0, args.t1, solver=sl.Tsit5(), rtol=1e-10,

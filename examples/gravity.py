@@ -128,10 +128,7 @@ def main(argv: list[str] | None = None) -> None:
                         velocities=np.asarray(traj.velocities), masses=np.asarray(m),
                         total_energy=e, quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 5))
         xs = np.asarray(traj.positions, np.float64)

@@ -40,16 +40,12 @@ def parse(argv):
     p.add_argument("--t1", type=cli.positive_float, default=1.0, help="end time > 0")
     p.add_argument("--rtol", type=cli.tolerance, default=1e-8,
                    help="relative tolerance in (0, 1), atol = 1e-3 rtol")
-    p.add_argument("--solver", default="BDF", help=f"stiff solver, one of {', '.join(SOLVERS)}")
-    p.add_argument("--linear-solver", default="banded",
+    p.add_argument("--solver", type=cli.one_of(SOLVERS), default="BDF",
+                   help=f"stiff solver, one of {', '.join(SOLVERS)}")
+    p.add_argument("--linear-solver", type=cli.one_of(LINEAR_SOLVERS), default="banded",
                    help=f"one of {', '.join(LINEAR_SOLVERS)}")
     cli.add_output_options(p)
     args = p.parse_args(argv)
-    if args.solver not in SOLVERS:
-        p.error(f"argument --solver: {args.solver!r} is not one of {', '.join(SOLVERS)}")
-    if args.linear_solver not in LINEAR_SOLVERS:
-        p.error(f"argument --linear-solver: {args.linear_solver!r} is not one of "
-                f"{', '.join(LINEAR_SOLVERS)}")
     if args.n < 3:
         p.error(f"argument --n: at least 3 points, got {args.n}")
     return args
@@ -95,10 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
     x, ys, result, steps, error, compile_s, run_s = run(args.n)
     if result != 0:
-        import sys
-
-        print(f"heat: error: the solve failed: {sl.Result(result).name}", file=sys.stderr)
-        return 1
+        return cli.solve_failed(result)
     *_, error2, _, _ = run(2 * args.n)
     say(f"{args.solver} with the {args.linear_solver} linear solver, rtol {args.rtol:g}: "
         f"{steps} steps ({run_s:.3f} s run, {compile_s:.2f} s compile)")
@@ -109,10 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                                        diffusion=args.diffusion, error=float(error)),
                         ts=ts, ys=ys, x=x, quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, ax = plt.subplots(figsize=(7, 4))
         fine = np.linspace(0, 1, 400)

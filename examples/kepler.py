@@ -96,10 +96,7 @@ def main(argv: list[str] | None = None) -> None:
                         **{f"p_{n}": ys[n][1][0] for n in SOLVERS},
                         **{f"energy_error_{n}": rel[n] for n in SOLVERS}, quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 5))
         exact_last = kepler_exact(jnp.asarray(ts_last), y0, None)

@@ -166,10 +166,7 @@ def run(opts) -> dict:
 
 
 def plot(res, opts, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = cli.pyplot()
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.3), gridspec_kw=dict(width_ratios=[3, 2]))
     horizon = min(res["t_max"], 2.0 / res["k_kramers"])

@@ -296,10 +296,7 @@ def main(argv: list[str] | None = None) -> None:
                         potential_energy=u_per_atom * n, pressure=p_frames, r=r, g=g,
                         quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(17, 5))
         ke = np.asarray(traj.kinetic_energy, np.float64) / n

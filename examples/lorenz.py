@@ -65,10 +65,7 @@ def main(argv: list[str] | None = None) -> None:
                         ts=ts, ys=ys, y0=np.asarray(y0s), num_steps=np.asarray(steps),
                         quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 5))
         for member in ys[: min(8, args.members)]:

@@ -96,10 +96,7 @@ def main(argv: list[str] | None = None) -> None:
                         times=t, positions=xs, velocities=np.asarray(traj.velocities),
                         masses=mm, kinetic_energy=kin, potential_energy=pot, quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, axes = plt.subplots(1, 3, figsize=(16, 5))
         ax = axes[0]

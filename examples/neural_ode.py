@@ -190,10 +190,7 @@ def main(argv: list[str] | None = None) -> None:
                         **{f"b{i}": np.asarray(b) for i, (_, b) in enumerate(params)},
                         quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(15, 4.2))
         for i in range(len(y0_all)):

@@ -114,10 +114,7 @@ def main(argv: list[str] | None = None) -> None:
                         amplitudes=amplitudes[: args.n], strobe_times=strobe,
                         poincare=ys[: args.n], portrait_t=fine, portrait=portrait, quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 5))
         th = wrap(portrait[:, 0])

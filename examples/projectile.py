@@ -101,10 +101,7 @@ def main(argv: list[str] | None = None) -> None:
                         speed=speed, angle=angle, target=np.asarray(target),
                         simlib_miss=miss, scipy_hit=hit, quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fine = np.linspace(0.0, args.time, 300)
         path = ref.sol(fine)

@@ -16,7 +16,6 @@ number of steps; ``--plot PATH`` writes the three species on a logarithmic time 
 
 from __future__ import annotations
 
-import os
 import sys
 
 import jax
@@ -66,19 +65,15 @@ def parse(argv):
 
     available = [n for n in SOLVERS if hasattr(sl, n)]
     p = cli.ExampleParser(__doc__)
-    p.add_argument("--solver", default="Rodas5P",
-                   help=f"stiff solver, one of {', '.join(available)}")
+    p.add_argument("--solver", type=cli.one_of(available, "a stiff solver of this simlib"),
+                   default="Rodas5P", help=f"stiff solver, one of {', '.join(available)}")
     p.add_argument("--rtol", type=cli.tolerance, default=1e-6,
                    help="relative tolerance in (0, 1), atol = 1e-6 rtol")
     p.add_argument("--t1", type=cli.positive_float, default=1e11, help="end time > 0")
     p.add_argument("--max-steps", type=cli.positive_int, default=200_000,
                    help="bound on step attempts")
     cli.add_output_options(p)
-    args = p.parse_args(argv)
-    if args.solver not in available:
-        p.error(f"argument --solver: {args.solver!r} is not a stiff solver of this simlib; "
-                f"choose from {', '.join(available)}")
-    return args
+    return p.parse_args(argv)
 
 
 @cli.script
@@ -124,10 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                                        atol=atol, result=int(result)), ts=ts, ys=ys,
                                        quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, ax = plt.subplots(figsize=(7, 4))
         for i, (scale, label) in enumerate(((1, "y0"), (1e4, "1e4 y1"), (1, "y2"))):
@@ -138,10 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         fig.tight_layout()
         cli.save_figure(fig, args.plot, quiet=args.quiet)
     if int(result) != 0:
-        prog = cli._prog or os.path.basename(sys.argv[0])
-        print(f"{prog}: error: the solve failed: {sl.Result(int(result)).name} "
-              "(raise --max-steps or loosen --rtol)", file=sys.stderr)
-        return 1
+        return cli.solve_failed(result, "raise --max-steps or loosen --rtol")
     cli.summary(f"robertson: {args.solver}, rtol {args.rtol:g}, t1 = {args.t1:g}, "
                 f"{int(accepted)} steps", compile_s=compile_s, run_s=seconds,
                 result=f"max error {units.max():.2f} tolerances vs {what.split(',')[0]}")

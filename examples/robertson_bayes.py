@@ -114,10 +114,7 @@ def point_estimate(ts, obs, solver):
 
 
 def plot(path, draws, ts, obs, solver, sampler, quiet):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = cli.pyplot()
 
     fig = plt.figure(figsize=(14, 7))
     grid = fig.add_gridspec(2, 4)

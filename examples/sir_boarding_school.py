@@ -207,10 +207,7 @@ def predictive_bands(draws: dict, cases: np.ndarray, key, n_draws: int = 400):
 
 
 def plot(path, draws, cases, bands, sampler, quiet):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = cli.pyplot()
 
     fig = plt.figure(figsize=(13, 7))
     grid = fig.add_gridspec(2, 3)

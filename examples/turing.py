@@ -52,12 +52,10 @@ def parse(argv):
     p.add_argument("--rtol", type=cli.tolerance, default=1e-5,
                    help="relative tolerance in (0, 1), atol = rtol")
     p.add_argument("--seed", type=cli.seed, default=0, help="seed of the initial noise")
-    p.add_argument("--linear-solver", default="auto", help=f"one of {', '.join(LINEAR_SOLVERS)}")
+    p.add_argument("--linear-solver", type=cli.one_of(LINEAR_SOLVERS), default="auto",
+                   help=f"one of {', '.join(LINEAR_SOLVERS)}")
     cli.add_output_options(p)
     args = p.parse_args(argv)
-    if args.linear_solver not in LINEAR_SOLVERS:
-        p.error(f"argument --linear-solver: {args.linear_solver!r} is not one of "
-                f"{', '.join(LINEAR_SOLVERS)}")
     if args.n < 4:
         p.error(f"argument --n: at least 4 points per side, got {args.n}")
     if args.b >= 1 + args.a**2:
@@ -102,10 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         solve, jnp.asarray(y0), tuple(jnp.float64(x) for x in (a, b, du, dv)))
     ys, result = np.asarray(ys), int(result)
     if result != 0:
-        import sys
-
-        print(f"turing: error: the solve failed: {sl.Result(result).name}", file=sys.stderr)
-        return 1
+        return cli.solve_failed(result)
 
     # dominant wavenumber of the final u against linear theory's fastest-growing one
     u = ys[-1, ..., 0]
@@ -133,10 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                                        k_dominant=k_dominant, k_fastest=k_fastest),
                         ts=ts, ys=ys, quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, axes = plt.subplots(1, 5, figsize=(16, 3.4))
         for ax, t, y in zip(axes[:4], ts, ys, strict=True):

@@ -215,10 +215,7 @@ def main(argv: list[str] | None = None) -> None:
                         temperature=temps, potential_energy=u * w, r=r, g=g, msd=msd,
                         quiet=args.quiet)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = cli.pyplot()
 
         fig, axes = plt.subplots(2, 3, figsize=(16, 9))
         ax = axes.ravel()

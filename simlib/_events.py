@@ -16,13 +16,14 @@ See docs/events.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ._solution import Solution
 from ._solver._base import PyTree
 from ._util import buffer, convert_closure, tree_where
 
@@ -55,7 +56,7 @@ class Event:
 
     def __init__(self, cond: Callable[[Any, PyTree, Any], Any], terminal: bool = True,
                  direction: int = 0, apply: Callable[[Any, PyTree, Any], PyTree] | None = None,
-                 capacity: int | None = None):
+                 capacity: int | None = None) -> None:
         if not callable(cond):
             raise TypeError(f"Event: cond must be callable as cond(t, y, args), got {cond!r}")
         if not isinstance(terminal, bool):
@@ -113,7 +114,7 @@ class EventRecord(NamedTuple):
     count: jax.Array
 
 
-def as_events(events) -> tuple[Event, ...] | None:
+def as_events(events: Event | Sequence[Event] | None) -> tuple[Event, ...] | None:
     """``solve``'s ``events=`` argument as a tuple of :class:`Event` (``None``: none)."""
     if events is None:
         return None
@@ -130,7 +131,7 @@ def as_events(events) -> tuple[Event, ...] | None:
     raise TypeError(f"events must be a simlib.Event or a list of them, got {events!r}")
 
 
-def check_events(events: tuple[Event, ...], y0: PyTree, args, tdtype) -> None:
+def check_events(events: tuple[Event, ...], y0: PyTree, args: Any, tdtype: Any) -> None:
     """Check each ``cond`` returns a scalar and each ``apply`` a state like ``y0``."""
     t = jax.ShapeDtypeStruct((), tdtype)
     struct = jax.tree_util.tree_structure(y0)
@@ -163,13 +164,13 @@ class EventSet:
     (values they close over become leaves, so a ``custom_vjp`` sees them), with the
     user's ``args`` carried along as a leaf as well."""
 
-    def __init__(self, specs, args, consts):
+    def __init__(self, specs: tuple, args: Any, consts: tuple) -> None:
         self.specs = specs  # per event: (cond, apply, terminal, direction, capacity)
         self.args = args
         self.consts = consts  # per event: (cond_consts, apply_consts)
 
     @classmethod
-    def convert(cls, events: tuple[Event, ...], t, y, args) -> EventSet:
+    def convert(cls, events: tuple[Event, ...], t: Any, y: PyTree, args: Any) -> EventSet:
         specs, consts = [], []
         for ev in events:
             cond, (_, cc) = convert_closure(ev.cond, t, y, args)
@@ -181,11 +182,11 @@ class EventSet:
             consts.append((cc, ac))
         return cls(tuple(specs), args, tuple(consts))
 
-    def tree_flatten(self):
+    def tree_flatten(self) -> tuple[tuple, tuple]:
         return (self.args, self.consts), self.specs
 
     @classmethod
-    def tree_unflatten(cls, specs, children):
+    def tree_unflatten(cls, specs: tuple, children: tuple) -> EventSet:
         return cls(specs, *children)
 
     def __len__(self) -> int:
@@ -195,13 +196,13 @@ class EventSet:
     def has_apply(self) -> bool:
         return any(s[1] is not None for s in self.specs)
 
-    def cond(self, i, t, y):
+    def cond(self, i: int, t: Any, y: PyTree) -> jax.Array:
         return jnp.asarray(self.specs[i][0](t, y, (self.args, self.consts[i][0])))
 
-    def apply(self, i, t, y):
+    def apply(self, i: int, t: Any, y: PyTree) -> PyTree:
         return self.specs[i][1](t, y, (self.args, self.consts[i][1]))
 
-    def conds(self, t, y, dtype):
+    def conds(self, t: Any, y: PyTree, dtype: Any) -> jax.Array:
         return jnp.stack([self.cond(i, t, y).astype(dtype) for i in range(len(self))])
 
 
@@ -217,7 +218,7 @@ class EventState(NamedTuple):
     n_restarts: jax.Array  # int32: how often ``apply`` restarted the solver
 
 
-def init_state(es: EventSet, t0, y0: PyTree) -> EventState:
+def init_state(es: EventSet, t0: Any, y0: PyTree) -> EventState:
     tdtype = jnp.result_type(t0)
     return EventState(
         g=es.conds(t0, y0, tdtype),
@@ -236,7 +237,7 @@ def records(es: EventSet, ev: EventState) -> tuple[EventRecord, ...]:
         for i, (s, ts, ys) in enumerate(zip(es.specs, ev.ts, ev.ys, strict=True)))
 
 
-def overflowed(es: EventSet, ev: EventState):
+def overflowed(es: EventSet, ev: EventState) -> jax.Array:
     caps = jnp.asarray([s[4] for s in es.specs], jnp.int32)
     return jnp.any(ev.counts > caps)
 
@@ -298,8 +299,10 @@ def _crossed(direction: int, prev, new):
     return rising | falling
 
 
-def after_step(es: EventSet, ev: EventState, accept, t, h, t_end, y1: PyTree, interp,
-               data: PyTree, prepare=None):
+def after_step(es: EventSet, ev: EventState, accept: jax.Array, t: jax.Array, h: jax.Array,
+               t_end: jax.Array, y1: PyTree, interp: Callable[[jax.Array, PyTree], PyTree],
+               data: PyTree, prepare: Callable[[PyTree], PyTree] | None = None
+               ) -> tuple[jax.Array, PyTree, jax.Array, EventState]:
     """Event handling after a step attempt ``[t, t + h]``; ``(t_end, y1)`` is where the
     run stands after it (the step's end if it was accepted, else where it started).
 
@@ -313,48 +316,9 @@ def after_step(es: EventSet, ev: EventState, accept, t, h, t_end, y1: PyTree, in
     step), whether the solver must restart there, and the new event state.
     """
     tdtype = jnp.result_type(t_end)
-    n = len(es)
     g_new = es.conds(t_end, y1, tdtype)
     hit = jnp.stack([_crossed(s[3], ev.g[i], g_new[i]) for i, s in enumerate(es.specs)])
     hit = hit & accept & ~ev.stopped
-    acts = [s[2] or s[1] is not None for s in es.specs]
-
-    def phi_of(i):
-        def phi(theta, data, es_):
-            return es_.cond(i, t + theta * h, interp(theta, data)).astype(tdtype)
-        return phi
-
-    def locate(operands):
-        data, es_, g_prev, g_new, hit_ = operands
-        if prepare is not None:
-            data = prepare(data)
-        sg_data, sg_es = lax.stop_gradient((data, es_))
-        thetas, tcs, ycs = [], [], []
-        for i in range(n):
-            phi = phi_of(i)
-            th = _illinois(lambda th, i=i, phi=phi: phi(th, sg_data, sg_es),
-                           lax.stop_gradient(g_prev[i]), lax.stop_gradient(g_new[i]), hit_[i],
-                           tdtype)
-            th = lax.stop_gradient(th)
-            # One Newton correction on the live inputs: the primal barely moves, the
-            # derivative is the implicit function theorem's. One jvp in theta gives
-            # y(th), y'(th), phi(th) and phi'(th); the state at th_c is y(th) +
-            # (th_c - th) y'(th) (exact to O((th_c - th)^2) in value, exact in derivative).
-            def y_phi(x, i=i):
-                y = interp(x, data)
-                return y, es_.cond(i, t + x * h, y).astype(tdtype)
-
-            (y_th, phi_th), (dy_th, slope) = jax.jvp(y_phi, (th,), (jnp.ones_like(th),))
-            slope = lax.stop_gradient(slope)
-            safe = jnp.where(slope != 0, slope, 1.0)
-            step = jnp.where(slope != 0, -phi_th / safe, 0.0)
-            dy_th = lax.stop_gradient(dy_th)
-            thetas.append(th)
-            tcs.append(t + (th + step) * h)
-            ycs.append(jax.tree_util.tree_map(lambda a, d, s=step: a + s.astype(a.dtype) * d,
-                                              y_th, dy_th))
-        return jnp.stack(thetas), jnp.stack(tcs), jax.tree_util.tree_map(
-            lambda *x: jnp.stack(x), *ycs)
 
     # Most steps cross nothing: they only update the conditions (outside vmap the
     # branch below is skipped; under vmap both run, masked).
@@ -362,81 +326,143 @@ def after_step(es: EventSet, ev: EventState, accept, t, h, t_end, y1: PyTree, in
         return t_end, y1, jnp.asarray(False), ev._replace(g=g_new)
 
     def crossing(_):
-        thetas, tcs, ycs = locate((data, es, ev.g, g_new, hit))
-
-        # Under vmap an index that differs per member turns a gather or an in-place update
-        # into a (slow, on CPU) gather/scatter; the indices here select among a handful of
-        # events or record rows, so they are written as masks instead.
-        def row(tree, i):
-            return jax.tree_util.tree_map(lambda x: x[i], tree)
-
-        def pick(tree, index):
-            """``tree[index]`` along the leading (event) axis, by masks."""
-            def leaf(x):
-                out = x[0]
-                for j in range(1, n):
-                    out = jnp.where(index == j, x[j], out)
-                return out
-            return jax.tree_util.tree_map(leaf, tree)
-
-        def put_row(buf, slot, value):
-            """``buf.at[slot].set(value)`` by a mask over the rows."""
-            def leaf(b, v):
-                mask = (jnp.arange(b.shape[0]) == slot).reshape((-1,) + (1,) * v.ndim)
-                return jnp.where(mask, v.astype(b.dtype)[None], b)
-            return jax.tree_util.tree_map(leaf, buf, value)
-
-        acting = hit & jnp.asarray(acts)
-        any_act = jnp.any(acting) if any(acts) else jnp.asarray(False)
-        first = jnp.argmin(jnp.where(acting, thetas, jnp.inf))
-        theta_first = jnp.where(any_act, pick(thetas, first), jnp.inf)
-        record = hit & (thetas <= theta_first)
-
-        ts_buf, ys_buf = [], []
-        for i, s in enumerate(es.specs):
-            slot = jnp.where(record[i], jnp.minimum(ev.counts[i], s[4]), s[4])
-            ts_buf.append(put_row(ev.ts[i], slot, tcs[i]))
-            ys_buf.append(put_row(ev.ys[i], slot, row(ycs, i)))
-        counts = ev.counts + record.astype(jnp.int32)
-
-        if not any(acts):
-            new = EventState(g_new, tuple(ts_buf), tuple(ys_buf), counts, ev.stopped,
-                             ev.n_restarts)
-            return t_end, y1, jnp.asarray(False), new
-
-        t_star = pick(tcs, first)
-        y_star = pick(ycs, first)
-        y_after = y_star
-        for i, s in enumerate(es.specs):
-            if s[1] is not None:
-                y_after = tree_where(first == i, es.apply(i, t_star, y_star), y_after)
-        terminal = pick(jnp.asarray([s[2] for s in es.specs]), first)
-        has_apply = pick(jnp.asarray([s[1] is not None for s in es.specs]), first)
-        # cond after the event: the acting event's value is kept when apply put the state back
-        # on the side it crossed from (a dose lifting a concentration over its threshold). Left
-        # at its zero (a bounce), it is given the sign of that side with a tiny magnitude, so
-        # that the next crossing in the same direction is seen even if one step covers the
-        # whole arc (the root finder then starts from the midpoint, see _illinois).
-        g_after = es.conds(t_star, y_after, tdtype)
-        prev_first = pick(ev.g, first)
-        g_first = pick(g_after, first)
-        keep = jnp.sign(g_first) == jnp.sign(prev_first)
-        g_after = jnp.where(jnp.arange(n) == first,
-                            jnp.where(keep, g_first, jnp.sign(prev_first) * jnp.finfo(tdtype).tiny),
-                            g_after)
-
-        t_out = jnp.where(any_act, t_star, t_end)
-        y_out = tree_where(any_act, y_after, y1)
-        stopped = ev.stopped | (any_act & terminal)
-        restart = any_act & has_apply & ~terminal
-        new = EventState(jnp.where(any_act, g_after, g_new), tuple(ts_buf), tuple(ys_buf),
-                         counts, stopped, ev.n_restarts + restart.astype(jnp.int32))
-        return t_out, y_out, restart, new
+        if prepare is not None:
+            located = _locate(es, t, h, interp, prepare(data), ev.g, g_new, hit, tdtype)
+        else:
+            located = _locate(es, t, h, interp, data, ev.g, g_new, hit, tdtype)
+        return _handle_crossing(es, ev, t_end, y1, g_new, hit, located, tdtype)
 
     return lax.cond(jnp.any(hit), crossing, quiet, None)
 
 
-def pack_events(sol):
+def _locate(es: EventSet, t, h, interp: Callable, data: PyTree, g_prev, g_new, hit, tdtype):
+    """``(thetas, tcs, ycs)``: for each event, its crossing in the step as a fraction
+    ``theta`` of it, as a time and as a state (stacked along a leading event axis).
+
+    The root is found on ``stop_gradient``-ed inputs (:func:`_illinois`); one Newton
+    correction on the live inputs then leaves the primal (almost) unchanged and gives
+    the derivative of the implicit function theorem.
+    """
+    sg_data, sg_es = lax.stop_gradient((data, es))
+    thetas, tcs, ycs = [], [], []
+    for i in range(len(es)):
+        def phi(theta, i=i):
+            y = interp(theta, sg_data)
+            return sg_es.cond(i, t + theta * h, y).astype(tdtype)
+
+        th = _illinois(phi, lax.stop_gradient(g_prev[i]), lax.stop_gradient(g_new[i]), hit[i],
+                       tdtype)
+        th = lax.stop_gradient(th)
+        # One Newton correction on the live inputs: the primal barely moves, the
+        # derivative is the implicit function theorem's. One jvp in theta gives
+        # y(th), y'(th), phi(th) and phi'(th); the state at th_c is y(th) +
+        # (th_c - th) y'(th) (exact to O((th_c - th)^2) in value, exact in derivative).
+        def y_phi(x, i=i):
+            y = interp(x, data)
+            return y, es.cond(i, t + x * h, y).astype(tdtype)
+
+        (y_th, phi_th), (dy_th, slope) = jax.jvp(y_phi, (th,), (jnp.ones_like(th),))
+        slope = lax.stop_gradient(slope)
+        safe = jnp.where(slope != 0, slope, 1.0)
+        step = jnp.where(slope != 0, -phi_th / safe, 0.0)
+        dy_th = lax.stop_gradient(dy_th)
+        thetas.append(th)
+        tcs.append(t + (th + step) * h)
+        ycs.append(jax.tree_util.tree_map(lambda a, d, s=step: a + s.astype(a.dtype) * d,
+                                          y_th, dy_th))
+    return jnp.stack(thetas), jnp.stack(tcs), jax.tree_util.tree_map(
+        lambda *x: jnp.stack(x), *ycs)
+
+
+# Under vmap an index that differs per member turns a gather or an in-place update into a
+# (slow, on CPU) gather/scatter; the indices below select among a handful of events or
+# record rows, so they are written as masks instead.
+
+
+def _row(tree: PyTree, i: int) -> PyTree:
+    return jax.tree_util.tree_map(lambda x: x[i], tree)
+
+
+def _pick(tree: PyTree, index, n: int) -> PyTree:
+    """``tree[index]`` along the leading (event) axis of length ``n``, by masks."""
+    def leaf(x):
+        out = x[0]
+        for j in range(1, n):
+            out = jnp.where(index == j, x[j], out)
+        return out
+    return jax.tree_util.tree_map(leaf, tree)
+
+
+def _put_row(buf: PyTree, slot, value: PyTree) -> PyTree:
+    """``buf.at[slot].set(value)`` by a mask over the rows."""
+    def leaf(b, v):
+        mask = (jnp.arange(b.shape[0]) == slot).reshape((-1,) + (1,) * v.ndim)
+        return jnp.where(mask, v.astype(b.dtype)[None], b)
+    return jax.tree_util.tree_map(leaf, buf, value)
+
+
+def _handle_crossing(es: EventSet, ev: EventState, t_end, y1: PyTree, g_new, hit, located,
+                     tdtype):
+    """:func:`after_step` for a step with crossings ``hit``, located at ``located``: record
+    the crossings up to the first acting one (terminal or with ``apply``) and act on it."""
+    thetas, tcs, ycs = located
+    n = len(es)
+    acts = [s[2] or s[1] is not None for s in es.specs]
+    acting = hit & jnp.asarray(acts)
+    any_act = jnp.any(acting) if any(acts) else jnp.asarray(False)
+    first = jnp.argmin(jnp.where(acting, thetas, jnp.inf))
+    theta_first = jnp.where(any_act, _pick(thetas, first, n), jnp.inf)
+    record = hit & (thetas <= theta_first)
+
+    ts_buf, ys_buf = [], []
+    for i, s in enumerate(es.specs):
+        slot = jnp.where(record[i], jnp.minimum(ev.counts[i], s[4]), s[4])
+        ts_buf.append(_put_row(ev.ts[i], slot, tcs[i]))
+        ys_buf.append(_put_row(ev.ys[i], slot, _row(ycs, i)))
+    counts = ev.counts + record.astype(jnp.int32)
+
+    if not any(acts):
+        new = EventState(g_new, tuple(ts_buf), tuple(ys_buf), counts, ev.stopped,
+                         ev.n_restarts)
+        return t_end, y1, jnp.asarray(False), new
+
+    t_star = _pick(tcs, first, n)
+    y_after, g_after = _act(es, ev, first, t_star, _pick(ycs, first, n), tdtype)
+    terminal = _pick(jnp.asarray([s[2] for s in es.specs]), first, n)
+    has_apply = _pick(jnp.asarray([s[1] is not None for s in es.specs]), first, n)
+    t_out = jnp.where(any_act, t_star, t_end)
+    y_out = tree_where(any_act, y_after, y1)
+    stopped = ev.stopped | (any_act & terminal)
+    restart = any_act & has_apply & ~terminal
+    new = EventState(jnp.where(any_act, g_after, g_new), tuple(ts_buf), tuple(ys_buf),
+                     counts, stopped, ev.n_restarts + restart.astype(jnp.int32))
+    return t_out, y_out, restart, new
+
+
+def _act(es: EventSet, ev: EventState, first, t_star, y_star: PyTree, tdtype):
+    """The state after the first acting event ``first`` (its ``apply``, if any) and the
+    conditions there."""
+    n = len(es)
+    y_after = y_star
+    for i, s in enumerate(es.specs):
+        if s[1] is not None:
+            y_after = tree_where(first == i, es.apply(i, t_star, y_star), y_after)
+    # cond after the event: the acting event's value is kept when apply put the state back
+    # on the side it crossed from (a dose lifting a concentration over its threshold). Left
+    # at its zero (a bounce), it is given the sign of that side with a tiny magnitude, so
+    # that the next crossing in the same direction is seen even if one step covers the
+    # whole arc (the root finder then starts from the midpoint, see _illinois).
+    g_after = es.conds(t_star, y_after, tdtype)
+    prev_first = _pick(ev.g, first, n)
+    g_first = _pick(g_after, first, n)
+    keep = jnp.sign(g_first) == jnp.sign(prev_first)
+    g_after = jnp.where(jnp.arange(n) == first,
+                        jnp.where(keep, g_first, jnp.sign(prev_first) * jnp.finfo(tdtype).tiny),
+                        g_after)
+    return y_after, g_after
+
+
+def pack_events(sol: Solution) -> Solution:
     """``sol`` with the records' float parts moved into ``ys`` (``ForwardMode`` pushes
     tangents through ``ts`` and ``ys`` only); :func:`unpack_events` undoes it."""
     recs = sol.stats.get("events")
@@ -447,7 +473,7 @@ def pack_events(sol):
     return type(sol)(sol.ts, packed, stats, sol.result)
 
 
-def unpack_events(sol):
+def unpack_events(sol: Solution) -> Solution:
     counts = sol.stats.get("events")
     if counts is None:
         return sol

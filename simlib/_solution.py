@@ -85,23 +85,10 @@ class Solution(NamedTuple):
             return "the integration reached t1"
         return Result(code).name
 
-    @property
-    def status(self) -> Result:
-        """``result`` as a :class:`~simlib.Result` member, e.g. ``Result.MAX_STEPS_REACHED``
-        (eager, unbatched solutions; see :attr:`status_counts` for ensembles)."""
-        return _summary.single_status(self.result, "Solution")
-
-    @property
-    def status_counts(self) -> dict:
-        """``{Result: number of members}`` of a batched (``vmap``) solution, or of one."""
-        return _summary.counts_or_raise(self.result, "Solution")
+    status, status_counts = _summary.status_properties("Solution")
 
     def __repr__(self) -> str:
-        fields = []
-        batch = np.shape(self.result)
-        if batch:
-            fields.append(("batch", batch))
-        fields.append(("result", _summary.status(self.result)))
+        fields = _summary.result_fields(self.result)
         fields.append(("ts", _summary.shape(self.ts) + _summary.span(self.ts)))
         fields.append(("ys", _summary.tree_shapes(self.ys)))
         stats = self.stats if isinstance(self.stats, dict) else {}

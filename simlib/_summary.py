@@ -153,3 +153,33 @@ def single_status(result, owner: str) -> Result:
         raise ValueError(f"{owner}.status: this {owner} is batched, shape {np.shape(result)}; "
                          f"use .status_counts, or simlib.Result(int(...)) of one member")
     return next(iter(counts))
+
+
+def result_fields(result) -> list[tuple[str, Any]]:
+    """The first fields of a result's :func:`block`: ``batch`` (its shape, when batched)
+    and ``result`` (:func:`status`)."""
+    fields: list[tuple[str, Any]] = []
+    batch = np.shape(result)
+    if batch:
+        fields.append(("batch", batch))
+    fields.append(("result", status(result)))
+    return fields
+
+
+def status_properties(owner: str) -> tuple[property, property]:
+    """``status`` and ``status_counts``, the two properties by which a result type
+    (``Solution``, ``Trajectory``) names its ``result`` code (:func:`single_status`,
+    :func:`counts_or_raise`)."""
+
+    def status_(self) -> Result:
+        return single_status(self.result, owner)
+
+    def status_counts_(self) -> dict:
+        return counts_or_raise(self.result, owner)
+
+    status_.__doc__ = (f"``result`` as a :class:`~simlib.Result` member, e.g. "
+                       f"``Result.SUCCESSFUL`` (eager, unbatched; see :attr:`status_counts` "
+                       f"for a batched {owner}).")
+    status_counts_.__doc__ = (f"``{{Result: number of members}}`` of a batched (``vmap``) "
+                              f"{owner}, or of one.")
+    return property(status_), property(status_counts_)

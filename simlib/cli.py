@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = [
     "ExampleParser",
@@ -42,14 +42,17 @@ __all__ = [
     "main",
     "nonnegative_float",
     "nonnegative_int",
+    "one_of",
     "positive_float",
     "positive_int",
     "printer",
     "probability",
+    "pyplot",
     "save_figure",
     "save_result",
     "script",
     "seed",
+    "solve_failed",
     "summary",
     "timed",
 ]
@@ -76,6 +79,13 @@ def _number(kind: type, text: str) -> Any:
     return value
 
 
+def _checked(value: Any, ok: bool, text: str, requirement: str) -> Any:
+    """``value`` if ``ok``, else the argparse error "<requirement>, got <text>"."""
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{requirement}, got {text}")
+    return value
+
+
 def finite_float(text: str) -> float:
     """A finite float (no nan, no inf)."""
     return _number(float, text)
@@ -84,58 +94,62 @@ def finite_float(text: str) -> float:
 def positive_float(text: str) -> float:
     """A finite float > 0."""
     value = _number(float, text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
+    return _checked(value, value > 0, text, "must be positive")
 
 
 def tolerance(text: str) -> float:
     """A relative tolerance: a float in (0, 1)."""
     value = _number(float, text)
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
-    return value
+    return _checked(value, 0.0 < value < 1.0, text, "must be in (0, 1)")
 
 
 def nonnegative_float(text: str) -> float:
     """A finite float >= 0."""
     value = _number(float, text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+    return _checked(value, value >= 0, text, "must be >= 0")
 
 
 def probability(text: str) -> float:
     """A float in [0, 1]."""
     value = _number(float, text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
-    return value
+    return _checked(value, 0.0 <= value <= 1.0, text, "must be in [0, 1]")
 
 
 def positive_int(text: str) -> int:
     """An integer >= 1."""
     value = _number(int, text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
+    return _checked(value, value >= 1, text, "must be at least 1")
 
 
 def nonnegative_int(text: str) -> int:
     """An integer >= 0."""
     value = _number(int, text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+    return _checked(value, value >= 0, text, "must be >= 0")
 
 
 def seed(text: str) -> int:
     """A PRNG seed: an integer in [0, 2**32 - 1] (``jax.random.key`` keeps 32 bits, so a
     larger one would silently be the same key as a smaller one, or overflow)."""
     value = _number(int, text)
-    if not 0 <= value <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"must be in [0, {SEED_MAX}], got {text}")
-    return value
+    return _checked(value, 0 <= value <= SEED_MAX, text, f"must be in [0, {SEED_MAX}]")
+
+
+def one_of(names: Sequence[str], what: str | None = None) -> Callable[[str], str]:
+    """The type of an option that names one of ``names`` (``--solver``,
+    ``--linear-solver``): any other value is the one-line error
+    ``'X' is not <what>; choose from A, B`` (``'X' is not one of A, B`` without ``what``)."""
+    names = tuple(names)
+    listed = ", ".join(names)
+
+    def choice(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {what}; choose from {listed}" if what is not None
+                else f"{text!r} is not one of {listed}")
+        return text
+
+    choice.__name__ = "choice"
+    return choice
 
 
 def _path_with_suffix(suffixes: tuple[str, ...] | None, what: str) -> Callable[[str], Path]:
@@ -201,16 +215,17 @@ class ExampleParser(argparse.ArgumentParser):
     ``description`` is usually the example's ``__doc__``.
     """
 
-    def __init__(self, description: str | None = None, **kwargs: Any):
+    def __init__(self, description: str | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _Formatter)
         if _prog is not None:
             kwargs.setdefault("prog", _prog)
         super().__init__(description=description, **kwargs)
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
-    def parse_args(self, args=None, namespace=None):
+    def parse_args(self, args: Sequence[str] | None = None,
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
         """argparse's, then every output file (an option whose type is an output path:
         ``--out``, ``--plot``, ``--checkpoint``) is tried before any work: a temporary file
         beside it is created and removed, so a place that cannot be written ends the run
@@ -381,8 +396,8 @@ def _write(path: Path, save: Callable[[Path], Any], what: str, quiet: bool) -> P
     return path
 
 
-def save_result(path: str | os.PathLike, meta: dict | None = None, *, trajectory=None,
-                box=None, quiet: bool = False, **arrays: Any) -> Path:
+def save_result(path: str | os.PathLike, meta: dict | None = None, *, trajectory: Any = None,
+                box: Any = None, quiet: bool = False, **arrays: Any) -> Path:
     """Write an example's result to ``path``, with ``meta`` (scalar metadata).
 
     ``.npz``: the named ``arrays`` (numpy.savez), metadata as ``meta_*`` entries.
@@ -423,7 +438,32 @@ def save_result(path: str | os.PathLike, meta: dict | None = None, *, trajectory
     return _write(path, lambda p: atomic_write(p, write), "the result", quiet)
 
 
-def save_figure(fig, path: str | os.PathLike, dpi: int = 120, *, quiet: bool = False) -> Path:
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` with the non-interactive Agg backend (figures go to files
+    through :func:`save_figure`; no display is needed), imported on first use."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def solve_failed(result: Any, hint: str = "") -> int:
+    """Report a solve run with ``throw=False`` that did not succeed: print
+    ``prog: error: the solve failed: NAME`` (``NAME`` of :class:`simlib.Result`, then
+    `` (hint)`` if given) to stderr in one line, as :func:`script` does for a
+    ``SolverError``, and return 1, the exit status of a failed run."""
+    from simlib import Result
+
+    note = f" ({hint})" if hint else ""
+    print(f"{_program()}: error: the solve failed: {Result(int(result)).name}{note}",
+          file=sys.stderr)
+    return 1
+
+
+def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 120, *,
+                quiet: bool = False) -> Path:
     """Save a matplotlib figure (format from the extension), creating parent folders;
     written and renamed like :func:`save_result`, with the same fallback if ``path``
     cannot be written. Prints ``wrote PATH`` unless ``quiet``."""

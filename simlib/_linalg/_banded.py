@@ -22,14 +22,17 @@ Memory ``O(n (2 lower + upper))``, work ``O(n lower (lower + upper))`` per facto
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._base import Array, LinearSolver, register_static
+from .._static import register_static
+from . import _kernels
+from ._base import Array, Field, LinearSolver
 
 
 def band_seeds(n: int, lower: int, upper: int, dtype) -> Array:
@@ -213,7 +216,7 @@ class Banded(LinearSolver):
     a column of the same colour): give the true bandwidths.
     """
 
-    def __init__(self, lower: int, upper: int, kernel: str = "auto"):
+    def __init__(self, lower: int, upper: int, kernel: str = "auto") -> None:
         for name, value in (("lower", lower), ("upper", upper)):
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
                 raise ValueError(f"jac_bandwidth: {name} must be a non-negative int; "
@@ -227,15 +230,13 @@ class Banded(LinearSolver):
     def _native(self):
         if self.kernel == "scan":
             return None
-        from . import _kernels
-
         lib = _kernels.load()
         if lib is None and self.kernel == "native":
             raise RuntimeError(f"native linear-algebra kernels unavailable: "
                                f"{_kernels.unavailable_reason()}")
         return lib
 
-    def materialise(self, linear_map, n, dtype):
+    def materialise(self, linear_map: Callable[[Array], Array], n: int, dtype: Any) -> Any:
         seeds = band_seeds(n, self.lower, self.upper, dtype)
         compressed = jax.vmap(linear_map, out_axes=1)(seeds)
         return band_from_compressed(compressed, self.lower, self.upper)
@@ -243,7 +244,7 @@ class Banded(LinearSolver):
     def _zero_mass(self, n, dtype):
         return jnp.zeros((n,), dtype)
 
-    def operator(self, jac, c, mass):
+    def operator(self, jac: Array, c: Array, mass: Any) -> Array:
         """``A = M - c J`` in the band (``mass``: ``None``, an ``(n,)`` diagonal or a band
         of the same shape)."""
         n, _ = jac.shape
@@ -255,16 +256,15 @@ class Banded(LinearSolver):
             return a.at[:, self.lower].add(mass)
         return a + mass
 
-    def matvec(self, jac, c, mass, x, *, field=None, transpose=False):
+    def matvec(self, jac: Any, c: Array, mass: Any, x: Array, *, field: Field | None = None,
+               transpose: bool = False) -> Array:
         return band_matvec(self.operator(jac, c, mass), x, self.lower, transpose)
 
     def _factor(self, jac, c, mass):
         a = self.operator(jac, c, mass)
         lib = self._native()
         if lib is not None:
-            from ._kernels import band_lu_native
-
-            lu = band_lu_native(a, self.lower, self.upper)
+            lu = BandLU(*_kernels.band_lu_native(a, self.lower, self.upper))
         else:
             lu = band_lu_scan(a, self.lower, self.upper)
         d = lu.u[:, 0]
@@ -274,9 +274,7 @@ class Banded(LinearSolver):
     def _solve(self, fac, b, transpose, field):
         lib = self._native()
         if lib is not None:
-            from ._kernels import band_solve_native
-
-            return band_solve_native(fac.data, b, transpose)
+            return _kernels.band_solve_native(fac.data, b, transpose)
         return band_lu_solve_scan(fac.data, b, transpose)
 
 

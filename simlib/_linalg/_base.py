@@ -39,14 +39,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._static import Settings
+
 Array = jax.Array
 Field = Callable[[Any, Array], Array]  # g(t, v) on the flattened state
-
-
-def register_static(cls):
-    """A pytree with no leaves: the instance is all structure (its settings)."""
-    jax.tree_util.register_pytree_node(cls, lambda s: ((), s), lambda s, _: s)
-    return cls
 
 
 def jvp_map(g: Field, t, v: Array) -> Callable[[Array], Array]:
@@ -79,7 +75,7 @@ class Factorisation(NamedTuple):
     ok: Array
 
 
-class LinearSolver:
+class LinearSolver(Settings):
     """The protocol; see the module docstring. Subclasses set the class attributes and
     provide ``materialise``, ``matvec``, ``_factor`` and ``_solve``.
 
@@ -93,21 +89,21 @@ class LinearSolver:
     exact: bool = True
 
     # ------------------------------------------------------------------ building J
-    def materialise(self, linear_map: Callable[[Array], Array], n: int, dtype) -> Any:
+    def materialise(self, linear_map: Callable[[Array], Array], n: int, dtype: Any) -> Any:
         """The matrix of ``linear_map`` (``R^n -> R^n``) in this solver's format."""
         raise NotImplementedError
 
-    def linearise(self, g: Field, t, v: Array) -> Any:
+    def linearise(self, g: Field, t: Any, v: Array) -> Any:
         """``J = dg/dv (t, v)`` in this solver's format."""
         return self.materialise(jvp_map(g, t, v), v.size, v.dtype)
 
     # ------------------------------------------------------------------ A = M - c J
-    def matvec(self, jac, c, mass, x: Array, *, field: Field | None = None,
+    def matvec(self, jac: Any, c: Array, mass: Any, x: Array, *, field: Field | None = None,
                transpose: bool = False) -> Array:
         """``A x`` (``transpose``: ``A^T x``) for a vector ``x``."""
         raise NotImplementedError
 
-    def factor(self, jac, c, mass=None) -> Factorisation:
+    def factor(self, jac: Any, c: Array, mass: Any = None) -> Factorisation:
         """Factorise ``A = M - c J`` (``mass``: ``None`` for the identity, an ``(n,)``
         diagonal, or a matrix in this solver's format)."""
         c = jnp.asarray(c)
@@ -159,20 +155,6 @@ class LinearSolver:
 
     def _zero_mass(self, n, dtype):
         return jnp.zeros((n,), dtype)
-
-    # ------------------------------------------------------------------ identity
-    def settings(self) -> tuple:
-        return tuple(sorted(vars(self).items()))
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v!r}" for k, v in self.settings())
-        return f"{type(self).__name__}({inner})"
-
-    def __eq__(self, other) -> bool:
-        return type(self) is type(other) and self.settings() == other.settings()
-
-    def __hash__(self) -> int:
-        return hash((type(self), self.settings()))
 
 
 def diagonal_mass(mass, n: int, dtype) -> Array:

@@ -6,13 +6,17 @@ hundred states, and for any Jacobian without exploitable structure.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.lax.linalg import lu_pivots_to_permutation, triangular_solve
 from jax.scipy.linalg import lu_factor
 
-from ._base import Array, Field, LinearSolver, register_static
+from .._static import register_static
+from ._base import Array, Field, LinearSolver
 
 JAC_MODES = ("fwd", "rev")
 
@@ -54,24 +58,24 @@ class Dense(LinearSolver):
             dear and the state large, at reverse mode's memory cost).
     """
 
-    def __init__(self, jac: str = "fwd"):
+    def __init__(self, jac: str = "fwd") -> None:
         if jac not in JAC_MODES:
             raise ValueError(f"jac must be one of {JAC_MODES}; got {jac!r}")
         self.jac = jac
 
-    def materialise(self, linear_map, n, dtype):
+    def materialise(self, linear_map: Callable[[Array], Array], n: int, dtype: Any) -> Any:
         eye = jnp.eye(n, dtype=dtype)
         if self.jac == "fwd":
             return jax.vmap(linear_map, in_axes=1, out_axes=1)(eye)
         _, vjp = jax.vjp(linear_map, jnp.zeros((n,), dtype))
         return jax.vmap(lambda e: vjp(e)[0])(eye)  # rows e_i^T J
 
-    def linearise(self, g: Field, t, v: Array) -> Array:
+    def linearise(self, g: Field, t: Any, v: Array) -> Array:
         transform = jax.jacfwd if self.jac == "fwd" else jax.jacrev
         return transform(lambda w: g(t, w))(v).astype(v.dtype)
 
     @staticmethod
-    def operator(jac, c, mass) -> Array:
+    def operator(jac: Array, c: Array, mass: Any) -> Array:
         """``A = M - c J`` as a dense matrix."""
         n = jac.shape[0]
         if mass is None:
@@ -81,7 +85,8 @@ class Dense(LinearSolver):
             m = jnp.diag(mass) if mass.ndim == 1 else mass
         return m - c.astype(jac.dtype) * jac
 
-    def matvec(self, jac, c, mass, x, *, field=None, transpose=False):
+    def matvec(self, jac: Any, c: Array, mass: Any, x: Array, *, field: Field | None = None,
+               transpose: bool = False) -> Array:
         a = self.operator(jac, c, mass)
         return (a.T if transpose else a) @ x
 

@@ -53,9 +53,8 @@ def _suffix(dtype) -> str:
 
 
 def band_lu_native(band, lower: int, upper: int):
-    """:func:`simlib._linalg._banded.band_lu_scan` in C++."""
-    from ._banded import BandLU
-
+    """:func:`simlib._linalg._banded.band_lu_scan` in C++: the factors ``(u, mult, pivot)``
+    of a ``BandLU``, as a plain tuple (``_banded`` wraps them)."""
     n, w = band.shape[-2:]
     call = jax.ffi.ffi_call(
         f"simlib_band_lu_{_suffix(band.dtype)}",
@@ -64,7 +63,7 @@ def band_lu_native(band, lower: int, upper: int):
          jax.ShapeDtypeStruct((*band.shape[:-2], n), jnp.int32)),
         vmap_method="expand_dims")
     u, mult, piv = call(band, jnp.asarray([lower], jnp.int32))
-    return BandLU(u, mult, piv)
+    return u, mult, piv
 
 
 def band_solve_native(lu, b, transpose: bool):

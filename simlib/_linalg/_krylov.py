@@ -21,16 +21,19 @@ colour, :mod:`._coloring`):
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._base import LinearSolver, register_static
+from .._static import register_static
+from . import _kernels
+from ._base import Array, Factorisation, Field, LinearSolver
 from ._coloring import CompressedPattern
-from ._sparse import SymbolicLU
+from ._sparse import Sparse, SymbolicLU
 
 
 class GMRESInfo(NamedTuple):
@@ -157,8 +160,9 @@ class Krylov(LinearSolver):
     reuses_jacobian = False
     exact = False
 
-    def __init__(self, preconditioner=None, jac_sparsity=None, blocks=None,
-                 rtol: float = 1e-8, restart: int = 20, max_restarts: int = 10):
+    def __init__(self, preconditioner: str | None = None, jac_sparsity: Any = None,
+                 blocks: Any = None, rtol: float = 1e-8, restart: int = 20,
+                 max_restarts: int = 10) -> None:
         if preconditioner not in PRECONDITIONERS:
             raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}; got "
                              f"{preconditioner!r}")
@@ -176,19 +180,20 @@ class Krylov(LinearSolver):
         self.max_restarts = int(max_restarts)
 
     # ------------------------------------------------------------------ building
-    def linearise(self, g, t, v):
+    def linearise(self, g: Field, t: Any, v: Array) -> KrylovOperator:
         values = None
         if self.preconditioner is not None:
             values = self.pattern.jacobian(
                 lambda u: jax.jvp(lambda w: g(t, w), (v,), (u,))[1], v.dtype)
         return KrylovOperator(jnp.asarray(t), v, values)
 
-    def materialise(self, linear_map, n, dtype):
+    def materialise(self, linear_map: Callable[[Array], Array], n: int, dtype: Any) -> Any:
         values = None if self.preconditioner is None else self.pattern.jacobian(linear_map,
                                                                                 dtype)
         return KrylovOperator(jnp.zeros((), dtype), jnp.zeros((n,), dtype), values)
 
-    def matvec(self, jac, c, mass, x, *, field=None, transpose=False):
+    def matvec(self, jac: Any, c: Array, mass: Any, x: Array, *, field: Field | None = None,
+               transpose: bool = False) -> Array:
         if field is None:
             raise ValueError("Krylov solves need field=g (the vector field)")
         gv = lambda w: field(jac.t, w)  # noqa: E731
@@ -214,19 +219,15 @@ class Krylov(LinearSolver):
     def _factor(self, jac, c, mass):
         if self.preconditioner is None:
             return None, jnp.asarray(True)
-        from ._sparse import Sparse
-
         a = Sparse(self.pattern).operator(jac.values, c, mass)
         if self.preconditioner == "block_jacobi":
             _, pos, found = self._block_index()
             blocks = jnp.where(jnp.asarray(found), a[jnp.asarray(pos)], 0.0)
             inv = jnp.linalg.inv(blocks)
             return inv, jnp.all(jnp.isfinite(inv))
-        from ._kernels import sparse_lu_native
-
         sym = self._ilu_symbolic()
         vals = jnp.zeros((sym.nnz,), a.dtype).at[sym.position].set(a)
-        lu, info = sparse_lu_native(vals, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
+        lu, info = _kernels.sparse_lu_native(vals, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
                                     jnp.asarray(sym.diag))
         return lu, (info == 0) & jnp.all(jnp.isfinite(lu))
 
@@ -247,12 +248,10 @@ class Krylov(LinearSolver):
                 return x.at[blocks].set(jnp.einsum("bij,bj->bi", inv, x[blocks]))
 
             return apply
-        from ._kernels import sparse_solve_native
-
         sym = self._ilu_symbolic()
 
         def apply(x):
-            return sparse_solve_native(data, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
+            return _kernels.sparse_solve_native(data, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
                                        jnp.asarray(sym.diag), x, transpose)
 
         return apply
@@ -265,7 +264,8 @@ class Krylov(LinearSolver):
                      restart=self.restart, max_restarts=self.max_restarts)
         return x
 
-    def solve_with_info(self, fac, b, *, field, transpose=False):
+    def solve_with_info(self, fac: Factorisation, b: Array, *, field: Field,
+                        transpose: bool = False) -> tuple[Array, GMRESInfo]:
         """``(x, GMRESInfo)``: the solve with its iteration count (not differentiable)."""
         def mv(x):
             return self.matvec(fac.jac, fac.c, fac.mass, x, field=field, transpose=transpose)

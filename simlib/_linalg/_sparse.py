@@ -19,6 +19,9 @@ factorised by one of two kernels:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,7 +29,9 @@ import scipy.sparse as sp
 import scipy.sparse.csgraph as csgraph
 import scipy.sparse.linalg as spla
 
-from ._base import LinearSolver, register_static
+from .._static import register_static
+from . import _kernels
+from ._base import Array, Field, LinearSolver
 from ._coloring import CompressedPattern
 from ._sparsity import jacobian_sparsity
 
@@ -58,8 +63,6 @@ class SymbolicLU:
     """The fill pattern ``F`` of ``P A P^T`` (CSR, int32) and where ``A``'s values go."""
 
     def __init__(self, pattern: CompressedPattern, ordering: str, fill: bool = True):
-        from ._kernels import symbolic_fill
-
         n = pattern.n
         q = fill_reducing_order(pattern, ordering)
         inv = np.empty(n, np.int64)
@@ -69,7 +72,7 @@ class SymbolicLU:
         if fill:
             s = (permuted + permuted.T).tocsr()
             s.sort_indices()
-            fp, fi = symbolic_fill(s.indptr, s.indices)
+            fp, fi = _kernels.symbolic_fill(s.indptr, s.indices)
         else:  # ILU(0): the pattern itself
             permuted.sort_indices()
             fp, fi = permuted.indptr.astype(np.int64), permuted.indices.astype(np.int64)
@@ -103,8 +106,8 @@ class Sparse(LinearSolver):
         color_order: The greedy colouring's order (``"largest_first"``, ``"natural"``).
     """
 
-    def __init__(self, jac_sparsity=None, kernel: str = "auto", ordering: str = "mmd",
-                 color_order: str = "largest_first"):
+    def __init__(self, jac_sparsity: Any = None, kernel: str = "auto", ordering: str = "mmd",
+                 color_order: str = "largest_first") -> None:
         if kernel not in ("auto", "native", "host"):
             raise ValueError(f"kernel must be 'auto', 'native' or 'host'; got {kernel!r}")
         if ordering not in ORDERINGS:
@@ -116,7 +119,7 @@ class Sparse(LinearSolver):
         self.ordering = ordering
         self.color_order = color_order
 
-    def bind(self, g, t, v) -> Sparse:
+    def bind(self, g: Field, t: Any, v: Array) -> Sparse:
         """This solver with its pattern: the given one (checked against ``v``'s size), or
         the one detected from ``g`` (:func:`~._sparsity.jacobian_sparsity`)."""
         if self.pattern is not None:
@@ -137,8 +140,6 @@ class Sparse(LinearSolver):
     def _use_native(self) -> bool:
         if self.kernel == "host":
             return False
-        from . import _kernels
-
         if _kernels.load() is not None:
             return True
         if self.kernel == "native":
@@ -155,13 +156,13 @@ class Sparse(LinearSolver):
         return cache[self.ordering]
 
     # ------------------------------------------------------------------ protocol
-    def materialise(self, linear_map, n, dtype):
+    def materialise(self, linear_map: Callable[[Array], Array], n: int, dtype: Any) -> Any:
         pat = self._pattern()
         if n != pat.n:
             raise ValueError(f"jac_sparsity is for {pat.n} components; the map has {n}")
         return pat.jacobian(linear_map, dtype)
 
-    def operator(self, jac, c, mass):
+    def operator(self, jac: Array, c: Array, mass: Any) -> Array:
         """The values of ``A = M - c J`` on the pattern (``mass``: ``None``, an ``(n,)``
         diagonal, or values on the pattern)."""
         pat = self._pattern()
@@ -177,7 +178,8 @@ class Sparse(LinearSolver):
     def _zero_mass(self, n, dtype):
         return jnp.zeros((n,), dtype)
 
-    def matvec(self, jac, c, mass, x, *, field=None, transpose=False):
+    def matvec(self, jac: Any, c: Array, mass: Any, x: Array, *, field: Field | None = None,
+               transpose: bool = False) -> Array:
         pat = self._pattern()
         vals = self.operator(jac, c, mass)
         rows, cols = jnp.asarray(pat.rows), jnp.asarray(pat.cols)
@@ -189,21 +191,17 @@ class Sparse(LinearSolver):
         a = self.operator(jac, c, mass)
         if not self._use_native():
             return a, jnp.all(jnp.isfinite(a))
-        from ._kernels import sparse_lu_native
-
         sym = self.symbolic()
         vals = jnp.zeros(a.shape[:-1] + (sym.nnz,), a.dtype).at[..., sym.position].set(a)
-        lu, info = sparse_lu_native(vals, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
+        lu, info = _kernels.sparse_lu_native(vals, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
                                     jnp.asarray(sym.diag))
         return lu, (info == 0) & jnp.all(jnp.isfinite(lu))
 
     def _solve(self, fac, b, transpose, field):
         if not self._use_native():
             return _host_solve(self._pattern(), fac.data, b, transpose)
-        from ._kernels import sparse_solve_native
-
         sym = self.symbolic()
-        x = sparse_solve_native(fac.data, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
+        x = _kernels.sparse_solve_native(fac.data, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
                                 jnp.asarray(sym.diag), b[jnp.asarray(sym.order)], transpose)
         return x[jnp.asarray(sym.inverse)]
 

@@ -105,7 +105,8 @@ class Dep:
         self.rows = rows
 
 
-def _norm(m) -> sp.csr_matrix:
+def pattern(m) -> sp.csr_matrix:
+    """``m`` as a 0/1 ``int32`` CSR pattern (duplicates summed, explicit zeros dropped)."""
     m = sp.csr_matrix(m)
     m.sum_duplicates()
     m.eliminate_zeros()
@@ -122,23 +123,28 @@ def _select(n_in: int, src: np.ndarray) -> sp.csr_matrix:
                          shape=(src.size, n_in))
 
 
-def _rows_of(x, n: int, size: int) -> sp.csr_matrix:
+def rows_of(x, n: int, size: int) -> sp.csr_matrix:
     """Dependency rows of ``x`` broadcast to ``size`` elements (a shape-() operand is
     broadcast; a non-dependent one has empty rows)."""
     if isinstance(x, Dep):
         if x.rows.shape[0] == size:
             return x.rows
         if x.rows.shape[0] == 1:
-            return _norm(sp.vstack([x.rows] * size)) if size else sp.csr_matrix((0, n))
+            return pattern(sp.vstack([x.rows] * size)) if size else sp.csr_matrix((0, n))
         raise ValueError(f"cannot broadcast {x.shape} to {size} elements")
     return sp.csr_matrix((size, n), dtype=np.int32)
 
 
-def _size(shape) -> int:
+def size_of(shape) -> int:
+    """The number of elements of an array of ``shape``."""
     return int(np.prod(shape, dtype=np.int64))
 
 
-class _Interpreter:
+class Interpreter:
+    """Propagates dependency patterns through a jaxpr over ``n`` state components
+    (:meth:`run`): each value is a :class:`Dep` (its elements' rows of dependencies) or
+    a :class:`Free` (no dependency on the state)."""
+
     def __init__(self, n: int):
         self.n = n
         self.warned: set[str] = set()
@@ -150,9 +156,9 @@ class _Interpreter:
         for x in ins:
             if isinstance(x, Dep) and x.rows.nnz:
                 total = total + sp.csr_matrix(x.rows.sum(axis=0) > 0, dtype=np.int32)
-        total = _norm(total)
-        return [self._dep_or_free(a.shape, _norm(sp.vstack([total] * _size(a.shape)))
-                                  if _size(a.shape) else sp.csr_matrix((0, self.n)), a)
+        total = pattern(total)
+        return [self._dep_or_free(a.shape, pattern(sp.vstack([total] * size_of(a.shape)))
+                                  if size_of(a.shape) else sp.csr_matrix((0, self.n)), a)
                 for a in out_avals]
 
     def _dep_or_free(self, shape, rows, aval=None):
@@ -165,16 +171,16 @@ class _Interpreter:
     def _ids(self, ins, data_positions):
         """Element-number arrays for the data operands (``offset + index + 1``; ``0`` marks
         'no source'), the stacked dependency rows, and the float dtype used."""
-        total = sum(_size(ins[i].shape) for i in data_positions)
+        total = sum(size_of(ins[i].shape) for i in data_positions)
         dtype = np.float64 if jax.config.jax_enable_x64 else np.float32
         if total + 1 >= (2 ** 53 if dtype == np.float64 else 2 ** 24):
             raise ValueError(f"sparsity detection: {total} elements are too many to number "
                              f"exactly in {np.dtype(dtype).name}")
         offset, stacks, ids = 0, [], {}
         for i in data_positions:
-            size = _size(ins[i].shape)
+            size = size_of(ins[i].shape)
             ids[i] = (np.arange(size, dtype=dtype) + offset + 1).reshape(ins[i].shape)
-            stacks.append(_rows_of(ins[i], self.n, size))
+            stacks.append(rows_of(ins[i], self.n, size))
             offset += size
         stacked = sp.vstack(stacks).tocsr() if stacks else sp.csr_matrix((0, self.n))
         return ids, stacked, dtype
@@ -182,7 +188,7 @@ class _Interpreter:
     def _from_ids(self, out_ids, stacked, aval):
         out = np.asarray(out_ids, dtype=np.float64).ravel()
         src = np.where(np.isfinite(out) & (out > 0), out - 1, -1).astype(np.int64)
-        return self._dep_or_free(aval.shape, _norm(_select(stacked.shape[0], src) @ stacked),
+        return self._dep_or_free(aval.shape, pattern(_select(stacked.shape[0], src) @ stacked),
                                  aval)
 
     # -------------------------------------------------------------- rules
@@ -215,7 +221,7 @@ class _Interpreter:
             return None
         dtype = np.float64 if jax.config.jax_enable_x64 else np.float32
         out_aval = eqn.outvars[0].aval
-        n_out, n_upd = _size(out_aval.shape), _size(updates.shape)
+        n_out, n_upd = size_of(out_aval.shape), size_of(updates.shape)
         params = dict(eqn.params)
         zeros = jnp.zeros(out_aval.shape, dtype)
         idx = jnp.asarray(indices.value)
@@ -233,25 +239,25 @@ class _Interpreter:
         t = sp.csr_matrix((np.ones(ok.sum(), np.int32),
                            ((target[ok] - 1).astype(np.int64), np.flatnonzero(ok))),
                           shape=(n_out, n_upd))
-        rows = _rows_of(operand, self.n, n_out) + t @ _rows_of(updates, self.n, n_upd)
-        return [self._dep_or_free(out_aval.shape, _norm(rows), out_aval)]
+        rows = rows_of(operand, self.n, n_out) + t @ rows_of(updates, self.n, n_upd)
+        return [self._dep_or_free(out_aval.shape, pattern(rows), out_aval)]
 
     def reduce(self, eqn, ins):
         (x,) = ins[:1]
         axes = tuple(eqn.params["axes"])
         out_aval = eqn.outvars[0].aval
         keep = [d for d in range(len(x.shape)) if d not in axes]
-        out_num = np.arange(_size(out_aval.shape)).reshape([x.shape[d] for d in keep])
+        out_num = np.arange(size_of(out_aval.shape)).reshape([x.shape[d] for d in keep])
         target = np.broadcast_to(np.expand_dims(out_num, axes), x.shape).ravel()
         t = sp.csr_matrix((np.ones(target.size, np.int32), (target, np.arange(target.size))),
-                          shape=(_size(out_aval.shape), target.size))
-        return [self._dep_or_free(out_aval.shape, _norm(t @ x.rows), out_aval)]
+                          shape=(size_of(out_aval.shape), target.size))
+        return [self._dep_or_free(out_aval.shape, pattern(t @ x.rows), out_aval)]
 
     def cumulative(self, eqn, ins):
         (x,) = ins
         axis, reverse = eqn.params["axis"], eqn.params.get("reverse", False)
         shape = x.shape
-        num = np.arange(_size(shape)).reshape(shape)
+        num = np.arange(size_of(shape)).reshape(shape)
         pos = np.moveaxis(num, axis, -1).reshape(-1, shape[axis])
         length = shape[axis]
         tri = np.tril(np.ones((length, length), bool)) if not reverse else np.triu(
@@ -261,11 +267,11 @@ class _Interpreter:
         cols = pos[:, c].ravel()
         t = sp.csr_matrix((np.ones(rows.size, np.int32), (rows, cols)),
                           shape=(num.size, num.size))
-        return [self._dep_or_free(shape, _norm(t @ x.rows), eqn.outvars[0].aval)]
+        return [self._dep_or_free(shape, pattern(t @ x.rows), eqn.outvars[0].aval)]
 
     def elementwise(self, eqn, ins):
         out_aval = eqn.outvars[0].aval
-        size = _size(out_aval.shape)
+        size = size_of(out_aval.shape)
         name = eqn.primitive.name
         operands = list(ins)
         if name == "select_n":
@@ -275,25 +281,25 @@ class _Interpreter:
                 rows = sp.csr_matrix((size, self.n), dtype=np.int32)
                 for k, case in enumerate(cases):
                     mask = sp.diags((which == k).astype(np.int32), dtype=np.int32)
-                    rows = rows + mask @ _rows_of(case, self.n, size)
-                return [self._dep_or_free(out_aval.shape, _norm(rows), out_aval)]
+                    rows = rows + mask @ rows_of(case, self.n, size)
+                return [self._dep_or_free(out_aval.shape, pattern(rows), out_aval)]
             operands = cases
         if name == "mul" and len(operands) == 2:
             a, b = operands
             rows = sp.csr_matrix((size, self.n), dtype=np.int32)
             for this, other in ((a, b), (b, a)):
-                part = _rows_of(this, self.n, size)
+                part = rows_of(this, self.n, size)
                 if isinstance(other, Known):
                     nz = np.broadcast_to(other.value != 0, out_aval.shape).ravel()
                     part = sp.diags(nz.astype(np.int32), dtype=np.int32) @ part
                 rows = rows + part
-            return [self._dep_or_free(out_aval.shape, _norm(rows), out_aval)]
+            return [self._dep_or_free(out_aval.shape, pattern(rows), out_aval)]
         if name == "clamp":  # clamp(lo, x, hi): x's dependencies (and bounds' if traced)
             pass
         rows = sp.csr_matrix((size, self.n), dtype=np.int32)
         for x in operands:
-            rows = rows + _rows_of(x, self.n, size)
-        return [self._dep_or_free(out_aval.shape, _norm(rows), out_aval)]
+            rows = rows + rows_of(x, self.n, size)
+        return [self._dep_or_free(out_aval.shape, pattern(rows), out_aval)]
 
     def dot_general(self, eqn, ins):
         lhs, rhs = ins
@@ -304,8 +310,8 @@ class _Interpreter:
             nd = len(x.shape)
             free = [d for d in range(nd) if d not in batch and d not in contract]
             order = [*batch, *free, *contract] if contract_last else [*batch, *contract, *free]
-            num = np.arange(_size(x.shape)).reshape(x.shape).transpose(order)
-            sizes = [_size([x.shape[d] for d in g]) for g in (batch, free, contract)]
+            num = np.arange(size_of(x.shape)).reshape(x.shape).transpose(order)
+            sizes = [size_of([x.shape[d] for d in g]) for g in (batch, free, contract)]
             b, f, c = sizes
             num = num.reshape((b, f, c) if contract_last else (b, c, f))
             if isinstance(x, Known):
@@ -322,15 +328,15 @@ class _Interpreter:
         if isinstance(lhs, Dep):
             blocks = [sp.kron(sp.eye(m, dtype=np.int32),
                               sp.csr_matrix(rnz[b].T.astype(np.int32))) for b in range(nb)]
-            t = sp.block_diag(blocks, format="csr") @ _select(_size(lhs.shape), ln.ravel())
+            t = sp.block_diag(blocks, format="csr") @ _select(size_of(lhs.shape), ln.ravel())
             rows = rows + t @ lhs.rows
         if isinstance(rhs, Dep):
             # rhs in (b, k, j) order: numbers rn[b] are (k, j)
             blocks = [sp.kron(sp.csr_matrix(lnz[b].astype(np.int32)),
                               sp.eye(nn, dtype=np.int32)) for b in range(nb)]
-            t = sp.block_diag(blocks, format="csr") @ _select(_size(rhs.shape), rn.ravel())
+            t = sp.block_diag(blocks, format="csr") @ _select(size_of(rhs.shape), rn.ravel())
             rows = rows + t @ rhs.rows
-        return [self._dep_or_free(out_aval.shape, _norm(rows), out_aval)]
+        return [self._dep_or_free(out_aval.shape, pattern(rows), out_aval)]
 
     def conv(self, eqn, ins):
         lhs, rhs = ins
@@ -343,12 +349,12 @@ class _Interpreter:
         kernel = rhs.value
         filter_shape = tuple(kernel.shape[d] for d in rhs_spec[2:])
         dtype = np.float64 if jax.config.jax_enable_x64 else np.float32
-        numbers = jnp.asarray(np.arange(_size(lhs.shape), dtype=dtype).reshape(lhs.shape) + 1)
+        numbers = jnp.asarray(np.arange(size_of(lhs.shape), dtype=dtype).reshape(lhs.shape) + 1)
         # one output feature per (input feature, filter offset), its kernel a single 1: the
         # convolution then returns, for every output position, the number of the input
         # element at that offset (0 where it falls in the padding)
         c_in = kernel.shape[rhs_spec[1]]
-        q = c_in * _size(filter_shape)
+        q = c_in * size_of(filter_shape)
         onehot = np.eye(q, dtype=dtype).reshape(q, c_in, *filter_shape)
         onehot = np.transpose(onehot, np.argsort(rhs_spec))
         params = {k: v for k, v in p.items() if k not in ("precision", "preferred_element_type")}
@@ -361,10 +367,10 @@ class _Interpreter:
         knz = (kt != 0).reshape(kt.shape[0], -1)
         pt = np.transpose(patches, out_spec)
         nb, nf = pt.shape[:2]
-        spatial = _size(pt.shape[2:])
+        spatial = size_of(pt.shape[2:])
         pt = pt.reshape(nb, nf, spatial)
         out_aval = eqn.outvars[0].aval
-        out_num = np.arange(_size(out_aval.shape)).reshape(out_aval.shape)
+        out_num = np.arange(size_of(out_aval.shape)).reshape(out_aval.shape)
         out_num = np.transpose(out_num, out_spec)
         out_num = out_num.reshape(nb, knz.shape[0], spatial)
         r_list, c_list = [], []
@@ -378,8 +384,8 @@ class _Interpreter:
         r = np.concatenate(r_list)
         c = np.concatenate(c_list)
         t = sp.csr_matrix((np.ones(r.size, np.int32), (r, c)),
-                          shape=(_size(out_aval.shape), _size(lhs.shape)))
-        return [self._dep_or_free(out_aval.shape, _norm(t @ lhs.rows), out_aval)]
+                          shape=(size_of(out_aval.shape), size_of(lhs.shape)))
+        return [self._dep_or_free(out_aval.shape, pattern(t @ lhs.rows), out_aval)]
 
     def cond(self, eqn, ins):
         index, ops = ins[0], ins[1:]
@@ -391,11 +397,11 @@ class _Interpreter:
                                                                      eqn.outvars, strict=True)]
 
     def _union(self, xs, aval):
-        size = _size(aval.shape)
+        size = size_of(aval.shape)
         rows = sp.csr_matrix((size, self.n), dtype=np.int32)
         for x in xs:
-            rows = rows + _rows_of(x, self.n, size)
-        return self._dep_or_free(aval.shape, _norm(rows), aval)
+            rows = rows + rows_of(x, self.n, size)
+        return self._dep_or_free(aval.shape, pattern(rows), aval)
 
     def _same(self, a, b):
         ra = a.rows if isinstance(a, Dep) else None
@@ -445,11 +451,11 @@ class _Interpreter:
             shape = x.shape[1:]
             if isinstance(x, Dep):
                 length = x.shape[0]
-                per = _size(shape)
+                per = size_of(shape)
                 t = sp.csr_matrix((np.ones(length * per, np.int32),
                                    (np.tile(np.arange(per), length), np.arange(length * per))),
                                   shape=(per, length * per))
-                x_el.append(self._dep_or_free(shape, _norm(t @ x.rows)))
+                x_el.append(self._dep_or_free(shape, pattern(t @ x.rows)))
             else:
                 x_el.append(Free(shape))
         body = p["jaxpr"]
@@ -464,11 +470,11 @@ class _Interpreter:
             raise RuntimeError("sparsity detection: scan fixed point not reached")
         ys = []
         for y, aval in zip(out[n_carry:], avals[n_carry:], strict=True):
-            size = _size(aval.shape)
+            size = size_of(aval.shape)
             if isinstance(y, Dep):
                 per = y.rows.shape[0]
                 idx = np.tile(np.arange(per), size // max(per, 1))
-                ys.append(self._dep_or_free(aval.shape, _norm(_select(per, idx) @ y.rows), aval))
+                ys.append(self._dep_or_free(aval.shape, pattern(_select(per, idx) @ y.rows), aval))
             else:
                 ys.append(Free(aval.shape))
         return [*new, *ys]
@@ -484,7 +490,7 @@ class _Interpreter:
                 if isinstance(x, Known):
                     x_it.append(Known(x.value[it]))
                 elif isinstance(x, Dep):
-                    per = _size(x.shape[1:])
+                    per = size_of(x.shape[1:])
                     x_it.append(self._dep_or_free(x.shape[1:], x.rows[it * per:(it + 1) * per]))
                 else:
                     x_it.append(Free(x.shape[1:]))
@@ -493,13 +499,13 @@ class _Interpreter:
             ys[it] = out[n_carry:]
         stacked = []
         for j, aval in enumerate(avals[n_carry:]):
-            per = _size(aval.shape[1:])
+            per = size_of(aval.shape[1:])
             parts = [ys[it][j] for it in range(length)]
             if all(isinstance(y, Known) for y in parts):
                 stacked.append(Known(np.stack([y.value for y in parts])))
                 continue
-            rows = sp.vstack([_rows_of(y, self.n, per) for y in parts]).tocsr()
-            stacked.append(self._dep_or_free(aval.shape, _norm(rows), aval))
+            rows = sp.vstack([rows_of(y, self.n, per) for y in parts]).tocsr()
+            stacked.append(self._dep_or_free(aval.shape, pattern(rows), aval))
         return [*carry, *stacked]
 
     # -------------------------------------------------------------- driver
@@ -604,10 +610,10 @@ def jacobian_sparsity(g: Callable, t, v) -> sp.csr_matrix:
     v = jnp.asarray(v)
     n = v.size
     closed = jax.make_jaxpr(g)(t, v)
-    interp = _Interpreter(n)
-    start = Dep(v.shape, _norm(sp.identity(n, dtype=np.int32, format="csr")))
+    interp = Interpreter(n)
+    start = Dep(v.shape, pattern(sp.identity(n, dtype=np.int32, format="csr")))
     (out,) = interp.run(closed, [Free(np.shape(t)), start])
-    rows = _rows_of(out, n, _size(out.shape))
+    rows = rows_of(out, n, size_of(out.shape))
     m = sp.csr_matrix(rows, dtype=bool)
     m.sort_indices()
     return m

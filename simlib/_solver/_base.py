@@ -52,7 +52,7 @@ def linear_combination(terms: list[tuple[float, PyTree]]) -> PyTree:
     return jax.tree_util.tree_map(leaf, *[k for _, k in terms])
 
 
-def _sum_squares(tree: PyTree) -> jax.Array:
+def sum_squares(tree: PyTree) -> jax.Array:
     return sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree))
 
 
@@ -77,7 +77,7 @@ def rms_error_ratio(y: PyTree, y1: PyTree, err: PyTree, rtol, atol, factor=1.0) 
     """``factor * sqrt(mean((err / (atol + rtol max(|y|, |y1|)))^2))`` over every component."""
     scale = error_scale(y, y1, rtol, atol)
     scaled = jax.tree_util.tree_map(lambda e, s: e / s, err, scale)
-    return factor * safe_sqrt(_sum_squares(scaled) / tree_size(y))
+    return factor * safe_sqrt(sum_squares(scaled) / tree_size(y))
 
 
 class AbstractSolver:

@@ -27,6 +27,7 @@ The driver's PI controller is bypassed: :meth:`BDF.propose_step` picks the order
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -35,7 +36,7 @@ import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from .._linalg._base import Factorisation
+from .._linalg._base import Factorisation, LinearSolver
 from ._base import AbstractSolver, PyTree, VectorField, register_static
 from ._implicit import (
     LinearAlgebra,
@@ -161,8 +162,9 @@ class BDF(LinearAlgebra, AbstractSolver):
         "(1997) 1-22; G. D. Byrne and A. C. Hindmarsh, ACM TOMS 1 (1975) 71-96"
     )
 
-    def __init__(self, max_order: int = MAX_ORDER, jac="fwd", ndf: bool = True,
-                 newton_max_iters: int = 4, linear_solver=None):
+    def __init__(self, max_order: int = MAX_ORDER, jac: str | Callable = "fwd",
+                 ndf: bool = True, newton_max_iters: int = 4,
+                 linear_solver: LinearSolver | None = None) -> None:
         if not isinstance(max_order, int) or not 1 <= max_order <= MAX_ORDER:
             raise ValueError(f"max_order must be an int from 1 to {MAX_ORDER}; got {max_order!r}")
         if not isinstance(newton_max_iters, int) or newton_max_iters < 1:

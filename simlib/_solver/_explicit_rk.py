@@ -22,12 +22,12 @@ from ._base import (
     AbstractSolver,
     PyTree,
     VectorField,
-    _sum_squares,
     axpy,
     error_scale,
     linear_combination,
     register_static,
     rms_error_ratio,
+    sum_squares,
     tree_size,
 )
 from ._rk_tableaus import BOSH3, DOPRI5, DOPRI8, EULER, HEUN, MIDPOINT, RK4, TSIT5
@@ -114,8 +114,8 @@ class ExplicitRungeKutta(AbstractSolver):
         scale = error_scale(y, y1, rtol, atol)
         n = tree_size(y)
         err5, err3 = err
-        e5 = _sum_squares(jax.tree_util.tree_map(lambda e, s: e / s, err5, scale))
-        e3 = _sum_squares(jax.tree_util.tree_map(lambda e, s: e / s, err3, scale))
+        e5 = sum_squares(jax.tree_util.tree_map(lambda e, s: e / s, err5, scale))
+        e3 = sum_squares(jax.tree_util.tree_map(lambda e, s: e / s, err3, scale))
         denom = e5 + 0.01 * e3
         safe = jnp.where(denom > 0, denom, 1.0)
         return jnp.where(denom > 0, absh * e5 / jnp.sqrt(safe * n), 0.0)

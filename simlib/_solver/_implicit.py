@@ -368,7 +368,11 @@ def detect_sparsity(f: VectorField, y0: PyTree, t0, args):
     import numpy as np
     import scipy.sparse as sp
 
-    from .._linalg._sparsity import Dep, Free, _Interpreter, _norm, _rows_of, _size
+    from .._linalg._sparsity import Dep, Free
+    from .._linalg._sparsity import Interpreter as _Interpreter
+    from .._linalg._sparsity import pattern as _norm
+    from .._linalg._sparsity import rows_of as _rows_of
+    from .._linalg._sparsity import size_of as _size
 
     v, unravel = ravel_pytree(y0)
     leaves, treedef = jax.tree_util.tree_flatten(args)

@@ -74,6 +74,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from .._linalg._base import LinearSolver
 from ._base import AbstractSolver, PyTree, VectorField, register_static
 from ._implicit import (
     LinearAlgebra,
@@ -96,7 +97,8 @@ class _Rosenbrock(LinearAlgebra, AbstractSolver):
 
     accepts_mass = True  # M y' = f: solve's mass_matrix (Hairer and Wanner, VI.4)
 
-    def __init__(self, jac: str | Callable = "fwd", linear_solver=None):
+    def __init__(self, jac: str | Callable = "fwd",
+                 linear_solver: LinearSolver | None = None) -> None:
         self.jac = check_jac(jac)
         self.linear_solver = check_linear_solver(linear_solver, self.jac)
 
@@ -357,16 +359,9 @@ class Rodas5(_Rodas):
 
     The classical order-5 Rodas (Hairer and Wanner, *Solving ODEs II*, 2nd ed., 1996,
     IV.7); on stiff problems its error is less well controlled than :class:`Rodas5P`'s
-    (order reduction on Prothero-Robinson-type problems), which is preferred. See the
-    module docstring for the scheme. ``num_fevals`` counts the eight evaluations of ``f``
-    per step attempt, not the Jacobian (``n`` forward passes with ``jac="fwd"``) and
-    ``df/dt`` (one ``jvp``) also evaluated once per attempt, nor the eight ``jvp``
-    products of the stage solves' refinement.
-
-    Args:
-        jac: ``"fwd"`` (``jax.jacfwd``, the default), ``"rev"`` (``jax.jacrev``) or a
-            callable ``jac(t, y, args)`` returning ``df/dy`` on the flattened state, an
-            ``(n, n)`` array (a hashable function: the solver compares by it).
+    (order reduction on Prothero-Robinson-type problems), which is preferred. The scheme,
+    the counting of ``num_fevals`` and the arguments are those of :class:`Rodas5P`; only
+    the coefficients differ.
     """
 
     _tableau = _RODAS5

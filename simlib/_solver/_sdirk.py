@@ -43,6 +43,7 @@ larger systems (docs/pde.md).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -51,6 +52,7 @@ import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from .._linalg._base import LinearSolver
 from ._base import AbstractSolver, PyTree, VectorField, register_static
 from ._implicit import (
     LinearAlgebra,
@@ -110,9 +112,9 @@ class _ImplicitRK(LinearAlgebra, AbstractSolver):
 
     default_newton_iters = 10
 
-    def __init__(self, jac="fwd", newton_rtol: float | None = None,
+    def __init__(self, jac: str | Callable = "fwd", newton_rtol: float | None = None,
                  newton_atol: float | None = None, max_newton_iters: int | None = None,
-                 linear_solver=None):
+                 linear_solver: LinearSolver | None = None) -> None:
         if max_newton_iters is None:
             max_newton_iters = self.default_newton_iters
         self.jac = check_jac(jac)
@@ -361,12 +363,8 @@ class Kvaerno5(ESDIRK):
     """Kvaerno's ESDIRK 5(4) (BIT 44, 2004): 7 stages (6 implicit), stiffly accurate,
     L-stable, order 5 with an embedded order-4 estimate, cubic Hermite dense output. One
     Jacobian and one LU of ``I - h gamma J`` (``gamma = 0.26``) per step, simplified
-    Newton per stage. For stiff problems at ``rtol`` about 1e-6 to 1e-10.
-
-    Args: see the module (``jac``, ``newton_rtol``, ``newton_atol``,
-    ``max_newton_iters``). ``num_fevals`` counts one evaluation per implicit stage and
-    attempt, plus the Newton iterations beyond the first of each stage in accepted steps
-    (those of rejected steps are not counted: a lower bound).
+    Newton per stage. For stiff problems at ``rtol`` about 1e-6 to 1e-10. Arguments and
+    the counting of ``num_fevals``: as :class:`Kvaerno3`.
     """
 
     order = 5

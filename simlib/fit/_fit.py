@@ -23,7 +23,9 @@ import optax.tree_utils as otu
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from .. import _summary
 from ..progress import bar as progress_bar
+from ._checks import as_float_tree, check_positive_int
 from ._transforms import leaf_names, make_maps
 
 PyTree = Any
@@ -106,8 +108,6 @@ class FitResult:
         object.__setattr__(self, "steps_per_second", rate)
 
     def __repr__(self) -> str:
-        from .. import _summary
-
         start = _summary.number(self.history[0]) if np.size(self.history) else "?"
         timing = (f"{self.compile_time:.3g} s, run_time={self.run_time:.3g} s, "
                   f"steps_per_second={self.steps_per_second:.3g}")
@@ -125,8 +125,6 @@ class FitResult:
 def _params_summary(params: PyTree, stderr: PyTree | None) -> str:
     """``{['alpha']: 1.02 ± 0.01, ['w']: float64[3,3]}``: scalars (and arrays of at most 4
     values) as numbers, with standard errors when known; larger arrays as shapes."""
-    from .. import _summary
-
     paths, treedef = jax.tree_util.tree_flatten_with_path(params)
     errs = [None] * len(paths)
     if stderr is not None and jax.tree_util.tree_structure(stderr) == treedef:
@@ -151,25 +149,6 @@ def _params_summary(params: PyTree, stderr: PyTree | None) -> str:
 # argument checks
 
 
-def _as_float_tree(params0: PyTree, root: str = "params0") -> PyTree:
-    leaves, treedef = jax.tree_util.tree_flatten(params0)
-    if not leaves:
-        raise ValueError(f"{root} has no array leaves: {params0!r}")
-    out = []
-    for name, leaf in zip(leaf_names(params0, root), leaves, strict=True):
-        if isinstance(leaf, jax.core.Tracer):
-            raise TypeError(f"{name} is a traced value; call fit() outside jit/vmap/grad")
-        arr = np.asarray(leaf)
-        if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
-            raise TypeError(f"{name} must be numeric, got {leaf!r}")
-        if not np.all(np.isfinite(arr)):
-            raise ValueError(f"{name} must be finite, got {leaf!r}")
-        x = jnp.asarray(leaf)
-        dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.result_type(float)
-        out.append(jnp.array(x, dtype=dtype))  # jnp.array with a dtype: not weakly typed
-    return jax.tree_util.tree_unflatten(treedef, out)
-
-
 def _strong(tree: PyTree) -> PyTree:
     """Drop weak types, so that the chunk function's outputs match its inputs exactly."""
     return jax.tree_util.tree_map(lambda x: jnp.array(x, dtype=jnp.result_type(x)), tree)
@@ -188,12 +167,6 @@ def _check_loss(loss: Callable, params: PyTree, name: str = "loss") -> None:
         raise ValueError(f"{name} must return a scalar, got {shape}")
     if not jnp.issubdtype(leaves[0].dtype, jnp.floating):
         raise TypeError(f"{name} must return a real floating scalar, got dtype {leaves[0].dtype}")
-
-
-def _check_positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 # --------------------------------------------------------------------------------------
@@ -352,8 +325,63 @@ def fit(
         J. Nocedal and S. J. Wright, *Numerical Optimization*, 2nd ed., Springer, 2006
         (L-BFGS: Section 7.2; Gauss-Newton: Section 10.3).
     """
-    steps = _check_positive_int(steps, "steps")
-    chunk = min(steps, DEFAULT_CHUNK) if chunk is None else _check_positive_int(chunk, "chunk")
+    steps, chunk, tol, optimizer = _check_settings(steps, chunk, tol, optimizer, stderr,
+                                                   residuals)
+    params0 = as_float_tree(params0)
+    to_physical, to_unconstrained = make_maps(transforms, params0)
+    _check_loss(loss, params0)
+    u0 = _strong(to_unconstrained(params0))
+    for name, leaf in zip(leaf_names(params0), jax.tree_util.tree_leaves(u0), strict=True):
+        if not np.all(np.isfinite(np.asarray(leaf))):
+            raise ValueError(f"{name} maps to a non-finite unconstrained value; move it away "
+                             "from its bounds")
+
+    def objective(u):
+        return jnp.asarray(loss(to_physical(u))).reshape(())
+
+    start = time.perf_counter()
+    loop = _compile(objective, optimizer, u0, chunk, tol)
+    compile_time = time.perf_counter() - start
+
+    bar = progress_bar(progress, steps, "fit", "step", leave=False)
+    t_start = time.perf_counter()
+    try:
+        out = _optimise(loop, steps, chunk, tol, bar)
+    finally:
+        bar.close()
+    jax.block_until_ready(out.u)
+    run_time = time.perf_counter() - t_start
+
+    params = to_physical(out.u)
+    hist = np.concatenate(out.history + [np.array([out.loss])]) if out.history \
+        else np.array([out.loss])
+    gn = None
+    if stderr:
+        gn = gauss_newton_covariance(residuals, params)
+    return FitResult(
+        params=params,
+        loss=out.loss,
+        history=hist,
+        grad_norm=out.grad_norm,
+        n_steps=out.done,
+        converged=out.converged,
+        message=out.message,
+        stderr=None if gn is None else gn.stderr,
+        correlation=None if gn is None else gn.correlation,
+        covariance=None if gn is None else gn.covariance,
+        gauss_newton=gn,
+        compile_time=compile_time,
+        run_time=run_time,
+    )
+
+
+def _check_settings(steps: Any, chunk: Any, tol: Any, optimizer: Any, stderr: bool,
+                    residuals: Any) -> tuple[int, int, float | None,
+                                             optax.GradientTransformation]:
+    """:func:`fit`'s settings checked: ``(steps, chunk, tol, optimizer)`` with the
+    defaults filled in (``chunk`` at most ``steps``, ``optax.adam(1e-2)``)."""
+    steps = check_positive_int(steps, "steps")
+    chunk = min(steps, DEFAULT_CHUNK) if chunk is None else check_positive_int(chunk, "chunk")
     chunk = min(chunk, steps)
     if tol is not None:
         if isinstance(tol, bool) or not isinstance(tol, int | float | np.floating | np.integer) \
@@ -372,19 +400,23 @@ def fit(
                          "the weighted residual vector (see trajectory_residuals)")
     if residuals is not None and not callable(residuals):
         raise TypeError(f"residuals must be callable as residuals(params), got {residuals!r}")
+    return steps, chunk, tol, optimizer
 
-    params0 = _as_float_tree(params0)
-    to_physical, to_unconstrained = make_maps(transforms, params0)
-    _check_loss(loss, params0)
-    u0 = _strong(to_unconstrained(params0))
-    for name, leaf in zip(leaf_names(params0), jax.tree_util.tree_leaves(u0), strict=True):
-        if not np.all(np.isfinite(np.asarray(leaf))):
-            raise ValueError(f"{name} maps to a non-finite unconstrained value; move it away "
-                             "from its bounds")
 
-    def objective(u):
-        return jnp.asarray(loss(to_physical(u))).reshape(())
+@dataclass
+class _Loop:
+    """The compiled chunk function and the state it starts from."""
 
+    compiled: Callable   # see _make_chunk
+    u: PyTree            # unconstrained parameters
+    state: PyTree        # optimiser state
+    carried: tuple       # (value, grad, have) passed from one chunk to the next
+    gtol: jax.Array      # gradient-norm tolerance inside the chunk (-1: none)
+
+
+def _compile(objective: Callable, optimizer: optax.GradientTransformation, u0: PyTree,
+             chunk: int, tol: float | None) -> _Loop:
+    """Initialise the optimiser and compile the chunk function once, for every chunk."""
     opt = optax.with_extra_args_support(optimizer)
     state0 = _strong(opt.init(u0))
     try:
@@ -392,8 +424,6 @@ def fit(
             otu.tree_get(state0, "grad") is not None
     except KeyError:  # several "value" fields: fall back to computing value and grad
         from_state = False
-
-    start = time.perf_counter()
     run = jax.jit(_make_chunk(objective, opt, chunk, from_state))
     value_dtype = jax.eval_shape(objective, u0).dtype
     gtol = jnp.asarray(-1.0 if tol is None else tol, value_dtype)
@@ -402,87 +432,78 @@ def fit(
     have0 = jnp.zeros((), bool)
     compiled = run.lower(u0, state0, value0, grad0, have0, jnp.asarray(chunk, jnp.int32),
                          gtol).compile()
-    compile_time = time.perf_counter() - start
+    return _Loop(compiled, u0, state0, (value0, grad0, have0), gtol)
 
-    u, state, carried = u0, state0, (value0, grad0, have0)
+
+@dataclass
+class _Outcome:
+    """Where :func:`_optimise` stopped."""
+
+    u: PyTree
+    history: list[np.ndarray]   # losses before each update, chunk by chunk
+    done: int                   # updates taken
+    converged: bool
+    message: str
+    loss: float                 # loss at u
+    grad_norm: float            # gradient norm at u
+
+
+def _optimise(loop: _Loop, steps: int, chunk: int, tol: float | None, bar: Any) -> _Outcome:
+    """Run chunks until ``steps`` updates, the ``tol`` rule or a non-finite loss."""
+    u, state, carried = loop.u, loop.state, loop.carried
     history: list[np.ndarray] = []
     done = 0
-    converged = False
     message = f"ran all {steps} steps" + ("" if tol is not None else " (no tol given)")
     loss_prev = None
     loss_now = grad_now = math.nan
-    bar = progress_bar(progress, steps, "fit", "step", leave=False)
-    t_start = time.perf_counter()
-    try:
-        while done < steps:
-            n = min(chunk, steps - done)
-            out = compiled(u, state, *carried, jnp.asarray(n, jnp.int32), gtol)
-            u_new, state_new, value_new, grad_new, values, gnorms, n_done = out
-            n_done = int(n_done)  # waits for the chunk
-            trail = np.asarray(values)[: n_done + 1]  # losses after 0 .. n_done updates
-            g_trail = np.asarray(gnorms)[: n_done + 1]
-            if loss_prev is None:
-                if not np.isfinite(trail[0]):
-                    raise ValueError(f"loss(params0) is not finite: {trail[0]!r}")
-                loss_prev = float(trail[0])
-            if not (np.all(np.isfinite(trail)) and np.all(np.isfinite(g_trail))):
-                # rerun the chunk up to the last step whose loss and gradient are finite
-                bad = int(np.argmin(np.isfinite(trail) & np.isfinite(g_trail)))
-                good = max(bad - 1, 0)
-                u, state, *_, values, gnorms, _ = compiled(
-                    u, state, *carried, jnp.asarray(good, jnp.int32), gtol)
-                history.append(np.asarray(values)[:good])
-                done += good
-                loss_now, grad_now = float(values[good]), float(gnorms[good])
-                message = (f"the loss became non-finite at step {done + 1}; returning the "
-                           f"parameters after step {done}")
-                bar.update(good)
-                break
-            values = trail[:-1]
-            value_end, gnorm_end = float(trail[-1]), float(g_trail[-1])
-            stopped = n_done < n
-            history.append(values)
-            u, state, done = u_new, state_new, done + n_done
-            carried = (value_new, grad_new, jnp.ones((), bool))
-            loss_now, grad_now = value_end, gnorm_end
-            bar.update(n_done)
-            bar.set_postfix_str(f"loss={loss_now:.6g}, grad={grad_now:.2g}")
-            if tol is not None:
-                if stopped or grad_now <= tol:
-                    converged = True
-                    message = f"gradient norm {grad_now:.3g} <= tol after {done} steps"
-                    break
-                if abs(loss_now - loss_prev) <= tol * max(1.0, abs(loss_now)):
-                    converged = True
-                    message = (f"loss change {abs(loss_now - loss_prev):.3g} over the last "
-                               f"chunk <= tol * max(1, |loss|) after {done} steps")
-                    break
-            loss_prev = loss_now
-    finally:
-        bar.close()
-    jax.block_until_ready(u)
-    run_time = time.perf_counter() - t_start
+    while done < steps:
+        n = min(chunk, steps - done)
+        out = loop.compiled(u, state, *carried, jnp.asarray(n, jnp.int32), loop.gtol)
+        u_new, state_new, value_new, grad_new, values, gnorms, n_done = out
+        n_done = int(n_done)  # waits for the chunk
+        trail = np.asarray(values)[: n_done + 1]  # losses after 0 .. n_done updates
+        g_trail = np.asarray(gnorms)[: n_done + 1]
+        if loss_prev is None:
+            if not np.isfinite(trail[0]):
+                raise ValueError(f"loss(params0) is not finite: {trail[0]!r}")
+            loss_prev = float(trail[0])
+        if not (np.all(np.isfinite(trail)) and np.all(np.isfinite(g_trail))):
+            # rerun the chunk up to the last step whose loss and gradient are finite
+            bad = int(np.argmin(np.isfinite(trail) & np.isfinite(g_trail)))
+            good = max(bad - 1, 0)
+            u, state, *_, values, gnorms, _ = loop.compiled(
+                u, state, *carried, jnp.asarray(good, jnp.int32), loop.gtol)
+            history.append(np.asarray(values)[:good])
+            done += good
+            message = (f"the loss became non-finite at step {done + 1}; returning the "
+                       f"parameters after step {done}")
+            bar.update(good)
+            return _Outcome(u, history, done, False, message, float(values[good]),
+                            float(gnorms[good]))
+        history.append(trail[:-1])
+        u, state, done = u_new, state_new, done + n_done
+        carried = (value_new, grad_new, jnp.ones((), bool))
+        loss_now, grad_now = float(trail[-1]), float(g_trail[-1])
+        bar.update(n_done)
+        bar.set_postfix_str(f"loss={loss_now:.6g}, grad={grad_now:.2g}")
+        reason = _tol_met(tol, n_done < n, loss_now, loss_prev, grad_now, done)
+        if reason is not None:
+            return _Outcome(u, history, done, True, reason, loss_now, grad_now)
+        loss_prev = loss_now
+    return _Outcome(u, history, done, False, message, loss_now, grad_now)
 
-    params = to_physical(u)
-    hist = np.concatenate(history + [np.array([loss_now])]) if history else np.array([loss_now])
-    gn = None
-    if stderr:
-        gn = gauss_newton_covariance(residuals, params)
-    return FitResult(
-        params=params,
-        loss=loss_now,
-        history=hist,
-        grad_norm=grad_now,
-        n_steps=done,
-        converged=converged,
-        message=message,
-        stderr=None if gn is None else gn.stderr,
-        correlation=None if gn is None else gn.correlation,
-        covariance=None if gn is None else gn.covariance,
-        gauss_newton=gn,
-        compile_time=compile_time,
-        run_time=run_time,
-    )
+
+def _tol_met(tol: float | None, stopped: bool, loss_now: float, loss_prev: float,
+             grad_now: float, done: int) -> str | None:
+    """The stopping rule of :func:`fit` after a chunk: why it is met, or None."""
+    if tol is None:
+        return None
+    if stopped or grad_now <= tol:
+        return f"gradient norm {grad_now:.3g} <= tol after {done} steps"
+    if abs(loss_now - loss_prev) <= tol * max(1.0, abs(loss_now)):
+        return (f"loss change {abs(loss_now - loss_prev):.3g} over the last "
+                f"chunk <= tol * max(1, |loss|) after {done} steps")
+    return None
 
 
 # --------------------------------------------------------------------------------------
@@ -543,7 +564,7 @@ def gauss_newton_covariance(
     """
     if jacobian not in ("auto", "fwd", "rev"):
         raise ValueError(f"jacobian must be 'auto', 'fwd' or 'rev', got {jacobian!r}")
-    params = _as_float_tree(params, root="params")
+    params = as_float_tree(params, root="params")
     theta, unravel = ravel_pytree(params)
 
     def flat_res(th):

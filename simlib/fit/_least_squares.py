@@ -35,7 +35,8 @@ import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from ._fit import FitResult, _as_float_tree, _check_positive_int, gauss_newton_covariance
+from ._checks import as_float_tree, check_positive_int
+from ._fit import FitResult, gauss_newton_covariance
 from ._transforms import make_maps
 
 PyTree = Any
@@ -113,19 +114,9 @@ def least_squares(
         >>> round(float(res.params["a"]), 6), round(float(res.params["k"]), 6)
         (3.0, 1.5)
     """
-    if damping is not None:
-        raise TypeError("least_squares: damping= (Marquardt's initial lambda) was removed with "
-                        "the trust-region algorithm; the first trust region is factor= "
-                        "(default 1, MINPACK's factor), and the damping follows from it")
-    steps = _check_positive_int(steps, "steps")
-    tols = {name: _positive_number(tol if value is None else value, name)
-            for name, value in (("tol", tol), ("ftol", ftol), ("xtol", xtol), ("gtol", gtol))}
-    factor = _positive_number(factor, "factor")
-    if jacobian not in ("auto", "fwd", "rev"):
-        raise ValueError(f"jacobian must be 'auto', 'fwd' or 'rev', got {jacobian!r}")
-    if not callable(residuals):
-        raise TypeError(f"residuals must be callable as residuals(params), got {residuals!r}")
-    params0 = _as_float_tree(params0)
+    steps, tols, factor = _check_settings(steps, tol, ftol, xtol, gtol, factor, jacobian,
+                                          residuals, damping)
+    params0 = as_float_tree(params0)
     to_physical, to_unconstrained = make_maps(transforms, params0)
     u0, unravel = ravel_pytree(to_unconstrained(params0))
 
@@ -137,17 +128,9 @@ def least_squares(
     except Exception as err:  # noqa: BLE001 - re-raised with context
         raise TypeError(f"calling residuals(params0) failed: {type(err).__name__}: {err}") \
             from err
-    mode = jacobian if jacobian != "auto" else ("fwd" if u0.shape[0] <= n else "rev")
     settings = (tols["ftol"], tols["xtol"], tols["gtol"], factor)
-    run = jax.jit(_lm_loop(flat_res, mode, steps))
     start = time.perf_counter()
-    try:
-        compiled = run.lower(u0, *settings).compile()
-    except TypeError as err:
-        if jacobian != "auto" or "custom_vjp" not in str(err):
-            raise
-        run = jax.jit(_lm_loop(flat_res, "rev", steps))
-        compiled = run.lower(u0, *settings).compile()
+    compiled = _compile(flat_res, jacobian, u0.shape[0] <= n, steps, u0, settings)
     compile_time = time.perf_counter() - start
     start = time.perf_counter()
     out = jax.block_until_ready(compiled(u0, *settings))
@@ -155,6 +138,53 @@ def least_squares(
     k, code = int(out["k"]), int(out["code"])
     history = np.asarray(out["history"])[: k + 1]
     params = to_physical(unravel(out["u"]))
+    result = dict(params=params, loss=float(out["cost"]) / n, history=history / n,
+                  grad_norm=float(out["grad_inf"]), n_steps=k, converged=code in _CONVERGED,
+                  message=_message(code, out, steps), compile_time=compile_time,
+                  run_time=run_time)
+    if stderr:
+        gn = gauss_newton_covariance(residuals, params, jacobian=jacobian)
+        result.update(stderr=gn.stderr, correlation=gn.correlation, covariance=gn.covariance,
+                      gauss_newton=gn)
+    return FitResult(**result)
+
+
+def _check_settings(steps: Any, tol: Any, ftol: Any, xtol: Any, gtol: Any, factor: Any,
+                    jacobian: Any, residuals: Any, damping: Any
+                    ) -> tuple[int, dict[str, float], float]:
+    """:func:`least_squares`'s settings checked: ``(steps, tolerances by name, factor)``."""
+    if damping is not None:
+        raise TypeError("least_squares: damping= (Marquardt's initial lambda) was removed with "
+                        "the trust-region algorithm; the first trust region is factor= "
+                        "(default 1, MINPACK's factor), and the damping follows from it")
+    steps = check_positive_int(steps, "steps")
+    tols = {name: _positive_number(tol if value is None else value, name)
+            for name, value in (("tol", tol), ("ftol", ftol), ("xtol", xtol), ("gtol", gtol))}
+    factor = _positive_number(factor, "factor")
+    if jacobian not in ("auto", "fwd", "rev"):
+        raise ValueError(f"jacobian must be 'auto', 'fwd' or 'rev', got {jacobian!r}")
+    if not callable(residuals):
+        raise TypeError(f"residuals must be callable as residuals(params), got {residuals!r}")
+    return steps, tols, factor
+
+
+def _compile(flat_res: Callable, jacobian: str, few_params: bool, steps: int,
+             u0: jax.Array, settings: tuple) -> Callable:
+    """The compiled Levenberg-Marquardt loop; ``jacobian="auto"`` takes forward mode for
+    ``few_params`` and falls back to reverse mode through a custom VJP."""
+    mode = jacobian if jacobian != "auto" else ("fwd" if few_params else "rev")
+    run = jax.jit(_lm_loop(flat_res, mode, steps))
+    try:
+        return run.lower(u0, *settings).compile()
+    except TypeError as err:
+        if jacobian != "auto" or "custom_vjp" not in str(err):
+            raise
+        run = jax.jit(_lm_loop(flat_res, "rev", steps))
+        return run.lower(u0, *settings).compile()
+
+
+def _message(code: int, out: dict, steps: int) -> str:
+    """What ``FitResult.message`` says for the loop's status ``code``."""
     messages = {
         _GTOL: "converged: the residual is orthogonal to the Jacobian's columns (gtol)",
         _FTOL: "converged: relative reduction below ftol at a stationary point",
@@ -165,14 +195,7 @@ def least_squares(
         _MAX_STEPS: f"not converged: stopped after steps={steps} trial steps",
         _NONFINITE: "the residuals or their Jacobian are not finite",
     }
-    result = dict(params=params, loss=float(out["cost"]) / n, history=history / n,
-                  grad_norm=float(out["grad_inf"]), n_steps=k, converged=code in _CONVERGED,
-                  message=messages[code], compile_time=compile_time, run_time=run_time)
-    if stderr:
-        gn = gauss_newton_covariance(residuals, params, jacobian=jacobian)
-        result.update(stderr=gn.stderr, correlation=gn.correlation, covariance=gn.covariance,
-                      gauss_newton=gn)
-    return FitResult(**result)
+    return messages[code]
 
 
 def _positive_number(value: Any, name: str) -> float:

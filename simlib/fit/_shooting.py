@@ -272,6 +272,30 @@ def multiple_shooting(
         *Numerical Treatment of Inverse Problems in Differential and Integral Equations*,
         Birkhauser, 1983, 95-121. E. Baake et al., *Phys. Rev. A* 45 (1992) 5524-5529.
     """
+    ts_np, obs = _check_data(ts, observed)
+    n = ts_np.shape[0]
+    if isinstance(segments, bool) or not isinstance(segments, int | np.integer) \
+            or not 1 <= segments <= n - 1:
+        raise ValueError(f"segments must be an integer between 1 and len(ts) - 1 = {n - 1}, "
+                         f"got {segments!r}")
+    segments = int(segments)
+    if not (np.isfinite(continuity_weight) and continuity_weight > 0):
+        raise ValueError(f"continuity_weight must be positive, got {continuity_weight!r}")
+    if not callable(f):
+        raise TypeError(f"f must be callable as f(t, y, args), got {f!r}")
+    mask_np = _check_mask(mask, obs.shape)
+    starts, uniform, save_ts = _segment_grid(ts_np, segments, obs.dtype)
+    return MultipleShooting(
+        f=f, ts=ts_np, observed=obs, starts=starts, solver=solver, dt=dt, rtol=rtol, atol=atol,
+        max_steps=int(max_steps), throw=bool(throw), sigma=sigma, mask=mask_np,
+        continuity_weight=float(continuity_weight), uniform=uniform, save_ts=save_ts,
+        adjoint=adjoint,
+    )
+
+
+def _check_data(ts: Any, observed: Any) -> tuple[np.ndarray, jax.Array]:
+    """Concrete, strictly increasing ``ts`` (float64 numpy) and ``observed`` of shape
+    ``(len(ts), d)`` as an inexact JAX array."""
     if isinstance(ts, jax.core.Tracer) or isinstance(observed, jax.core.Tracer):
         raise TypeError("multiple_shooting: ts and observed must be concrete data, not traced")
     ts_np = np.asarray(ts, dtype=np.float64)
@@ -285,25 +309,28 @@ def multiple_shooting(
                          f"{obs.shape}")
     if not jnp.issubdtype(obs.dtype, jnp.inexact):
         obs = obs.astype(jnp.result_type(float))
+    return ts_np, obs
+
+
+def _check_mask(mask: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``mask`` as a concrete boolean array of the observations' ``shape`` (or None)."""
+    if mask is None:
+        return None
+    if isinstance(mask, jax.core.Tracer):
+        raise TypeError("multiple_shooting: mask must be concrete")
+    try:
+        return np.broadcast_to(np.asarray(mask, bool), shape).copy()
+    except ValueError:
+        raise ValueError(f"mask (shape {np.shape(mask)}) must broadcast against observed "
+                         f"(shape {shape})") from None
+
+
+def _segment_grid(ts_np: np.ndarray, segments: int, dtype: Any
+                  ) -> tuple[tuple[int, ...], bool, tuple[jax.Array, ...]]:
+    """``(starts, uniform, save_ts)``: the first observation index of each segment (and
+    the last index), whether all segments share one local time grid, and the save times
+    (one local grid when uniform, else one absolute grid per segment)."""
     n = ts_np.shape[0]
-    if isinstance(segments, bool) or not isinstance(segments, int | np.integer) \
-            or not 1 <= segments <= n - 1:
-        raise ValueError(f"segments must be an integer between 1 and len(ts) - 1 = {n - 1}, "
-                         f"got {segments!r}")
-    segments = int(segments)
-    if not (np.isfinite(continuity_weight) and continuity_weight > 0):
-        raise ValueError(f"continuity_weight must be positive, got {continuity_weight!r}")
-    if not callable(f):
-        raise TypeError(f"f must be callable as f(t, y, args), got {f!r}")
-    mask_np = None
-    if mask is not None:
-        if isinstance(mask, jax.core.Tracer):
-            raise TypeError("multiple_shooting: mask must be concrete")
-        try:
-            mask_np = np.broadcast_to(np.asarray(mask, bool), obs.shape).copy()
-        except ValueError:
-            raise ValueError(f"mask (shape {np.shape(mask)}) must broadcast against observed "
-                             f"(shape {obs.shape})") from None
     # (as nearly as possible) equal numbers of intervals per segment
     starts = tuple(int(round(x)) for x in np.linspace(0, n - 1, segments + 1))
     lengths = np.diff(starts)
@@ -316,13 +343,8 @@ def multiple_shooting(
     # Save times as concrete jax arrays in the state's dtype, made here (outside any jit):
     # solve() then sees concrete save times and runs its static-length fixed-step scan.
     if uniform:
-        save_ts = (jnp.asarray(ts_np[: starts[1] + 1] - ts_np[0], obs.dtype),)
+        save_ts = (jnp.asarray(ts_np[: starts[1] + 1] - ts_np[0], dtype),)
     else:
-        save_ts = tuple(jnp.asarray(ts_np[i0: i1 + 1], obs.dtype)
+        save_ts = tuple(jnp.asarray(ts_np[i0: i1 + 1], dtype)
                         for i0, i1 in zip(starts[:-1], starts[1:], strict=True))
-    return MultipleShooting(
-        f=f, ts=ts_np, observed=obs, starts=starts, solver=solver, dt=dt, rtol=rtol, atol=atol,
-        max_steps=int(max_steps), throw=bool(throw), sigma=sigma, mask=mask_np,
-        continuity_weight=float(continuity_weight), uniform=uniform, save_ts=save_ts,
-        adjoint=adjoint,
-    )
+    return starts, uniform, save_ts

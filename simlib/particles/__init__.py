@@ -30,12 +30,13 @@ from ._bonded import (
 from ._cells import CellList, cell_list, pair_search
 from ._checkpoint import CheckpointError, checkpoint_info
 from ._constraints import Rattle
-from ._dynamics import NVE, Integrator, Langevin, State
+from ._dynamics import NVE, Carry, Integrator, Langevin, State
 from ._electrostatics import PME, Ewald, EwaldParameters, ewald, ewald_parameters, pme
 from ._energy import BondEnergy, Energy, PairEnergy, bond_energy, forces, pair_energy
 from ._initial import lattice, maxwell_boltzmann, plummer
 from ._minimize import MinimizeResult, minimize
 from ._mixing import MIXING_RULES
+from ._model import Model
 from ._neighbors import NeighborList, missing_pairs, neighbor_list, reallocate
 from ._observables import (
     angular_momentum,
@@ -51,10 +52,11 @@ from ._observables import (
 from ._potentials import coulomb, gravity, harmonic, lennard_jones, morse, wca
 from ._settle import Settle
 from ._sharded import ShardedEnergy, sharded
-from ._simulate import Trajectory, simulate
+from ._simulate import simulate
 from ._space import Space, free, periodic
 from ._thermostats import Bussi, NoseHooverChain
 from ._topology import Topology, TopologyError, excluded_pairs, read_lammps_data
+from ._trajectory import Trajectory
 from ._water import Water, spce_energy, spce_water
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
     "AngleEnergy",
     "BondEnergy",
     "Bussi",
+    "Carry",
     "CellList",
     "CheckpointError",
     "Ewald",
@@ -73,6 +76,7 @@ __all__ = [
     "Integrator",
     "Langevin",
     "MinimizeResult",
+    "Model",
     "NeighborList",
     "PairCorrection",
     "PairEnergy",

@@ -17,7 +17,7 @@ from .._errors import Result
 from ._dynamics import Carry, Integrator, kinetic
 from ._neighbors import NeighborList, missing_pairs
 from ._space import Space
-from ._thermostats import _dof, bussi_kinetic
+from ._thermostats import bussi_kinetic, degrees_of_freedom
 
 
 def _volume(box):
@@ -154,7 +154,7 @@ class StochasticCellRescaling(Integrator):
 
     def step(self, model, carry: Carry, masses, params, dt, key) -> Carry:
         dtype = carry.velocities.dtype
-        nf = _dof(self.dof, carry.positions)
+        nf = degrees_of_freedom(self.dof, carry.positions)
         k1, k2, k3 = jax.random.split(jax.random.fold_in(key, carry.step), 3)
         cell = carry.extra
         half = 0.5 * dt

@@ -187,6 +187,44 @@ def checkpoint_info(path: str | os.PathLike) -> dict:
                 jax_version=header.get("jax_version"))
 
 
+def check_arguments(checkpoint, checkpoint_every, resume: bool, metadata) -> None:
+    """Refuse :func:`simulate`'s checkpoint arguments that do not fit together, before
+    any work: ``checkpoint_every`` not a positive integer, ``resume`` or metadata without
+    a path, ``resume`` with no file there."""
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) \
+            or checkpoint_every < 1:
+        raise ValueError(f"simulate: checkpoint_every must be a positive integer, got "
+                         f"{checkpoint_every!r}")
+    if resume and checkpoint is None:
+        raise ValueError("simulate: resume=True needs checkpoint=PATH (the file to resume from)")
+    if metadata is not None and checkpoint is None:
+        raise ValueError("simulate: checkpoint_metadata needs checkpoint=PATH (it is stored "
+                         "in the checkpoint)")
+    if resume and not os.path.exists(checkpoint):
+        raise FileNotFoundError(f"simulate: resume=True but there is no checkpoint at "
+                                f"{checkpoint}")
+
+
+def signature(model, integrator, state, masses, params, dt, key, n_frames: int,
+              save_every: int, neighbors, chunk_steps: int, metadata=None) -> dict:
+    """What a checkpoint must agree on with the call that resumes it (with the caller's
+    ``metadata``, :func:`as_metadata`, where given)."""
+    x = np.asarray(state.positions)
+    key_data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) \
+        else key
+    signature = dict(
+        n_steps=n_frames * save_every, save_every=save_every, chunk_steps=int(chunk_steps),
+        dt=float(dt), shape=list(x.shape), dtype=str(x.dtype),
+        integrator=type(integrator).__name__, energy=type(model.energy).__name__,
+        neighbor_list=neighbors is not None,
+        integrator_parameters=digest(integrator), key=digest(key_data),
+        params=digest(params), space=digest(model.space),
+        start_state=digest((state.positions, state.velocities, masses)))
+    if metadata is not None:
+        signature["metadata"] = as_metadata(metadata)
+    return signature
+
+
 class Checkpoint:
     """Where and how often a run is checkpointed, and what it must agree on."""
 

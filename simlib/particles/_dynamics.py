@@ -9,12 +9,15 @@ drift and the force.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from .._solver._base import register_static
+
+if TYPE_CHECKING:
+    from ._model import Model
 
 
 class State(NamedTuple):
@@ -26,7 +29,21 @@ class State(NamedTuple):
 
 
 class Carry(NamedTuple):
-    """What the step loop carries: the state, the forces and energy at it, the list."""
+    """What the step loop carries from one step to the next (jax-md's simulation state).
+
+    Made by :meth:`Integrator.start` and advanced by :meth:`Integrator.step`.
+
+    Attributes:
+        positions: ``(n, d)``, wrapped into a periodic box.
+        velocities: ``(n, d)``.
+        forces: ``(n, d)`` at ``positions`` (the next step's first half-kick reuses them).
+        potential_energy: The energy at ``positions``.
+        neighbors: The neighbour list, updated at ``positions`` (``None`` without one).
+        step: The steps taken, an int32 from 0 (stochastic integrators draw step ``k``'s
+            noise from ``fold_in(key, k)``).
+        extra: The integrator's own state (a thermostat's, a barostat's box); ``None``
+            for :class:`NVE`.
+    """
 
     positions: jax.Array
     velocities: jax.Array
@@ -44,13 +61,34 @@ def kinetic(v, masses):
     return 0.5 * jnp.sum(m * v * v)
 
 
-def _inverse_mass(masses, like):
+def inverse_mass(masses: jax.Array, like: jax.Array) -> jax.Array:
+    """:math:`1/m` in ``like``'s dtype, shaped to broadcast against ``(n, d)`` velocities."""
     m = jnp.asarray(masses, like.dtype)
     return (1.0 / m)[:, None] if m.ndim == 1 else 1.0 / m
 
 
+def velocity_verlet(model, carry: Carry, masses, params, dt, v: jax.Array) -> Carry:
+    """One velocity Verlet step from velocities ``v`` (the forces in ``carry`` are at its
+    positions): half kick, drift, forces at the new positions, half kick."""
+    inv_m = inverse_mass(masses, v)
+    v = v + (0.5 * dt) * carry.forces * inv_m
+    x = model.space.shift(carry.positions, dt * v)
+    nbrs = carry.neighbors.update(x) if carry.neighbors is not None else None
+    e, f = model.energy_and_forces(x, params, nbrs)
+    v = v + (0.5 * dt) * f * inv_m
+    return carry._replace(positions=x, velocities=v, forces=f, potential_energy=e,
+                          neighbors=nbrs, step=carry.step + 1)
+
+
 class Integrator:
-    """A particle integrator: ``step(model, carry, masses, params, dt, key) -> carry``.
+    """A particle integrator: ``start(model, state, params, neighbors) -> carry`` once, then
+    ``step(model, carry, masses, params, dt, key) -> carry`` once per step.
+
+    The pair plays the part of jax-md's ``(init_fn, apply_fn)``: :func:`simulate` is a loop
+    over it, and a loop of one's own (``lax.scan``, ``fori_loop``) can drive it the same way
+    (docs/particles.md, "Your own loop"). The model (:class:`Model`), the parameters,
+    ``dt`` and the key are arguments rather than closed over, so they stay pytree leaves:
+    differentiable, and new values do not recompile.
 
     Subclasses provide ``step``, called once per step inside :func:`simulate`'s scan:
     ``model.space.shift(x, dx)`` moves positions and ``model.energy_and_forces(x, params,
@@ -63,6 +101,27 @@ class Integrator:
     """
 
     stochastic = False
+
+    def start(self, model: Model, state: State, params: Any, neighbors: Any = None) -> Carry:
+        """The carry at the start of a run: the positions wrapped into ``model.space``, the
+        neighbour list updated at them (``neighbors.update``), the energy and forces there
+        (one evaluation), step 0 and the integrator's own state (:meth:`init`) in
+        ``extra``. ``neighbors`` is a list allocated beforehand (:func:`neighbor_list`) or
+        ``None``; ``state`` is a :class:`State`."""
+        x = model.space.wrap(jnp.asarray(state.positions))
+        nbrs = neighbors.update(x) if neighbors is not None else None
+        e, f = model.energy_and_forces(x, params, nbrs)
+        step = jnp.zeros((), jnp.int32)
+        carry = Carry(x, jnp.asarray(state.velocities, x.dtype), f, e, nbrs, step)
+        return carry._replace(extra=self.init(model, carry, state.masses, params))
+
+    def step(self, model: Model, carry: Carry, masses: jax.Array, params: Any, dt: jax.Array,
+             key: jax.Array) -> Carry:
+        """One step of size ``dt`` from ``carry``: the new positions and velocities, the
+        forces and energy at the new positions, the list updated there, ``step + 1``
+        (every subclass defines it)."""
+        raise NotImplementedError(f"{type(self).__name__} must define step(model, carry, "
+                                  f"masses, params, dt, key)")
 
     def init(self, model, carry: Carry, masses, params):
         """The integrator's own state at the start (``carry.extra``); ``None`` by default."""
@@ -89,14 +148,7 @@ class NVE(Integrator):
     """
 
     def step(self, model, carry: Carry, masses, params, dt, key) -> Carry:
-        inv_m = _inverse_mass(masses, carry.velocities)
-        v = carry.velocities + (0.5 * dt) * carry.forces * inv_m
-        x = model.space.shift(carry.positions, dt * v)
-        nbrs = carry.neighbors.update(x) if carry.neighbors is not None else None
-        e, f = model.energy_and_forces(x, params, nbrs)
-        v = v + (0.5 * dt) * f * inv_m
-        return carry._replace(positions=x, velocities=v, forces=f, potential_energy=e,
-                              neighbors=nbrs, step=carry.step + 1)
+        return velocity_verlet(model, carry, masses, params, dt, carry.velocities)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -131,7 +183,7 @@ class Langevin(Integrator):
 
     def step(self, model, carry: Carry, masses, params, dt, key) -> Carry:
         v0 = carry.velocities
-        inv_m = _inverse_mass(masses, v0)
+        inv_m = inverse_mass(masses, v0)
         half = 0.5 * dt
         v = v0 + half * carry.forces * inv_m
         x = model.space.shift(carry.positions, half * v)

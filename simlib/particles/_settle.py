@@ -24,7 +24,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from .._errors import Result
-from ._dynamics import Carry, Integrator, _inverse_mass, kinetic
+from ._dynamics import Carry, Integrator, inverse_mass, kinetic
 
 
 def _geometry(m_o, m_h, d_oh, d_hh):
@@ -257,7 +257,7 @@ class Settle(Integrator):
             if th.stochastic:
                 keys = jax.random.split(jax.random.fold_in(key, carry.step))
             v, own = th.thermostat(own, v, masses, nf, half, keys[0])
-        inv_m = _inverse_mass(masses, v)
+        inv_m = inverse_mass(masses, v)
         space = model.space
         x0 = carry.positions
         v = v + half * carry.forces * inv_m

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ._dynamics import Carry, Integrator, kinetic
+from ._dynamics import Carry, Integrator, kinetic, velocity_verlet
 
 # Suzuki-Yoshida weights (Yoshida, Phys. Lett. A 150, 262 (1990)): a symmetric composition of
 # 2nd-order steps of lengths w_j h, of order 2 (1 weight), 4 (3) or 6 (5 weights, the
@@ -28,22 +28,11 @@ SUZUKI_YOSHIDA = {1: (1.0,), 3: (_W3, 1.0 - 2.0 * _W3, _W3),
                   5: (_W5, _W5, 1.0 - 4.0 * _W5, _W5, _W5)}
 
 
-def _dof(dof, positions) -> int:
+def degrees_of_freedom(dof: int | None, positions: jax.Array) -> int:
+    """``dof``, or by default :math:`d(n - 1)` for ``n`` particles in ``d`` dimensions
+    (the centre-of-mass momentum is conserved)."""
     n, d = positions.shape
     return d * (n - 1) if dof is None else int(dof)
-
-
-def _verlet(model, carry: Carry, masses, params, dt, v):
-    """Velocity Verlet from velocities ``v`` (the forces in ``carry`` are at its positions)."""
-    m = jnp.asarray(masses, v.dtype)
-    inv_m = (1.0 / m)[:, None] if m.ndim == 1 else 1.0 / m
-    v = v + (0.5 * dt) * carry.forces * inv_m
-    x = model.space.shift(carry.positions, dt * v)
-    nbrs = carry.neighbors.update(x) if carry.neighbors is not None else None
-    e, f = model.energy_and_forces(x, params, nbrs)
-    v = v + (0.5 * dt) * f * inv_m
-    return carry._replace(positions=x, velocities=v, forces=f, potential_energy=e,
-                          neighbors=nbrs, step=carry.step + 1)
 
 
 class ChainState(NamedTuple):
@@ -156,10 +145,10 @@ class NoseHooverChain(Integrator):
         return ChainState(xi, p), scale
 
     def step(self, model, carry: Carry, masses, params, dt, key) -> Carry:
-        nf = _dof(self.dof, carry.positions)
+        nf = degrees_of_freedom(self.dof, carry.positions)
         half = 0.5 * dt
         chain, s = self._chain(carry.extra, kinetic(carry.velocities, masses), nf, half)
-        carry = _verlet(model, carry, masses, params, dt, s * carry.velocities)
+        carry = velocity_verlet(model, carry, masses, params, dt, s * carry.velocities)
         chain, s = self._chain(chain, kinetic(carry.velocities, masses), nf, half)
         return carry._replace(velocities=s * carry.velocities, extra=chain)
 
@@ -178,7 +167,7 @@ class NoseHooverChain(Integrator):
         return jnp.sum(0.5 * p * p / q) + kT * jnp.sum(weights * xi)
 
     def observe(self, carry: Carry, masses) -> dict:
-        nf = _dof(self.dof, carry.positions)
+        nf = degrees_of_freedom(self.dof, carry.positions)
         extended = self.extended_energy(carry.extra, nf, carry.velocities.dtype)
         return dict(conserved=carry.potential_energy + kinetic(carry.velocities, masses)
                     + extended)
@@ -262,11 +251,11 @@ class Bussi(Integrator):
         return alpha * v, heat + k - new
 
     def step(self, model, carry: Carry, masses, params, dt, key) -> Carry:
-        nf = _dof(self.dof, carry.positions)
+        nf = degrees_of_freedom(self.dof, carry.positions)
         k1, k2 = jax.random.split(jax.random.fold_in(key, carry.step))
         half = 0.5 * dt
         v, heat = self._rescale(carry.velocities, masses, nf, half, k1, carry.extra)
-        carry = _verlet(model, carry, masses, params, dt, v)
+        carry = velocity_verlet(model, carry, masses, params, dt, v)
         v, heat = self._rescale(carry.velocities, masses, nf, half, k2, heat)
         return carry._replace(velocities=v, extra=heat)
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -125,9 +126,64 @@ def read_lammps_data(path: str | os.PathLike, atom_style: str = "full") -> Topol
         raise FileNotFoundError(f"read_lammps_data: no file {str(path)!r}")
     lines = path.read_text().splitlines()
 
-    def fail(lineno: int, why: str):
+    def fail(lineno: int, why: str) -> NoReturn:
         raise TopologyError(f"{path}: line {lineno}: {why}")
 
+    counts, bounds, k = _read_header(lines, fail)
+    for axis in "xyz":
+        if axis not in bounds:
+            raise TopologyError(f"{path}: the header has no '{axis}lo {axis}hi' line")
+    if "atoms" not in counts:
+        raise TopologyError(f"{path}: the header has no 'atoms' count")
+    sections = _read_sections(lines, k, fail)
+    n = counts["atoms"]
+    if "Atoms" not in sections:
+        raise TopologyError(f"{path}: no Atoms section")
+    table, images, order = _read_atoms(sections["Atoms"], n, atom_style, fail)
+    index = {int(i): j for j, i in enumerate(np.asarray(table["id"], np.int64)[order])}
+
+    def column(c, default=0.0):
+        return np.asarray(table[c], float)[order] if c in table else np.full(n, default)
+
+    positions = np.stack([column("x"), column("y"), column("z")], axis=1)
+    types = column("type").astype(np.int64)
+    lo = np.array([bounds[a][0] for a in "xyz"])
+    hi = np.array([bounds[a][1] for a in "xyz"])
+    if np.any(hi <= lo):
+        raise TopologyError(f"{path}: the box has a side of zero or negative length "
+                            f"({lo.tolist()} to {hi.tolist()})")
+
+    def atom(lineno: int, word: str) -> int:
+        try:
+            return index[int(word)]
+        except (KeyError, ValueError):
+            fail(lineno, f"no atom with id {word!r}")
+
+    masses = _read_masses(sections, types, fail)
+    velocities = _read_velocities(sections, n, atom, fail)
+    terms = _read_terms(sections, counts, atom, fail)
+    return Topology(
+        positions=positions, images=np.asarray(images, np.int64)[order], box=hi - lo,
+        origin=lo, types=types, molecules=column("mol").astype(np.int64),
+        charges=column("q"), masses=masses, velocities=velocities,
+        bonds=terms["bonds"][0], bond_types=terms["bonds"][1],
+        angles=terms["angles"][0], angle_types=terms["angles"][1],
+        dihedrals=terms["dihedrals"][0], dihedral_types=terms["dihedrals"][1],
+        impropers=terms["impropers"][0], improper_types=terms["impropers"][1],
+        coeffs=_read_coeffs(sections))
+
+
+# The parts of read_lammps_data. ``fail(lineno, why)`` raises a TopologyError naming the
+# file and line; a section is ``(first line number, comment after its title, rows)`` with
+# rows ``(line number, words)``.
+_Fail = Callable[[int, str], NoReturn]
+_Section = tuple[int, str, list[tuple[int, list[str]]]]
+
+
+def _read_header(lines: list[str], fail: _Fail
+                 ) -> tuple[dict[str, int], dict[str, tuple[float, float]], int]:
+    """The header's counts (``{"atoms": 3, ...}``), box bounds by axis and the index of
+    the first section title."""
     counts: dict[str, int] = {}
     bounds: dict[str, tuple[float, float]] = {}
     k = 1                                     # the first line is a title
@@ -158,13 +214,12 @@ def read_lammps_data(path: str | os.PathLike, atom_style: str = "full") -> Topol
                 else:
                     fail(k + 1, f"unknown header line {body!r}")
         k += 1
-    for axis in "xyz":
-        if axis not in bounds:
-            raise TopologyError(f"{path}: the header has no '{axis}lo {axis}hi' line")
-    if "atoms" not in counts:
-        raise TopologyError(f"{path}: the header has no 'atoms' count")
+    return counts, bounds, k
 
-    sections: dict[str, tuple[int, str, list[tuple[int, list[str]]]]] = {}
+
+def _read_sections(lines: list[str], k: int, fail: _Fail) -> dict[str, _Section]:
+    """The sections from line index ``k`` on, by title."""
+    sections: dict[str, _Section] = {}
     while k < len(lines):
         body, comment = _strip(lines[k])
         if not body:
@@ -183,16 +238,19 @@ def read_lammps_data(path: str | os.PathLike, atom_style: str = "full") -> Topol
                 rows.append((k + 1, b.split()))
             k += 1
         sections[name] = (start, comment, rows)
+    return sections
 
-    n = counts["atoms"]
-    if "Atoms" not in sections:
-        raise TopologyError(f"{path}: no Atoms section")
-    start, comment, rows = sections["Atoms"]
+
+def _read_atoms(section: _Section, n: int, atom_style: str, fail: _Fail
+                ) -> tuple[dict[str, list[float]], list[list[int]], np.ndarray]:
+    """The Atoms section: its columns by name (in file order), the image flags and the
+    order that sorts the atoms by id."""
+    start, comment, rows = section
     style = comment.split()[0] if comment and comment.split()[0] in _ATOM_STYLES else atom_style
     columns = _ATOM_STYLES[style]
     if len(rows) != n:
         fail(start, f"the Atoms section has {len(rows)} lines, the header says {n} atoms")
-    table = {c: [] for c in columns}
+    table: dict[str, list[float]] = {c: [] for c in columns}
     images = []
     for lineno, words in rows:
         if len(words) not in (len(columns), len(columns) + 3):
@@ -207,47 +265,43 @@ def read_lammps_data(path: str | os.PathLike, atom_style: str = "full") -> Topol
     ids = np.asarray(table["id"], np.int64)
     if len(set(ids.tolist())) != n:
         fail(start, "duplicate atom ids")
-    order = np.argsort(ids)
-    index = {int(i): j for j, i in enumerate(ids[order])}
+    return table, images, np.argsort(ids)
 
-    def column(c, default=0.0):
-        return np.asarray(table[c], float)[order] if c in table else np.full(n, default)
 
-    positions = np.stack([column("x"), column("y"), column("z")], axis=1)
-    types = column("type").astype(np.int64)
-    lo = np.array([bounds[a][0] for a in "xyz"])
-    hi = np.array([bounds[a][1] for a in "xyz"])
-    if np.any(hi <= lo):
-        raise TopologyError(f"{path}: the box has a side of zero or negative length "
-                            f"({lo.tolist()} to {hi.tolist()})")
-
-    masses = np.full(n, np.nan)
-    if "Masses" in sections:
-        per_type = {}
-        for lineno, words in sections["Masses"][2]:
-            try:
-                per_type[int(words[0])] = float(words[1])
-            except (ValueError, IndexError):
-                fail(lineno, f"a Masses line is 'type mass', got {' '.join(words)!r}")
-        missing = sorted(set(types.tolist()) - set(per_type))
-        if missing:
-            fail(sections["Masses"][0], f"no mass for atom types {missing}")
-        masses = np.asarray([per_type[t] for t in types.tolist()])
-
-    def atom(lineno, word):
+def _read_masses(sections: dict[str, _Section], types: np.ndarray, fail: _Fail
+                 ) -> np.ndarray:
+    """Per-atom masses from the Masses section (NaN without one)."""
+    if "Masses" not in sections:
+        return np.full(types.shape[0], np.nan)
+    per_type = {}
+    for lineno, words in sections["Masses"][2]:
         try:
-            return index[int(word)]
-        except (KeyError, ValueError):
-            fail(lineno, f"no atom with id {word!r}")
+            per_type[int(words[0])] = float(words[1])
+        except (ValueError, IndexError):
+            fail(lineno, f"a Masses line is 'type mass', got {' '.join(words)!r}")
+    missing = sorted(set(types.tolist()) - set(per_type))
+    if missing:
+        fail(sections["Masses"][0], f"no mass for atom types {missing}")
+    return np.asarray([per_type[t] for t in types.tolist()])
 
-    velocities = None
-    if "Velocities" in sections:
-        velocities = np.zeros((n, 3))
-        for lineno, words in sections["Velocities"][2]:
-            if len(words) < 4:
-                fail(lineno, "a Velocities line is 'id vx vy vz'")
-            velocities[atom(lineno, words[0])] = [float(w) for w in words[1:4]]
 
+def _read_velocities(sections: dict[str, _Section], n: int,
+                     atom: Callable[[int, str], int], fail: _Fail) -> np.ndarray | None:
+    """``(n, 3)`` velocities from the Velocities section (None without one)."""
+    if "Velocities" not in sections:
+        return None
+    velocities = np.zeros((n, 3))
+    for lineno, words in sections["Velocities"][2]:
+        if len(words) < 4:
+            fail(lineno, "a Velocities line is 'id vx vy vz'")
+        velocities[atom(lineno, words[0])] = [float(w) for w in words[1:4]]
+    return velocities
+
+
+def _read_terms(sections: dict[str, _Section], counts: dict[str, int],
+                atom: Callable[[int, str], int], fail: _Fail
+                ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{"bonds": (atom indices, types), "angles": ...}`` from the bonded sections."""
     terms = {}
     for name, width in _TERMS.items():
         key = name.lower()
@@ -265,7 +319,12 @@ def read_lammps_data(path: str | os.PathLike, atom_style: str = "full") -> Topol
             kinds[r] = int(words[1])
             idx[r] = [atom(lineno, w) for w in words[2:]]
         terms[key] = (idx, kinds)
+    return terms
 
+
+def _read_coeffs(sections: dict[str, _Section]) -> dict:
+    """The coefficient sections by title (``{type: [values]}``), and each one's style
+    comment under ``"<title> style"``."""
     coeffs: dict = {}
     for name in _COEFFS:
         if name in sections:
@@ -273,15 +332,7 @@ def read_lammps_data(path: str | os.PathLike, atom_style: str = "full") -> Topol
             coeffs[name] = {int(w[0]): [float(x) for x in w[1:]] for _, w in rows}
             if comment:
                 coeffs[f"{name} style"] = comment
-    return Topology(
-        positions=positions, images=np.asarray(images, np.int64)[order], box=hi - lo,
-        origin=lo, types=types, molecules=column("mol").astype(np.int64),
-        charges=column("q"), masses=masses, velocities=velocities,
-        bonds=terms["bonds"][0], bond_types=terms["bonds"][1],
-        angles=terms["angles"][0], angle_types=terms["angles"][1],
-        dihedrals=terms["dihedrals"][0], dihedral_types=terms["dihedrals"][1],
-        impropers=terms["impropers"][0], improper_types=terms["impropers"][1],
-        coeffs=coeffs)
+    return coeffs
 
 
 def excluded_pairs(bonds: ArrayLike, n_atoms: int, depth: int = 3) -> dict[int, np.ndarray]:

@@ -182,6 +182,14 @@ def damped_driven_pendulum(t: ArrayLike, y: ArrayLike, args: Args = None) -> Arr
 # --------------------------------------------------------------------------- #
 
 
+def _double_pendulum_unpack(y: ArrayLike, args: Args) -> tuple[tuple, tuple]:
+    """``((m1, m2, L1, L2, g), (theta1, theta2, omega1, omega2))`` of a double pendulum
+    state (leading batch axes kept) and its ``args`` (``None``: the defaults)."""
+    y = jnp.asarray(y)
+    params = DOUBLE_PENDULUM_DEFAULT_ARGS if args is None else args
+    return params, (y[..., 0], y[..., 1], y[..., 2], y[..., 3])
+
+
 def double_pendulum(t: ArrayLike, y: ArrayLike, args: Args = None) -> Array:
     r"""Planar double pendulum of two point masses on massless rigid rods.
 
@@ -230,12 +238,7 @@ def double_pendulum(t: ArrayLike, y: ArrayLike, args: Args = None) -> Array:
         491-499.
     """
     del t
-    m1, m2, L1, L2, g = DOUBLE_PENDULUM_DEFAULT_ARGS if args is None else args
-    y = jnp.asarray(y)
-    th1 = y[..., 0]
-    th2 = y[..., 1]
-    w1 = y[..., 2]
-    w2 = y[..., 3]
+    (m1, m2, L1, L2, g), (th1, th2, w1, w2) = _double_pendulum_unpack(y, args)
     delta = th1 - th2
     cd = jnp.cos(delta)
     sd = jnp.sin(delta)
@@ -277,12 +280,7 @@ def double_pendulum_energy(y: ArrayLike, args: Args = None) -> Array:
         J. R. Taylor, *Classical Mechanics*, University Science Books, 2005,
         Chapter 7.
     """
-    m1, m2, L1, L2, g = DOUBLE_PENDULUM_DEFAULT_ARGS if args is None else args
-    y = jnp.asarray(y)
-    th1 = y[..., 0]
-    th2 = y[..., 1]
-    w1 = y[..., 2]
-    w2 = y[..., 3]
+    (m1, m2, L1, L2, g), (th1, th2, w1, w2) = _double_pendulum_unpack(y, args)
     m12 = m1 + m2
     kinetic = (
         0.5 * m12 * L1**2 * w1**2
