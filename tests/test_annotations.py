@@ -21,23 +21,9 @@ SURFACE = ("simlib", "simlib.particles", "simlib.systems", "simlib.fit", "simlib
            "simlib.plot", "simlib.io", "simlib.progress")
 
 NOT_YET_ANNOTATED = frozenset({
-    "simlib.BDF",
-    "simlib.BackwardEuler",
-    "simlib.BandedLU",
     "simlib.BrownianPath",
-    "simlib.DenseLU",
-    "simlib.Event",
-    "simlib.ImplicitMidpoint",
-    "simlib.Kvaerno3",
-    "simlib.Kvaerno5",
-    "simlib.NewtonKrylov",
-    "simlib.Rodas5",
-    "simlib.Rodas5P",
-    "simlib.Rosenbrock23",
     "simlib.SolverError",
-    "simlib.SparseLU",
     "simlib.split_keys",
-    "simlib.particles.simulate",
 })
 
 
