@@ -7,9 +7,11 @@ simlib never changes JAX's global configuration: enable float64 yourself with
 """
 
 from . import io, particles, pde, systems
-from ._adjoint import AbstractAdjoint, Checkpointed, Direct, ForwardMode, Reversible
+from ._adjoint import AbstractAdjoint, Checkpointed, Direct, Reversible
+from ._auto import ForwardMode
 from ._brownian import BrownianPath, split_keys
 from ._compact import solve_ensemble
+from ._control import PIDController
 from ._cpu_loops import fast_cpu_loops
 from ._distributed import ProcessInfo, init_distributed
 from ._ensemble import ensemble, ensemble_mesh
@@ -110,6 +112,7 @@ __all__ = [
     "Milstein",
     "NewtonKrylov",
     "PEFRL",
+    "PIDController",
     "ProcessInfo",
     "Positive",
     "RK4",

@@ -14,7 +14,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.extend
@@ -24,29 +26,37 @@ from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal
 
 from ._solver._base import register_static
-from ._util import checked_step, convert_closure
+from ._util import checked_step, convert_closure, split_inexact
 
 
 class AbstractAdjoint:
     """How ``jax.grad`` goes through a :func:`~simlib.solve` (its ``adjoint=`` argument).
 
-    The base class of :class:`Direct`, :class:`Checkpointed`, :class:`Reversible` and
-    :class:`ForwardMode` (and of the default, chosen when ``adjoint=None``: simlib/_auto.py).
-    Each strategy owns how the differentiated computation is built, in two places that
-    ``solve`` (fixed step and adaptive) and ``simulate`` share:
+    The base class of :class:`Direct`, :class:`Checkpointed`, :class:`Reversible`, and
+    of :class:`ForwardMode` and the default (``adjoint=None``), which live in
+    simlib/_auto.py with the forward-mode machinery they share. Each strategy owns how the
+    differentiated computation is built; ``solve`` (fixed step, adaptive, SDEs) and
+    ``simulate`` call the same hooks and never dispatch on the strategy's class:
 
+    - :meth:`check`: whether the strategy can differentiate a run of this solver or
+      integrator, with these events (``Reversible``: time-symmetric steppers, no events);
     - :meth:`wrap`: the whole run, ``core(tree, strategy)``, differentiated this strategy's
       way (forward mode wraps it in a custom VJP built from forward-mode derivatives; the
-      default chooses at trace time; the others run it as it is);
+      default chooses at trace time; the others run it as it is), and
+      :meth:`with_closures` for a run whose values ``wrap`` cannot all see;
     - :meth:`scan`: the differentiated loop, ``lax.scan(body, carry0, None, length=n)``
-      (``Checkpointed`` recomputes segments of it in the backward pass), and :meth:`remat`
-      for loops that a driver builds itself (the adaptive replay's chunks).
+      (``Checkpointed`` recomputes segments of it in the backward pass; ``Reversible`` runs
+      the driver's time-symmetric steps through :func:`reversible_loop`), with
+      :attr:`saves_as_outputs`, :meth:`nested` (frames of steps) and :meth:`times`;
+      :meth:`remat`/:meth:`chunk_length` for loops that a driver builds itself (the
+      adaptive replay's chunks) and :meth:`run_adaptive` for the adaptive run.
 
     It is not an extension point. Strategies are frozen dataclasses registered as pytrees
     without leaves (static arguments of the compiled cores); see docs/gradients.md.
     """
 
-    def wrap(self, core, tree, *, jvp_able: bool, reverse: AbstractAdjoint, where: str):
+    def wrap(self, core: Callable[[Any, AbstractAdjoint], Any], tree: Any, *, jvp_able: bool,
+             reverse: AbstractAdjoint, where: str) -> Any:
         """``core(tree, strategy)`` as this strategy differentiates it.
 
         ``tree`` holds every traced input (nothing closed over); ``jvp_able``: whether the
@@ -56,7 +66,8 @@ class AbstractAdjoint:
         """
         return core(tree, self)
 
-    def scan(self, body, carry0, n_iter: int, *, padding: bool = False, backwards=None):
+    def scan(self, body: Callable, carry0: Any, n_iter: int, *, padding: bool = False,
+             backwards: Callable | None = None) -> tuple[Any, Any]:
         """``lax.scan(body, carry0, None, length=n_iter)``, differentiated this way.
 
         ``padding``: iterations past ``n_iter`` are no-ops (the fixed-step walk's zero steps
@@ -75,10 +86,40 @@ class AbstractAdjoint:
         """Iterations per chunk of a loop of ``n_iter`` that a driver builds in chunks."""
         return default
 
-    def remat(self, fn):
+    def remat(self, fn: Callable) -> Callable:
         """A chunk function, as this strategy differentiates it (``Checkpointed``:
         recomputed in the backward pass)."""
         return fn
+
+    saves_as_outputs: bool = False
+    """Whether a fixed-step loop's saves leave the loop as per-step :class:`SaveWrites`
+    (the save buffer then lives outside the differentiated loop: ``Checkpointed``) rather
+    than in its carry."""
+
+    def check(self, stepper: Any, events: Any = None, *, where: str = "solve") -> None:
+        """Raise a ``ValueError`` if this strategy cannot differentiate a run of ``stepper``
+        (a solver, or ``simulate``'s integrator) with ``events``; every strategy but
+        :class:`Reversible` takes every run."""
+
+    def times(self, times: Any) -> Any:
+        """The run's times (``t0``, ``t1``, ``dt``, save times) as this strategy
+        differentiates them: unchanged (``Reversible`` refuses their gradients)."""
+        return times
+
+    def run_adaptive(self, forward: Callable[[], Any],
+                     replay: Callable[[AbstractAdjoint], Any]) -> Any:
+        """An adaptive run: ``replay(self)``, the custom VJP whose backward pass replays
+        the attempts with this strategy's chunks; the plain computation (forward mode's
+        inner run) is ``forward()``, the ``while_loop`` itself, which ``jax.jvp`` goes
+        through."""
+        return replay(self)
+
+    def with_closures(self, closes_over: Callable[[], bool],
+                      reverse: AbstractAdjoint) -> AbstractAdjoint:
+        """The strategy for a run whose computation may close over traced values that
+        :meth:`wrap` cannot take as inputs (``simulate``'s energy): this one, except for
+        the default, whose custom JVP cannot see them: ``reverse`` when ``closes_over()``."""
+        return self
 
 
 @register_static
@@ -99,6 +140,7 @@ class Checkpointed(AbstractAdjoint):
     """
 
     steps_per_segment: int | None = None
+    saves_as_outputs = True
 
     def __post_init__(self):
         if self.steps_per_segment is not None and self.steps_per_segment < 1:
@@ -153,47 +195,39 @@ class Reversible(AbstractAdjoint):
     """
 
     def scan(self, body, carry0, n_iter: int, *, padding: bool = False, backwards=None):
+        if backwards is None:  # a loop that is not differentiated (an eager chunk)
+            return lax.scan(body, carry0, None, length=n_iter)
         return backwards(carry0, n_iter)
 
+    def nested(self, n_outer: int, n_inner: int) -> tuple[AbstractAdjoint, AbstractAdjoint]:
+        return self, Direct()  # the outer loop runs backwards, its inner loops with it
 
-@register_static
-@dataclass(frozen=True)
-class ForwardMode(AbstractAdjoint):
-    """Gradients from forward-mode derivatives (``jax.jvp``), for a handful of inputs.
+    def check(self, stepper: Any, events: Any = None, *, where: str = "solve") -> None:
+        if not stepper.time_symmetric:
+            raise ValueError(
+                f"{where}: adjoint=Reversible() needs a time-symmetric stepper (the "
+                f"symplectic solvers VelocityVerlet, Yoshida4, PEFRL, ImplicitMidpoint; "
+                f"simulate's NVE()), got {stepper!r}")
+        if events is not None:
+            raise ValueError(f"{where}: events cannot be used with adjoint=Reversible() (its "
+                             "backward pass retraces a fixed grid); use Direct(), "
+                             "Checkpointed() or ForwardMode()")
 
-    The forward pass carries one tangent per differentiated input component alongside the
-    state (``jax.jacfwd``), so it costs about ``1 + n`` forward passes for ``n``
-    differentiated components, in memory independent of the steps; the backward pass is a
-    contraction with that Jacobian. Gradients flow to ``y0``, ``args`` (and values the
-    vector field closes over), and to the times (``t0``, ``t1``, ``dt``, ``saveat.ts``):
-    the exact derivative of the discrete solution (tests/test_adjoint.py checks it against
-    ``Direct()`` and central differences). Adaptive runs push tangents for ``rtol`` and
-    ``atol`` as well when they are differentiated (that derivative has no test).
-    Only the inputs actually differentiated get tangents. Works for fixed-step and adaptive
-    runs. A fixed-step run (and ``simulate``) is a custom JVP, which every transformation
-    goes through (``jax.jvp``, ``jacfwd``, ``hessian``); an adaptive run is a custom VJP
-    (reverse-mode transformations only; docs/gradients.md has the table).
-    """
-
-    def wrap(self, core, tree, *, jvp_able, reverse, where):
-        # the default's machinery, with forward mode forced
-        from ._auto import auto_jvp, auto_vjp
-
-        def plain(t):
-            return core(t, TANGENTS_ONLY)
-        if jvp_able:  # a custom JVP: jvp, jacfwd, hessian and jacrev(jacrev) go through
-            return auto_jvp(plain, plain, tree, where=where, reverse_name="",
-                            max_forward=None, log=False)
-        return auto_vjp(plain, plain, None, tree, where=where, reverse_name="",
-                        max_forward=None)
+    def times(self, times: Any) -> Any:
+        return reject_time_gradients(times, "Reversible")
 
 
-class _TangentsOnly(AbstractAdjoint):
-    """Internal: the plain forward computation, which ``jax.jvp`` can go through."""
+class TangentsOnly(AbstractAdjoint):
+    """The plain forward computation, which ``jax.jvp`` can go through: what forward mode
+    (``ForwardMode()``, and the default's forward branch) pushes its tangents through.
+    Internal (:data:`TANGENTS_ONLY`); not a user's choice."""
+
+    def run_adaptive(self, forward, replay):
+        return forward()
 
 
-register_static(_TangentsOnly)
-TANGENTS_ONLY = _TangentsOnly()
+register_static(TangentsOnly)
+TANGENTS_ONLY = TangentsOnly()
 
 
 def first_order_only(fn, where: str = "solve"):
@@ -243,23 +277,8 @@ def reject_time_gradients(times, strategy: str):
         return (cotangent,)
 
     guard.defvjp(guard_fwd, guard_bwd, symbolic_zeros=True)
-    floats, others, merge = _split_inexact(times)
+    floats, others, merge = split_inexact(times)
     return merge(guard(floats), others)
-
-
-def _split_inexact(tree):
-    """``(floats, others, merge)``: the floating-point leaves of ``tree``, its other leaves,
-    and ``merge(floats, others)``, which puts (new) leaves back into the tree."""
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    is_float = [jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves]
-
-    def merge(floats, others):
-        fi, oi = iter(floats), iter(others)
-        return jax.tree_util.tree_unflatten(treedef, [next(fi) if f else next(oi)
-                                                      for f in is_float])
-
-    return ([x for x, f in zip(leaves, is_float, strict=True) if f],
-            [x for x, f in zip(leaves, is_float, strict=True) if not f], merge)
 
 
 def checkpointed_scan(body, carry0, n_iter: int, segment: int):
@@ -303,39 +322,94 @@ def _hoist_constants(fn, example):
 def _zero_cotangent(tree):
     """Zero cotangents for inputs that are not differentiated (float0 for integers)."""
     return jax.tree_util.tree_map(
-        lambda x: jnp.zeros_like(x) if jnp.issubdtype(x.dtype, jnp.inexact)
-        else np.zeros(x.shape, jax.dtypes.float0), tree)
+        lambda x: jnp.zeros(jnp.shape(x), jnp.result_type(x))
+        if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+        else np.zeros(jnp.shape(x), jax.dtypes.float0), tree)
 
 
-def is_time_symmetric(solver) -> bool:
-    """Whether a splitting method's coefficients read the same backwards, or the solver
-    declares itself time-symmetric (``time_symmetric = True``: ``ImplicitMidpoint``)."""
-    if getattr(solver, "time_symmetric", False):
-        return True
-    kicks, drifts = getattr(solver, "kicks", None), getattr(solver, "drifts", None)
-    if kicks is None:
-        return False
-    return (all(abs(a - b) < 1e-15 for a, b in zip(kicks, kicks[::-1], strict=True))
-            and all(abs(a - b) < 1e-15 for a, b in zip(drifts, drifts[::-1], strict=True)))
+def reversible_loop(forward: Callable, step: Callable, unstep: Callable, split: Callable,
+                    d0: Any, params: Any, consts: Any, *, blocks: Any, n_blocks: int,
+                    n_inner: int, plan: Callable, unpack: Callable,
+                    inject_block: Callable | None = None,
+                    inject_step: Callable | None = None) -> Any:
+    """``forward(d0, params, consts)[0]``, a loop of time-symmetric steps, with a backward
+    pass that integrates backwards: the one reversible adjoint of ``solve`` and ``simulate``.
 
+    The loop is ``n_blocks`` blocks of ``n_inner`` steps. ``forward(d0, params, consts)``
+    returns ``(outs, z_end)``: the loop's outputs and its final full state. A full state
+    ``z`` splits as ``split(z) -> (d, merge)`` into its differentiated part ``d`` and
+    ``merge(d)``, which puts a new ``d`` into ``z``. ``step(z, params, x)`` is one step
+    with plan item ``x`` and ``unstep(z1, params, x)`` its inverse (the same step with
+    ``-h``, exact for a time-symmetric method: ``Phi_{-h} = Phi_h^{-1}``).
 
-def reversible_scan(f, solver, mode, n_save, advance, carry0, n_iter, args):
-    """The fixed-step scan with a backward pass that integrates backwards.
-
-    Returns what ``lax.scan(body, carry0, None, length=n_iter)`` would for the fixed-step
-    body: ``(carry, outs)``. The state scan is a ``custom_vjp`` whose backward pass steps
-    from ``y_{k+1}`` back to ``y_k`` with ``-h`` and applies the step's VJP there,
-    injecting the cotangents of saved values.
-
-    The time plan (each step's ``t``, ``h``, save slot and count) depends on times only.
-    It is not stored: a walk-only pass keeps the walker's state at the start of every
-    segment of ``ceil(sqrt(n_iter))`` steps, and each segment's plan is regenerated from
-    there, in the forward and again in the backward pass. So memory holds
-    ``O(sqrt(n_iter))`` scalars besides a few states, independent of the step count in
-    practice. (``SaveAt(steps=True)`` returns every step anyway and keeps the full plan.)
+    The backward pass walks the blocks in reverse from ``z_end``: at each block's end it
+    adds the block's output cotangent (``inject_block(z, g, g_params, block_ct, params)``,
+    ``block_ct`` from ``unpack``), then, for each step in reverse, adds the step's output
+    cotangent (``inject_step(g, x, step_cts)``), re-creates the state before the step with
+    ``unstep`` and applies the step's VJP there. So memory holds a few states, not the
+    trajectory; round-off in the reconstruction grows with the steps (exponentially on
+    chaotic problems). ``unpack(cotangent of outs)`` gives ``(g_end, block_cts,
+    step_cts)``: the final state's cotangent (like ``d``), the per-block cotangents (a
+    leading axis of ``n_blocks``, or ``None``) and whatever ``inject_step`` reads.
+    ``blocks(consts)`` are the blocks' inputs (leading axis ``n_blocks``, or ``None``) and
+    ``plan(block, consts)`` the ``n_inner`` plan items of one block (or ``None``).
+    ``consts`` (inputs that get no gradient) and everything else the functions use must be
+    explicit inputs: a backward pass closing over a traced value would leak it.
     """
-    t0, y0, _, k0, i0, buf0, result0, fail_t0, fail_step0, count0 = carry0
-    segment = max(1, math.ceil(math.sqrt(n_iter))) if mode != "steps" else n_iter
+
+    @jax.custom_vjp
+    def run(d0, params, consts):
+        return forward(d0, params, consts)[0]
+
+    def run_fwd(d0, params, consts):
+        outs, z_end = forward(d0, params, consts)
+        return outs, (z_end, params, consts)
+
+    def run_bwd(res, cotangent):
+        z_end, params, consts = res
+        g_end, block_cts, step_cts = unpack(cotangent)
+
+        def back_step(c, x):
+            z1, g, g_params = c
+            if inject_step is not None:
+                g = inject_step(g, x, step_cts)
+            z = unstep(z1, params, x)
+            d, merge = split(z)
+            _, vjp = jax.vjp(lambda dd, pp: split(step(merge(dd), pp, x))[0], d, params)
+            gd, gp = vjp(g)
+            return (z, gd, jax.tree_util.tree_map(jnp.add, g_params, gp)), None
+
+        def back_block(c, xs):
+            block, block_ct = xs
+            z1, g, g_params = c
+            if inject_block is not None:
+                g, g_params = inject_block(z1, g, g_params, block_ct, params)
+            c, _ = lax.scan(back_step, (z1, g, g_params), plan(block, consts),
+                            length=n_inner, reverse=True)
+            return c, None
+
+        zero = jax.tree_util.tree_map(jnp.zeros_like, params)
+        (_, g0, g_params), _ = lax.scan(back_block, (z_end, g_end, zero),
+                                        (blocks(consts), block_cts), length=n_blocks,
+                                        reverse=True)
+        return g0, g_params, _zero_cotangent(consts)
+
+    run.defvjp(run_fwd, run_bwd)
+    return run(d0, params, consts)
+
+
+def _whole(y):
+    return y, lambda d: d
+
+
+def _time_plan(advance: Callable, mode: str, n_save: int, start: tuple, n_iter: int,
+               segment: int) -> tuple:
+    """The fixed-step walk's plan without the state: ``(end, starts, full_plan, plan_fn,
+    walk_consts)``, the walker's state ``(t, k, i, count)`` at the end and at the start of
+    each segment of ``segment`` steps, every step's ``(t, h, slot, count)`` when ``mode``
+    is ``"steps"`` (else ``None``), and ``plan_fn(start, *walk_consts)``, which
+    regenerates one segment's plan; the values the walker closes over are hoisted into
+    ``walk_consts`` (explicit inputs of a custom VJP)."""
     n_seg = -(-n_iter // segment)
 
     def walk(c, _):
@@ -352,23 +426,46 @@ def reversible_scan(f, solver, mode, n_save, advance, carry0, n_iter, args):
         end, plan = segment_plan(c)
         return end, (c, plan if mode == "steps" else None)
 
-    (t_end, k_end, i_end, count_end), (starts, full_plan) = lax.scan(
-        walk_segment, (t0, k0, i0, count0), None, length=n_seg)
+    end, (starts, full_plan) = lax.scan(walk_segment, start, None, length=n_seg)
     if mode == "steps":
         full_plan = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:])[:n_iter],
                                            full_plan)
-    # Values the vector field and the walker close over become explicit inputs of the
-    # custom VJP (a backward pass that closed over them would leak tracers of an enclosing
-    # jit).
-    f, args = convert_closure(f, t0, y0, args)
     plan_fn, walk_consts = _hoist_constants(
         segment_plan, jax.tree_util.tree_map(lambda x: x[0], starts))
+    return end, starts, full_plan, plan_fn, walk_consts
+
+
+def reversible_scan(f: Callable, solver: Any, mode: str, n_save: int, advance: Callable,
+                    carry0: tuple, n_iter: int, args: Any) -> tuple[tuple, Any]:
+    """The fixed-step scan with a backward pass that integrates backwards
+    (:func:`reversible_loop`).
+
+    Returns what ``lax.scan(body, carry0, None, length=n_iter)`` would for the fixed-step
+    body: ``(carry, outs)``. Steps go from ``y_k`` to ``y_{k+1}`` with ``h``; the backward
+    pass steps from ``y_{k+1}`` back with ``-h`` and applies the step's VJP there,
+    injecting the cotangents of saved values.
+
+    The time plan (each step's ``t``, ``h``, save slot and count) depends on times only.
+    It is not stored: a walk-only pass keeps the walker's state at the start of every
+    segment of ``ceil(sqrt(n_iter))`` steps, and each segment's plan is regenerated from
+    there, in the forward and again in the backward pass. So memory holds
+    ``O(sqrt(n_iter))`` scalars besides a few states, independent of the step count in
+    practice. (``SaveAt(steps=True)`` returns every step anyway and keeps the full plan.)
+    """
+    t0, y0, _, k0, i0, buf0, result0, fail_t0, fail_step0, count0 = carry0
+    segment = max(1, math.ceil(math.sqrt(n_iter))) if mode != "steps" else n_iter
+    n_seg = -(-n_iter // segment)
+    (t_end, k_end, i_end, count_end), starts, full_plan, plan_fn, walk_consts = _time_plan(
+        advance, mode, n_save, (t0, k0, i0, count0), n_iter, segment)
+    # Values the vector field closes over become explicit inputs of the custom VJP (a
+    # backward pass that closed over them would leak tracers of an enclosing jit).
+    f, args = convert_closure(f, t0, y0, args)
 
     def one_step(t, y, h, a):
         return solver.step(f, t, y, h, a, solver.init(f, t, y, a))[0]
 
-    def forward(y0, a, starts, init, walk_consts):
-        buf0, result0, fail_t0, fail_step0 = init
+    def forward(y0, a, consts):
+        starts, (buf0, result0, fail_t0, fail_step0), walk_consts = consts
 
         def body(c, xs):
             y, state, buf, result, fail_t, fail_step = c
@@ -388,54 +485,36 @@ def reversible_scan(f, solver, mode, n_save, advance, carry0, n_iter, args):
         (y, _, buf, result, fail_t, fail_step), ys = lax.scan(run_segment, c0, starts)
         if mode == "steps":
             ys = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:])[:n_iter], ys)
-        return (y, buf, ys), (result, fail_t, fail_step)
+        return ((y, buf, ys), (result, fail_t, fail_step)), y
 
-    @jax.custom_vjp
-    def run(y0, a, starts, init, walk_consts):
-        return forward(y0, a, starts, init, walk_consts)
-
-    def run_fwd(y0, a, starts, init, walk_consts):
-        out = forward(y0, a, starts, init, walk_consts)
-        return out, (out[0][0], a, starts, init, walk_consts)
-
-    def run_bwd(res, cotangent):
-        y_end, a, starts, init, walk_consts = res
+    def unpack(cotangent):
         (d_y, d_buf, d_ys), _ = cotangent
-        zero_a = jax.tree_util.tree_map(jnp.zeros_like, a)
+        return d_y, None, (d_buf, d_ys)
 
-        def back(c, xs):
-            y1, g, ga = c
-            t, h, slot, _, index = xs
-            if d_buf is not None:
-                g = jax.tree_util.tree_map(
-                    lambda gl, db: gl + jnp.where(slot < n_save,
-                                                  db[jnp.minimum(slot, n_save)], 0.0), g, d_buf)
-            if d_ys is not None:
-                g = jax.tree_util.tree_map(
-                    lambda gl, dl: gl + jnp.where(index < n_iter,
-                                                  dl[jnp.minimum(index, n_iter - 1)], 0.0),
-                    g, d_ys)
-            y = one_step(t + h, y1, -h, a)
-            _, vjp = jax.vjp(lambda yy, aa: one_step(t, yy, h, aa), y, a)
-            gy, gaa = vjp(g)
-            ga = jax.tree_util.tree_map(jnp.add, ga, gaa)
-            return (y, gy, ga), None
+    def inject_step(g, xs, cts):
+        d_buf, d_ys = cts
+        _, _, slot, _, index = xs
+        if d_buf is not None:
+            g = jax.tree_util.tree_map(
+                lambda gl, db: gl + jnp.where(slot < n_save, db[jnp.minimum(slot, n_save)], 0.0),
+                g, d_buf)
+        if d_ys is not None:
+            g = jax.tree_util.tree_map(
+                lambda gl, dl: gl + jnp.where(index < n_iter, dl[jnp.minimum(index, n_iter - 1)],
+                                              0.0), g, d_ys)
+        return g
 
-        def back_segment(c, xs):
-            start, j = xs
-            _, plan = plan_fn(start, *walk_consts)
-            index = j * segment + jnp.arange(segment)
-            c, _ = lax.scan(back, c, (*plan, index), reverse=True)
-            return c, None
+    def plan(block, consts):
+        start, j = block
+        _, p = plan_fn(start, *consts[2])
+        return (*p, j * segment + jnp.arange(segment))
 
-        (_, g0, ga), _ = lax.scan(back_segment, (y_end, d_y, zero_a),
-                                  (starts, jnp.arange(n_seg)), reverse=True)
-        return (g0, ga, _zero_cotangent(starts), _zero_cotangent(init),
-                _zero_cotangent(walk_consts))
-
-    run.defvjp(run_fwd, run_bwd)
-    (y, buf, ys), (result, fail_t, fail_step) = run(
-        y0, args, starts, (buf0, result0, fail_t0, fail_step0), walk_consts)
+    (y, buf, ys), (result, fail_t, fail_step) = reversible_loop(
+        forward, lambda y, a, x: one_step(x[0], y, x[1], a),
+        lambda y1, a, x: one_step(x[0] + x[1], y1, -x[1], a), _whole, y0, args,
+        (starts, (buf0, result0, fail_t0, fail_step0), walk_consts),
+        blocks=lambda consts: (consts[0], jnp.arange(n_seg)), n_blocks=n_seg,
+        n_inner=segment, plan=plan, unpack=unpack, inject_step=inject_step)
     carry = (t_end, y, None, k_end, i_end, buf, result, fail_t, fail_step, count_end)
     outs = (full_plan[0] + full_plan[1], ys) if mode == "steps" else None
     return carry, outs

@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._adjoint import AbstractAdjoint, Reversible, is_time_symmetric
+from ._adjoint import AbstractAdjoint
+from ._control import PIDController
 from ._dae import INITIALIZE
 from ._solution import SaveAt
 from ._solver._base import AbstractSolver, PyTree, VectorField
@@ -147,37 +148,30 @@ def check_saveat(saveat: Any) -> str:
     return saveat.mode()
 
 
-def check_adjoint(adjoint: Any, solver: AbstractSolver, events: Any, *,
-                  sde: bool = False) -> None:
-    """``adjoint`` ``None`` or a simlib adjoint that can differentiate this run:
-    :class:`Reversible` needs a time-symmetric solver, no events and an ODE."""
+def check_adjoint(adjoint: Any, solver: AbstractSolver, events: Any) -> None:
+    """``adjoint`` ``None`` or a simlib adjoint that can differentiate this run, as the
+    strategy itself says (:meth:`~simlib.AbstractAdjoint.check`: :class:`Reversible` needs
+    a time-symmetric solver, which no SDE method is, and no events)."""
     if adjoint is not None and not isinstance(adjoint, AbstractAdjoint):
         raise TypeError(
             "adjoint must be simlib.Direct(), simlib.Checkpointed(), simlib.Reversible() or "
             f"simlib.ForwardMode(), got {adjoint!r}"
         )
-    if not isinstance(adjoint, Reversible):
-        return
-    if sde:
-        raise ValueError("adjoint=Reversible() is not supported for SDEs; use Direct(), "
-                         "Checkpointed() or ForwardMode()")
-    if not is_time_symmetric(solver):
-        raise ValueError(
-            f"adjoint=Reversible() needs a time-symmetric symplectic solver (VelocityVerlet, "
-            f"Yoshida4, PEFRL, ImplicitMidpoint), got {type(solver).__name__}()"
-        )
-    if events is not None:
-        raise ValueError("events cannot be used with adjoint=Reversible() (its backward pass "
-                         "retraces a fixed grid); use Direct(), Checkpointed() or "
-                         "ForwardMode()")
+    if adjoint is not None:
+        adjoint.check(solver, events, where="solve")
 
 
-def check_controller(controller: Any) -> Any:
-    """The step-size controller of an adaptive run: only the default (``None``) so far;
-    the drivers' controller object is taken here when it lands."""
-    if controller is not None:
-        raise ValueError(f"controller must be None (the default PI controller), "
-                         f"got {controller!r}")
+def check_controller(controller: Any, adaptive: bool = True) -> PIDController | None:
+    """The step-size controller of an adaptive run: ``None`` (the default
+    :class:`~simlib.PIDController`) or a ``PIDController``; refused for a fixed-step run
+    (which has no step-size control)."""
+    if controller is None:
+        return None
+    if not isinstance(controller, PIDController):
+        raise TypeError(f"controller must be a simlib.PIDController, got {controller!r}")
+    if not adaptive:
+        raise ValueError("controller applies to adaptive runs: give rtol/atol (a fixed-step "
+                         "run, dt alone, takes every step of size dt)")
     return controller
 
 
@@ -294,7 +288,7 @@ class Problem(NamedTuple):
     adjoint: AbstractAdjoint | None
     events: Any
     progress: bool
-    controller: Any
+    controller: PIDController | None
     tdtype: Any          # the time dtype (that of y0's leaves)
     checks: Checks       # the call's traced checks, applied to the run's solution
     adaptive: bool       # rtol or atol given
@@ -315,8 +309,8 @@ def normalise(caller: str, f: VectorField, y0: Any, t0: Any, t1: Any, *,
     member, returned as float64 NumPy arrays of shape ``(n,)``."""
     mode = check_saveat(saveat)
     max_steps = check_count(max_steps, "max_steps")
-    check_adjoint(adjoint, solver, events, sde=sde)
-    controller = check_controller(controller)
+    check_adjoint(adjoint, solver, events)
+    controller = check_controller(controller, rtol is not None or atol is not None)
     if members:
         check_scalar(dt, "dt")
         y0, n = as_members(y0)

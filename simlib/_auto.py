@@ -39,8 +39,9 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 from jax.flatten_util import ravel_pytree
 
-from ._adjoint import TANGENTS_ONLY, AbstractAdjoint, _split_inexact, first_order_only
+from ._adjoint import TANGENTS_ONLY, AbstractAdjoint, first_order_only
 from ._solver._base import register_static
+from ._util import split_inexact
 
 FORWARD_MODE_MAX = 8
 """Forward mode for at most this many differentiated input components (measured:
@@ -160,7 +161,7 @@ def auto_jvp(fn, reverse_fn, tree, *, where: str, reverse_name: str,
     ``reverse_fn`` computes the same values as ``fn`` (e.g. the same scan with checkpointed
     segments). Every traced value must be in ``tree`` (nothing closed over).
     """
-    floats0, others0, merge = _split_inexact(tree)
+    floats0, others0, merge = split_inexact(tree)
 
     def call(floats, others):
         return fn(merge(floats, others))
@@ -200,7 +201,7 @@ def auto_vjp(fn, forward_fn, reverse_fn, tree, *, where: str, reverse_name: str,
     ``jvp``-able computation of the same values) for few differentiated components, and is
     ``reverse_fn``'s own otherwise. ``max_forward=None``: always forward mode
     (``ForwardMode()``)."""
-    floats0, others0, merge = _split_inexact(tree)
+    floats0, others0, merge = split_inexact(tree)
 
     def call(floats, others):
         return fn(merge(floats, others))
@@ -273,6 +274,36 @@ def _instantiate(ct):
 
 @register_static
 @dataclass(frozen=True)
+class ForwardMode(AbstractAdjoint):
+    """Gradients from forward-mode derivatives (``jax.jvp``), for a handful of inputs.
+
+    The forward pass carries one tangent per differentiated input component alongside the
+    state (``jax.jacfwd``), so it costs about ``1 + n`` forward passes for ``n``
+    differentiated components, in memory independent of the steps; the backward pass is a
+    contraction with that Jacobian. Gradients flow to ``y0``, ``args`` (and values the
+    vector field closes over), and to the times (``t0``, ``t1``, ``dt``, ``saveat.ts``):
+    the exact derivative of the discrete solution (tests/test_adjoint.py checks it against
+    ``Direct()`` and central differences). Adaptive runs push tangents for ``rtol`` and
+    ``atol`` as well when they are differentiated (that derivative has no test).
+    Only the inputs actually differentiated get tangents. Works for fixed-step and adaptive
+    runs. A fixed-step run (and ``simulate``) is a custom JVP, which every transformation
+    goes through (``jax.jvp``, ``jacfwd``, ``hessian``); an adaptive run is a custom VJP
+    (reverse-mode transformations only; docs/gradients.md has the table).
+    """
+
+    def wrap(self, core, tree, *, jvp_able, reverse, where):
+        # the default's machinery (below), with forward mode forced
+        def plain(t):
+            return core(t, TANGENTS_ONLY)
+        if jvp_able:  # a custom JVP: jvp, jacfwd, hessian and jacrev(jacrev) go through
+            return auto_jvp(plain, plain, tree, where=where, reverse_name="",
+                            max_forward=None, log=False)
+        return auto_vjp(plain, plain, None, tree, where=where, reverse_name="",
+                        max_forward=None)
+
+
+@register_static
+@dataclass(frozen=True)
 class Automatic(AbstractAdjoint):
     """The default strategy (``adjoint=None``): forward mode for at most
     :data:`FORWARD_MODE_MAX` differentiated input components, the driver's reverse strategy
@@ -285,6 +316,11 @@ class Automatic(AbstractAdjoint):
                             where=where, reverse_name=name)
         return auto_vjp(lambda t: core(t, reverse), lambda t: core(t, TANGENTS_ONLY),
                         lambda t: core(t, reverse), tree, where=where, reverse_name=name)
+
+    def with_closures(self, closes_over, reverse):
+        # its custom JVP cannot see values the computation closes over; reverse mode
+        # through the plain loop can
+        return reverse if closes_over() else self
 
 
 AUTOMATIC = Automatic()

@@ -8,9 +8,9 @@ reached, or failed), and once the live ones fit a smaller power-of-two bucket it
 them into it (finished members' outputs go to their place in the result). Only the
 bucket sizes ``n, 2^k, 2^(k-1), ..., min_bucket`` are ever compiled.
 
-Each member takes exactly the step attempts of the adaptive driver (``_adaptive.py``'s
-``_attempt``, the same initial step, controller and failure codes), so the results are
-those of ``solve`` per member. See docs/ensembles.md ("Uneven ensembles") and
+Each member runs the adaptive driver's own pieces (``_stepping.py``: the same step
+attempt, initial step, controller, dense-save loop, failure codes and output assembly),
+so the results are those of ``solve`` per member. See docs/ensembles.md ("Uneven ensembles") and
 docs/design.md.
 """
 
@@ -25,15 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._adaptive import (
-    _adaptive_init,
-    _Attempt,
-    _attempt,
-    _k_exponent,
-    _not_done,
-    _placeholder_dense,
-    _stats_of,
-)
+from . import _stepping
 from ._arguments import (
     DEFAULT_MAX_STEPS,
     SAVE_T1,
@@ -48,12 +40,13 @@ from ._arguments import (
     complete,
     normalise,
 )
+from ._control import DEFAULT_CONTROLLER, PIDController
 from ._dae import MassField, initialise, prepare_mass
 from ._errors import Result, SolverError, result_message
-from ._solution import SaveAt, Solution, assemble_solution
+from ._solution import SaveAt, Solution
 from ._solver._base import AbstractSolver, PyTree, VectorField
 from ._solver._sde import AbstractSDESolver
-from ._util import buffer, inside_trace, is_tracer, tree_where
+from ._util import buffer, inside_trace, is_tracer
 from ._validate import Checks
 from .progress import bar as progress_bar
 
@@ -61,7 +54,7 @@ __all__ = ["solve_ensemble"]
 
 class _Member(NamedTuple):
     """One member's whole state between chunks (batched along a leading member axis)."""
-    c: _Attempt          # the adaptive driver's carry: t, y, h, controller, solver state, stats
+    c: _stepping.Attempt  # the adaptive carry: t, y, h, controller memory, solver state, stats
     t1: jax.Array
     direction: jax.Array
     last: Any            # ts mode: (t, y, h, y1, dense) of the last accepted step; else None
@@ -80,6 +73,7 @@ class _Plan(NamedTuple):
     args_batched: tuple  # per leaf of ``args``: batched over members?
     has_dt0: bool
     mass: bool = False   # a DAE: ``f`` a MassField, M (shared) the last of the shared leaves
+    controller: PIDController = DEFAULT_CONTROLLER
 
 
 def _merge_args(plan: _Plan, batched, shared):
@@ -93,69 +87,56 @@ def _merge_args(plan: _Plan, batched, shared):
 
 def _init_member(plan: _Plan, y0, t0, t1, batched, shared, dt0, rtol, atol, code):
     args = _merge_args(plan, batched, shared)
-    c, t0, t1, direction = _adaptive_init(plan.f, plan.solver, y0, t0, t1, dt0, rtol, atol,
-                                          args)
+    c, t0, t1, direction = _stepping.adaptive_init(plan.f, plan.solver, plan.controller, y0,
+                                                   t0, t1, dt0, rtol, atol, args)
     c = c._replace(result=jnp.where(code != 0, code, c.result))  # refused: never steps
     last = saved = n_saved = None
     if plan.mode == "ts":
-        last = (t0, y0, jnp.zeros_like(t0), y0, _placeholder_dense(plan.f, plan.solver, c, args))
+        last = _stepping.first_last(plan.f, plan.solver, c, args)
         saved = buffer(y0, plan.n_save, jnp.nan)
         n_saved = jnp.array(0, jnp.int32)
     return _Member(c, t1, direction, last, saved, n_saved, batched)
 
 
 def _advance_member(plan: _Plan, m: _Member, shared, ts, rtol, atol, budget, max_steps):
-    """At most ``budget`` attempts of the adaptive driver for one member,
-    filling the save times they cover (ts mode) as ``_adaptive_forward`` does."""
+    """At most ``budget`` attempts of the adaptive driver for one member, filling the save
+    times they cover (ts mode) with the adaptive driver's dense-save loop
+    (:func:`simlib._stepping.save_dense`)."""
     f, solver = plan.f, plan.solver
     args = _merge_args(plan, m.args, shared)
     t1, direction = m.t1, m.direction
-    k_exp = _k_exponent(solver)
+    k = _stepping.error_exponent(solver)
 
-    def live(c):
-        return _not_done(c, t1, direction, max_steps)
+    def advance(run):
+        c, n = run
+        c, data = _stepping.attempt(f, solver, plan.controller, k, c, t1, direction, rtol,
+                                    atol, args)
+        return (c, n + 1), data
 
-    def attempt(c):
-        return _attempt(f, solver, k_exp, c, t1, direction, rtol, atol, args)
+    def live(run):
+        return _stepping.not_done(run[0], t1, direction, max_steps) & (run[1] < budget)
 
-    c, k = m.c, jnp.array(0, jnp.int32)
+    run = (m.c, jnp.array(0, jnp.int32))
     last, saved, n_saved = m.last, m.saved, m.n_saved
     if plan.mode == "ts":
-        def follow(s):
-            c, last, k = s
-            new, (t, y, h, accept, y1, dense) = attempt(c)
-            return new, tree_where(accept, (t, y, h, y1, dense), last), k + 1
-
-        def save(s, inputs):
-            t_save, old, j = inputs
-            s = lax.while_loop(
-                lambda s: live(s[0]) & (direction * (t_save - s[0].t) > 0) & (s[2] < budget),
-                follow, s)
-            c, last, _ = s
-            t, y, h, y1, dense = last
-            theta = (t_save - t) / jnp.where(h == 0, 1.0, h)
-            value = solver.interpolate(f, args, t, y, h, y1, dense, theta)
-            fresh = (j >= n_saved) & (direction * (t_save - c.t) <= 0)
-            return s, tree_where(fresh, value, old)
-
         # the run's end as one more save time: the attempts after the last save time run
         # in the same loop (the step is traced once), its value is dropped
         t_ext = jnp.concatenate([ts, t1[None]])
         old_ext = jax.tree_util.tree_map(lambda b: jnp.concatenate([b, b[-1:]]), saved)
-        (c, last, k), saved = lax.scan(
-            save, (c, last, k), (t_ext, old_ext, jnp.arange(plan.n_save + 1, dtype=jnp.int32)))
+        (run, last), saved = _stepping.save_dense(f, solver, args, advance, live, run, last,
+                                                  t_ext, direction, previous=(old_ext, n_saved))
         saved = jax.tree_util.tree_map(lambda b: b[:-1], saved)
-        n_saved = jnp.sum(direction * (ts - c.t) <= 0).astype(jnp.int32)
+        n_saved = jnp.sum(direction * (ts - run[0].t) <= 0).astype(jnp.int32)
     else:
-        c, _ = lax.while_loop(lambda s: live(s[0]) & (s[1] < budget),
-                              lambda s: (attempt(s[0])[0], s[1] + 1), (c, k))
-    return m._replace(c=c, last=last, saved=saved, n_saved=n_saved), live(c)
+        run = lax.while_loop(live, lambda run: advance(run)[0], run)
+    c = run[0]
+    return m._replace(c=c, last=last, saved=saved, n_saved=n_saved), \
+        _stepping.not_done(c, t1, direction, max_steps)
 
 
 def _outputs(plan: _Plan, m: _Member):
     """What the result needs of a member: its end, saved values and statistics."""
-    n_steps, n_acc, result, state_fevals = _stats_of(m.c, plan.solver)
-    return (m.c.t, m.c.y, m.saved, n_steps, n_acc, result, state_fevals)
+    return (m.c.t, m.c.y, m.saved, _stepping.stats_of(m.c, plan.solver))
 
 
 # ---- compiled calls (one per bucket size)
@@ -189,18 +170,11 @@ def _finish(plan, save_t0, max_steps, out, y0s, t0s, t1s, ts, codes):
     """The batched :class:`Solution`, assembled per member as ``_adaptive_run`` does; a
     member refused before its run (``codes``, the DAE initialisation's) gets its outputs
     NaN, as ``Checks.apply`` does for ``solve``."""
-    solver = plan.solver
-    init_fevals = solver.init_fevals if plan.has_dt0 else 2
-
     def one(o, y0, t0, t1, code):
-        t_end, y_end, saved, n_steps, n_acc, result, state_fevals = o
-        direction = jnp.where(t1 >= t0, 1.0, -1.0)
-        unfinished = (result == 0) & (direction * (t1 - t_end) > 0)
-        result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
-        n_fevals = solver.num_fevals(n_steps, n_acc) + state_fevals + init_fevals
-        sol = assemble_solution(plan.mode, save_t0, t0, y0, t_end, y_end, ts, saved,
-                                (None, None), (n_steps, n_acc, n_fevals, t_end), result,
-                                False, t1, max_steps)
+        t_end, y_end, saved, stats = o
+        sol = _stepping.adaptive_solution(plan.solver, plan.mode, save_t0, plan.has_dt0,
+                                          max_steps, t0, t1, y0, t_end, y_end, ts, saved,
+                                          (None, None), stats)
         refused = code != 0
 
         def poison(x):
@@ -264,7 +238,7 @@ def solve_ensemble(
     saveat: SaveAt = SAVE_T1,
     max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
-    controller: Any = None,
+    controller: PIDController | None = None,
     chunk_steps: int = 64,
     min_bucket: int = 64,
     progress: bool = False,
@@ -311,8 +285,8 @@ def solve_ensemble(
         max_steps: Bound on each member's step attempts, as for :func:`solve`.
         throw: Raise :class:`SolverError` naming the first failing member (default).
             With ``False`` every member's code is in ``Solution.result``.
-        controller: The step-size controller, as for :func:`solve` (``None``: the default
-            PI controller).
+        controller: The step-size controller, shared by all members, as for
+            :func:`solve` (default: ``PIDController()``).
         chunk_steps: Step attempts per chunk (per member). Smaller chunks drop finished
             members sooner but pay a host round trip per chunk.
         min_bucket: The smallest bucket; fewer live members than this run in it padded.
@@ -451,7 +425,8 @@ def _plan(p: Problem, args_axes: Any) -> tuple[_Plan, list, list]:
     one_args = _merge_args(plan, [jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in batched],
                            shared)
     f = check_field(p.f, _one_member(p.y0), one_args, p.tdtype, where=" for one member")
-    plan = _Plan(f, p.solver, p.mode, p.n_save, args_tree, batched_flags, p.dt is not None)
+    plan = _Plan(f, p.solver, p.mode, p.n_save, args_tree, batched_flags, p.dt is not None,
+                 controller=DEFAULT_CONTROLLER if p.controller is None else p.controller)
     return plan, batched, shared
 
 

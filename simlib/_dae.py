@@ -44,6 +44,8 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from ._errors import Result
+from ._events import Event
+from ._solver._base import Field
 from ._util import is_tracer
 
 INITIALIZE = ("check", "consistent", "none")
@@ -51,7 +53,7 @@ MAX_INIT_ITERS = 20
 INIT_TOL = 1e-3  # Newton converged: WRMS norm of the last correction, tolerance units
 
 
-class MassField:
+class MassField(Field):
     """``f(t, y, args)`` called as ``f(t, y, (args, M))``: ``M`` travels in ``args``.
     Hashes like ``f`` (jit caches still hit)."""
 
@@ -61,12 +63,10 @@ class MassField:
     def __call__(self, t, y, a):
         return self.f(t, y, a[0])
 
-    @staticmethod
-    def mass(a):
+    def mass(self, a):
         return a[1]
 
-    @staticmethod
-    def user_args(a):
+    def user_args(self, a):
         return a[0]
 
     def __hash__(self) -> int:
@@ -94,8 +94,6 @@ class UserArgs:
 
 def wrap_events(events):
     """``events`` with ``cond``/``apply`` reading the user's ``args`` (see :class:`UserArgs`)."""
-    from ._events import Event
-
     if events is None:
         return None
     return tuple(Event(UserArgs(ev.cond), ev.terminal, ev.direction,
@@ -122,10 +120,6 @@ def _not_converged(xp, ok, norm):
     return ~ok, norm
 
 
-def accepts_mass(solver) -> bool:
-    return bool(getattr(solver, "accepts_mass", False))
-
-
 def prepare_mass(mass_matrix, solver, n: int, dtype, checks) -> tuple[Any, Any]:
     """``(M as given, as an array of the state's dtype; M in the linear solver's format)``
     after the checks: shape ``(n,)`` (a diagonal) or ``(n, n)`` (eager ``ValueError``
@@ -137,7 +131,7 @@ def prepare_mass(mass_matrix, solver, n: int, dtype, checks) -> tuple[Any, Any]:
     from ._linalg._sparse import Sparse
 
     name = type(solver).__name__
-    if not accepts_mass(solver):
+    if not solver.accepts_mass:
         raise ValueError(
             f"mass_matrix (a DAE M y' = f) needs a stiff solver that takes it: Rodas5P, "
             f"Rodas5, Rosenbrock23, BDF, Kvaerno5, Kvaerno3 or BackwardEuler; {name} does "

@@ -69,7 +69,8 @@ _MESSAGES = {
         "the problem may blow up there, or dt is too large for it"
     ),
     Result.STEP_SIZE_TOO_SMALL: (
-        "the step size fell below the floating-point resolution of t at t={t:.17g} "
+        "the step size fell below the floating-point resolution of t (or the controller's "
+        "dtmin) at t={t:.17g} "
         "(step {step}); the problem may be stiff or singular there"
     ),
     Result.NEIGHBOR_LIST_OVERFLOW: (

@@ -13,27 +13,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._adjoint import (
-    Checkpointed,
-    Direct,
-    Reversible,
-    SaveWrites,
-    reject_time_gradients,
-    reversible_scan,
-)
+from ._adjoint import Checkpointed, Direct, SaveWrites, reversible_scan
 from ._errors import Result, check_solution
 from ._events import (
     EventSet,
     after_step,
     init_state,
-    overflowed,
     pack_events,
-    records,
     unpack_events,
 )
-from ._solution import assemble_solution
-from ._solver._base import AbstractSolver
 from ._solver._explicit_rk import hermite
+from ._stepping import run_solution
 from ._util import (
     buffer,
     checked_step,
@@ -110,11 +100,6 @@ def _walker(mode, n_save, t0, t1, direction, step, n_grid, ts_arr, tdtype):
 
 
 # ---- events (simlib/_events.py) in fixed-step runs; ``events=None`` adds nothing
-def has_interpolant(solver) -> bool:
-    """Whether the solver has its own dense output (else events use a cubic Hermite)."""
-    return type(solver).interpolate is not AbstractSolver.interpolate
-
-
 def _step_events(f, solver, t, y, h, target, args, state, count, failure, ev, events):
     """One fixed step with event handling: ``checked_step``, then crossings located on the
     step's interpolant (the solver's own, or the cubic Hermite polynomial through
@@ -122,7 +107,7 @@ def _step_events(f, solver, t, y, h, target, args, state, count, failure, ev, ev
     truncated)``; ``truncated``: the step was cut at an acting event."""
     y1, err, dense, state1 = solver.step(f, t, y, h, args, state)
     failure = record_step_failure(solver, t, y1, err, count, failure)
-    if has_interpolant(solver):
+    if solver.has_interpolant:  # its own dense output, else a cubic Hermite
         def interp(theta, d):
             t_, y_, h_, y1_, dense_, args_ = d
             return solver.interpolate(f, args_, t_, y_, h_, y1_, dense_, theta)
@@ -169,8 +154,7 @@ def fixed_core(f, solver, mode, save_t0, n_iter, n_save, in_graph_check, max_ste
 def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0, t0, t1, dt,
                n_grid, ts, args, events, progress=0):
     tdtype = time_dtype(y0)
-    if isinstance(adjoint, Reversible):
-        t0, t1, dt, ts = reject_time_gradients((t0, t1, dt, ts), "Reversible")
+    t0, t1, dt, ts = adjoint.times((t0, t1, dt, ts))
     t0 = jnp.asarray(t0, tdtype)
     t1 = jnp.asarray(t1, tdtype)
     direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(tdtype)
@@ -223,7 +207,7 @@ def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0,
         return (new + (ev,) if ev else new), out
 
     # Checkpointed: the save buffer stays out of the recomputed segments
-    saves_out = mode == "ts" and isinstance(adjoint, Checkpointed) and not progress
+    saves_out = mode == "ts" and adjoint.saves_as_outputs and not progress
     buf0 = buffer(y0, n_save + 1, jnp.nan) if mode == "ts" and not saves_out else None
     zero = jnp.array(0, jnp.int32)
     carry0 = (t0, y0, state0, zero, zero, buf0, zero, t0, zero, zero)
@@ -238,26 +222,15 @@ def _fixed_run(f, solver, mode, save_t0, n_iter, n_save, max_steps, adjoint, y0,
     if saves_out:  # the buffer came back as the loop's output
         carry, outs = carry[:5] + (outs,) + carry[6:], None
     t, y, _, k, i, buf, result, fail_t, fail_step, count, *ev = carry
-    if ev:
-        ev = ev[0]
-        result = jnp.where((result == 0) & overflowed(events, ev),
-                           Result.EVENT_CAPACITY_EXCEEDED.value, result)
-    unfinished = (result == 0) & ((t != t1) | (i < n_save if mode == "ts" else False))
-    if ev:
-        unfinished = unfinished & ~ev.stopped
-    result = jnp.where(unfinished, Result.MAX_STEPS_REACHED.value, result)
+    # a failed step: the run's time and step count are the failure's
     failed = (result == Result.NONFINITE_STATE.value) | (result == Result.NEWTON_FAILED.value)
-    t_final = jnp.where(failed, fail_t, t)
     step_final = jnp.where(failed, fail_step, count)
-
-    n_fevals = solver.num_fevals(step_final, step_final) + solver.init_fevals
-    if ev:  # solver restarts after apply
-        n_fevals = n_fevals + ev.n_restarts * solver.init_fevals
-    return assemble_solution(mode, save_t0, t0, y0, t, y, ts_arr,
-                             jax.tree_util.tree_map(lambda b: b[:n_save], buf) if mode == "ts"
-                             else None, outs, (step_final, step_final, n_fevals, t_final),
-                             result, False, t1, max_steps,
-                             events=records(events, ev) if ev else None)
+    return run_solution(solver, mode, save_t0, max_steps, t0, t1, y0, t, y, ts_arr,
+                        jax.tree_util.tree_map(lambda b: b[:n_save], buf) if mode == "ts"
+                        else None, outs, (step_final, step_final, 0), result,
+                        (t != t1) | (i < n_save if mode == "ts" else False),
+                        solver.init_fevals, jnp.where(failed, fail_t, t), events,
+                        ev[0] if ev else None)
 
 
 def _reporting_scan(body, carry0, n_iter: int, every: int):

@@ -66,7 +66,8 @@ def run_adaptive(p: Problem) -> Solution:
     with bar(every, abs(float(p.t1) - float(p.t0)) if every else 0.0, "t") as shown:
         sol = adaptive_jit(p.f, p.solver, p.mode, p.saveat.t0, p.n_save, _in_graph_check(p),
                            p.max_steps, _adjoint(p), p.y0, p.t0, p.t1, p.dt, p.rtol, p.atol,
-                           p.ts, p.args, events=p.events, progress=every)
+                           p.ts, p.args, events=p.events, progress=every,
+                           controller=p.controller)
         if every:
             jax.block_until_ready(sol)
             shown.set(abs(float(sol.stats["t_final"]) - float(p.t0)))

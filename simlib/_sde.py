@@ -20,6 +20,7 @@ import numpy as np
 from ._adjoint import AbstractAdjoint
 from ._arguments import Problem, check_callable, check_field, complete, describe, normalise
 from ._brownian import BrownianPath, BrownianSteps, VirtualBrownianPath, levels_for
+from ._control import PIDController
 from ._run import fixed_count, run_adaptive, run_fixed
 from ._solution import SaveAt, Solution
 from ._solver._base import AbstractSolver, PyTree, VectorField
@@ -116,7 +117,7 @@ def solve_sde(f: VectorField, y0: PyTree, t0: Any, t1: Any, *, solver: AbstractS
               diffusion: VectorField | None, key: Any, noise: str | None,
               brownian: str | None, dt: Any, rtol: Any, atol: Any, args: Any,
               saveat: SaveAt, max_steps: int, throw: bool, adjoint: AbstractAdjoint | None,
-              events: Any, progress: bool = False, controller: Any = None,
+              events: Any, progress: bool = False, controller: PIDController | None = None,
               jac_sparsity: Any = None, jac_bandwidth: Any = None,
               linear_solver: Any = None) -> Solution:
     """The SDE branch of :func:`simlib.solve` (arguments as there): ``dy = f dt + g dW``

@@ -31,10 +31,10 @@ from ._arguments import (
     is_sde,
     normalise,
 )
+from ._control import PIDController
 from ._dae import MassField, initialise, prepare_mass, wrap_events
 from ._errors import raise_solver_errors, reporting_failures
 from ._events import Event, as_events, check_events
-from ._fixed import has_interpolant
 from ._run import fixed_count, run_adaptive, run_fixed
 from ._sde import solve_sde
 from ._solution import SaveAt, Solution
@@ -73,7 +73,7 @@ def solve(
     saveat: SaveAt = SAVE_T1,
     max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
-    controller: Any = None,
+    controller: PIDController | None = None,
     adjoint: AbstractAdjoint | None = None,
     events: Event | list[Event] | tuple[Event, ...] | None = None,
     progress: bool = False,
@@ -114,8 +114,10 @@ def solve(
         throw: Raise :class:`SolverError` on failure (default). With ``False`` the
             failure is reported in ``Solution.result``, so one bad member of a
             ``vmap``-ped ensemble does not stop the others.
-        controller: The step-size controller of an adaptive run; ``None`` (the default,
-            and so far the only choice) is the PI controller described above.
+        controller: The step-size controller of an adaptive run, a
+            :class:`PIDController`: its coefficients, bounds on the step change,
+            ``dtmin``/``dtmax`` and error norm (docs/solving-odes.md); ``None`` (the
+            default) is ``PIDController()``, the PI controller described above.
         adjoint: How ``jax.grad`` goes through the solve: :class:`Direct`,
             :class:`Checkpointed` (memory ~ sqrt of the steps) or :class:`Reversible`
             (fixed-step time-symmetric symplectic solvers; memory independent of the
@@ -262,7 +264,7 @@ def _check_stepping(p: Problem) -> None:
                 "estimate; use an adaptive solver (Bosh3, Tsit5, Dopri5, Dopri8, Heun) or "
                 "give dt without tolerances for a fixed-step run"
             )
-        if p.events is not None and not has_interpolant(p.solver):
+        if p.events is not None and not p.solver.has_interpolant:
             raise ValueError(
                 f"events need the solver's dense output to locate crossings in an adaptive "
                 f"run, and {name} has no interpolate(); use a solver with "

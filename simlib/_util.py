@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from ._errors import Result
-from ._solver._base import PyTree
+from ._solver._base import Field, PyTree, mass_matrix, user_args
 
 
 def is_tracer(x) -> bool:
@@ -69,7 +71,26 @@ def time_dtype(y0: PyTree):
     return dtype
 
 
-def convert_closure(f, t, y, args):
+class ClosureField(Field):
+    """``f`` as ``g(t, y, fargs)``, ``fargs = (args, consts)``, with the values ``f`` closes
+    over in ``consts``; the user's ``args`` and a DAE's mass matrix stay reachable through
+    ``f``'s own :meth:`~Field.user_args` and :meth:`~Field.mass` (a field converted twice,
+    as forward mode does, reaches them through both)."""
+
+    def __init__(self, converted, inner):
+        self.converted, self.inner = converted, inner
+
+    def __call__(self, t, y, fargs):
+        return self.converted(t, y, fargs[0], *fargs[1])
+
+    def user_args(self, fargs):
+        return user_args(self.inner, fargs[0])
+
+    def mass(self, fargs):
+        return mass_matrix(self.inner, fargs[0])
+
+
+def convert_closure(f, t, y, args) -> tuple[ClosureField, tuple]:
     """``f`` as ``g(t, y, fargs)`` with everything it closes over moved into ``fargs``.
 
     A ``custom_vjp`` must see every value it differentiates as an input; a vector field
@@ -77,19 +98,22 @@ def convert_closure(f, t, y, args):
     lose their gradient (``jax.closure_convert``).
     """
     f_conv, consts = jax.closure_convert(lambda t, y, a: f(t, y, a), t, y, args)
+    return ClosureField(f_conv, f), (args, tuple(consts))
 
-    def g(t, y, fargs):
-        return f_conv(t, y, fargs[0], *fargs[1])
 
-    # the user's ``args`` back from ``fargs`` (for a user-supplied Jacobian ``jac(t, y,
-    # args)``), through every conversion (forward mode converts a converted field again)
-    inner = getattr(f, "user_args", None)
-    g.user_args = (lambda fa: fa[0]) if inner is None else (lambda fa: inner(fa[0]))
-    # a DAE's mass matrix, riding in ``args`` (simlib/_dae.py), likewise
-    inner_mass = getattr(f, "mass", None)
-    if inner_mass is not None:
-        g.mass = lambda fa: inner_mass(fa[0])
-    return g, (args, tuple(consts))
+def split_inexact(tree: PyTree) -> tuple[list, list, Callable[[list, list], PyTree]]:
+    """``(floats, others, merge)``: the floating-point leaves of ``tree``, its other leaves,
+    and ``merge(floats, others)``, which puts (new) leaves back into the tree."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    is_float = [jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves]
+
+    def merge(floats, others):
+        fi, oi = iter(floats), iter(others)
+        return jax.tree_util.tree_unflatten(treedef, [next(fi) if f else next(oi)
+                                                      for f in is_float])
+
+    return ([x for x, f in zip(leaves, is_float, strict=True) if f],
+            [x for x, f in zip(leaves, is_float, strict=True) if not f], merge)
 
 
 def checked_step(f, solver, t, y, h, args, state, count, failure):

@@ -75,8 +75,7 @@ TRANSFORMS = {
 # fixed-step method).
 REFUSED = {("adaptive", a, t) for a in ("default", "Direct", "Checkpointed", "ForwardMode")
            for t in ("jacfwd", "hessian")} | {
-    (case, "Reversible", "jacfwd") for case in ("fixed", "simulate")} | {
-    ("simulate", "Reversible", "hessian")}
+    (case, "Reversible", "jacfwd") for case in ("fixed", "simulate")}
 NOT_APPLICABLE = {("adaptive", "Reversible", t) for t in TRANSFORMS}
 
 

@@ -45,6 +45,7 @@ PUBLIC = [
     "Midpoint",
     "Milstein",
     "PEFRL",
+    "PIDController",
     "ProcessInfo",
     "Positive",
     "RK4",

@@ -111,3 +111,28 @@ def test_a_solver_known_only_through_the_protocol():
                                      solver=OpaqueHeunEuler(), rtol=1e-5,
                                      atol=1e-7).ys[-1, 0])(jnp.array([1.0, 2.0]))
     np.testing.assert_allclose(np.asarray(g), [np.exp(-2.0), 0.0], atol=1e-5)
+
+
+def test_solvers_declare_their_capabilities():
+    """Capabilities are class attributes the drivers read (no probing): defaults for a
+    solver written against the protocol, declared or derived for the library's own."""
+    from simlib._solver._base import AbstractSolver
+
+    solvers = [getattr(sl, name)() for name in sl.__all__
+               if isinstance(getattr(sl, name), type)
+               and issubclass(getattr(sl, name), AbstractSolver)
+               and not getattr(sl, name).__name__.startswith(("Abstract", "Explicit", "ESDIRK",
+                                                               "Symplectic"))]
+    assert len(solvers) > 10
+    for s in solvers:
+        assert s.has_interpolant == (type(s).interpolate is not AbstractSolver.interpolate)
+    assert {type(s).__name__ for s in solvers if s.time_symmetric} == {
+        "VelocityVerlet", "Yoshida4", "PEFRL", "ImplicitMidpoint"}
+    assert {"Rodas5P", "Rodas5", "Rosenbrock23", "BDF", "Kvaerno5", "Kvaerno3",
+            "BackwardEuler"} <= {type(s).__name__ for s in solvers if s.accepts_mass}
+    assert not sl.ImplicitMidpoint().accepts_mass
+    bare = OpaqueHeunEuler()
+    assert (bare.time_symmetric, bare.accepts_mass, bare.has_interpolant) == (False, False, True)
+    with pytest.raises(ValueError, match="Reversible"):
+        sl.solve(lambda t, y, a: -y, jnp.ones(2), 0.0, 1.0, solver=bare, dt=0.1,
+                 adjoint=sl.Reversible())

@@ -53,6 +53,7 @@ def linear_combination(terms: list[tuple[float, PyTree]]) -> PyTree:
 
 
 def sum_squares(tree: PyTree) -> jax.Array:
+    """``sum(x^2)`` over every component of a pytree."""
     return sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree))
 
 
@@ -73,11 +74,54 @@ def error_scale(y: PyTree, y1: PyTree, rtol, atol) -> PyTree:
     )
 
 
-def rms_error_ratio(y: PyTree, y1: PyTree, err: PyTree, rtol, atol, factor=1.0) -> jax.Array:
-    """``factor * sqrt(mean((err / (atol + rtol max(|y|, |y1|)))^2))`` over every component."""
+def rms_error_ratio(y: PyTree, y1: PyTree, err: PyTree, rtol, atol, factor=1.0,
+                    norm: Callable[[PyTree], jax.Array] | None = None) -> jax.Array:
+    """``factor * sqrt(mean((err / (atol + rtol max(|y|, |y1|)))^2))`` over every component
+    (``factor * norm(err / (atol + rtol max(|y|, |y1|)))`` with a ``norm``)."""
     scale = error_scale(y, y1, rtol, atol)
     scaled = jax.tree_util.tree_map(lambda e, s: e / s, err, scale)
+    if norm is not None:
+        return factor * norm(scaled)
     return factor * safe_sqrt(sum_squares(scaled) / tree_size(y))
+
+
+class Field:
+    """The vector field ``f(t, y, args)`` as a driver hands it to a solver.
+
+    A driver calls the user's field with its own ``args``: the user's ``args`` and the
+    values the field closes over (``jax.closure_convert``), a DAE's mass matrix ``M``
+    (simlib/_dae.py), an SDE's Brownian path (simlib/_sde.py). A solver that needs one of
+    those asks the field for it, explicitly:
+
+    - :meth:`user_args`: the user's own ``args`` (what a callable ``jac(t, y, args)`` is
+      given, or an SDE's ``(args, path, noise)``);
+    - :meth:`mass`: ``M`` of ``M y' = f`` in the linear solver's format, ``None`` for an
+      ODE (``M = I``).
+
+    A plain function given to a solver directly (a test, a user's own loop) is not a
+    ``Field``: :func:`user_args` and :func:`mass_matrix` then give ``args`` and ``None``.
+    """
+
+    def __call__(self, t, y: PyTree, args) -> PyTree:
+        raise NotImplementedError
+
+    def user_args(self, args):
+        """The user's ``args`` inside the driver's ``args`` (here: ``args`` itself)."""
+        return args
+
+    def mass(self, args):
+        """The mass matrix riding in the driver's ``args`` (here: ``None``, an ODE)."""
+        return None
+
+
+def user_args(f: VectorField, args):
+    """The user's ``args`` inside ``args``, the driver's, for the field ``f``."""
+    return f.user_args(args) if isinstance(f, Field) else args
+
+
+def mass_matrix(f: VectorField, args):
+    """The mass matrix of ``M y' = f`` in ``args`` (``None``: an ODE, ``M = I``)."""
+    return f.mass(args) if isinstance(f, Field) else None
 
 
 class AbstractSolver:
@@ -96,6 +140,18 @@ class AbstractSolver:
         fevals_per_step: Evaluations of ``f`` in one ``step`` (carried state reused).
         init_fevals: Evaluations of ``f`` in ``init`` when it is not given ``f0``.
 
+    Capabilities (class attributes with defaults, read by the drivers and the gradient
+    strategies; a solver declares what it can do, nobody probes for it):
+        time_symmetric: ``Phi_{-h}(Phi_h(y)) = y`` (``False`` by default), so that
+            ``adjoint=Reversible()`` may re-create each state by stepping back
+            (:class:`SymplecticSplitting` derives it from its coefficients).
+        accepts_mass: The method solves ``M y' = f`` with a (singular) mass matrix
+            (``solve(..., mass_matrix=M)``), reading ``M`` with :func:`mass_matrix`;
+            ``False`` by default.
+        has_interpolant: The class has its own dense output (:meth:`interpolate`), which
+            events locate crossings on; else the drivers use a cubic Hermite polynomial.
+            By default: whether the class overrides :meth:`interpolate`.
+
     Methods a subclass provides or overrides:
         init(f, t, y, args, f0=None): the state carried from step to step (an FSAL stage
             today; a Jacobian or an LU factorisation for an implicit method), any pytree of
@@ -108,11 +164,13 @@ class AbstractSolver:
             for ``interpolate``, stored by the adaptive driver for ``SaveAt(ts=...)``;
             ``state1`` is the carried state after the step (an adaptive run keeps the old
             one when it rejects the step).
-        error_ratio(y, y1, err, h, rtol, atol): the scaled error of a step, accepted when
-            at most one. The default takes ``err`` to be the local error estimate itself
-            and returns its RMS norm
+        error_ratio(y, y1, err, h, rtol, atol, norm=None): the scaled error of a step,
+            accepted when at most one. The default takes ``err`` to be the local error
+            estimate itself and returns its RMS norm
             ``sqrt(mean((err / (atol + rtol max(|y|, |y1|)))^2))`` (Hairer, Norsett and
-            Wanner, *Solving ODEs I*, 2nd ed., 1993, II.4, eq. 4.11).
+            Wanner, *Solving ODEs I*, 2nd ed., 1993, II.4, eq. 4.11). ``norm`` is the
+            :class:`PIDController`'s when it sets one (then passed as a keyword; a
+            solver that takes no ``norm`` runs with the default controller's RMS norm).
         interpolate(f, args, t, y, h, y1, dense, theta): dense output ``y(t + theta h)``
             for ``theta`` in ``[0, 1]`` from a completed step (adaptive solvers).
         step_failed(err): whether the step's implicit solve failed (a Newton iteration
@@ -128,14 +186,16 @@ class AbstractSolver:
             Newton iterations there).
 
     Optional step control (a solver that picks its own step size and order, as
-    :class:`BDF`; every other solver keeps the driver's PI controller):
+    :class:`BDF`; every other solver keeps the :class:`PIDController`'s formula):
         propose_step(h, ratio, accept, err, state, state1, rtol, atol): ``None`` by default
-            (the adaptive driver's PI controller, the carried state becoming ``state1`` if
-            the step is accepted and staying ``state`` if not). A solver that defines it
+            (the controller's PID factor, the carried state becoming ``state1`` if the
+            step is accepted and staying ``state`` if not). A solver that defines it
             returns ``(factor, state_next)``: the next step is ``factor * h`` and the
             solver itself chooses the state carried on (``state`` before the attempt,
             ``state1`` from it; e.g. a new order, or a Jacobian kept after a rejection).
             ``ratio`` is the driver's error ratio (``inf`` for a failed or non-finite step).
+            The controller (:meth:`PIDController.propose`) clips the factor to its
+            ``[factor_min, factor_max]`` and applies its ``dtmin``/``dtmax``.
             Such a solver needs tolerances, so it runs under the adaptive driver only.
         set_tolerances(state, rtol, atol): the state after ``init`` for a run at these
             tolerances (called once by the adaptive driver; the identity by default), for
@@ -160,7 +220,15 @@ class AbstractSolver:
     fevals_per_step: int = 0
     init_fevals: int = 0
     multistep: bool = False
-    propose_step = None  # optional step-control hook (see above); None: the PI controller
+    propose_step = None  # optional step-control hook (see above); None: the PID formula
+    time_symmetric: bool = False
+    accepts_mass: bool = False
+    has_interpolant: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "has_interpolant" not in cls.__dict__:
+            cls.has_interpolant = cls.interpolate is not AbstractSolver.interpolate
 
     def init(self, f: VectorField, t, y: PyTree, args, f0: PyTree = None) -> PyTree:
         return None
@@ -172,9 +240,11 @@ class AbstractSolver:
         """The carried state for a run at ``rtol``/``atol`` (the identity by default)."""
         return state
 
-    def error_ratio(self, y: PyTree, y1: PyTree, err: PyTree, h, rtol, atol) -> jax.Array:
-        """RMS norm of ``err / (atol + rtol max(|y|, |y1|))`` (Hairer et al. II.4)."""
-        return rms_error_ratio(y, y1, err, rtol, atol)
+    def error_ratio(self, y: PyTree, y1: PyTree, err: PyTree, h, rtol, atol,
+                    norm: Callable[[PyTree], jax.Array] | None = None) -> jax.Array:
+        """RMS norm (or ``norm``) of ``err / (atol + rtol max(|y|, |y1|))`` (Hairer et al.
+        II.4)."""
+        return rms_error_ratio(y, y1, err, rtol, atol, norm=norm)
 
     def interpolate(self, f: VectorField, args, t, y: PyTree, h, y1: PyTree, dense, theta):
         raise NotImplementedError(f"{type(self).__name__} has no dense output")

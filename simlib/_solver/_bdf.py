@@ -21,8 +21,11 @@ simplified Newton with the matrix ``I - c J``. The local error is ``(kappa_k gam
 ``D <- (R U)^T D`` (Shampine and Reichelt, section 2.2), and ``J`` and the LU factors
 of ``I - c J`` are kept from step to step while Newton converges.
 
-The driver's PI controller is bypassed: :meth:`BDF.propose_step` picks the order (among
-``k - 1``, ``k``, ``k + 1``, after ``k + 1`` steps of equal size) and the step factor.
+The step rule is the solver's own: :meth:`BDF.propose_step` (the solver protocol's hook,
+which :meth:`simlib.PIDController.propose` hands the attempt to in place of its PID
+formula) picks the order (among ``k - 1``, ``k``, ``k + 1``, after ``k + 1`` steps of
+equal size) and the step factor; the controller clips the factor to its
+``[factor_min, factor_max]`` and applies its ``dtmin``, ``dtmax`` and norm.
 """
 
 from __future__ import annotations
@@ -308,9 +311,12 @@ class BDF(LinearAlgebra, AbstractSolver):
         dense = jnp.where(rows[: MAX_ORDER + 1] <= k, D1[: MAX_ORDER + 1], 0.0)
         return unravel(y_new), err, dense, state1
 
-    def error_ratio(self, y: PyTree, y1: PyTree, err: BDFError, h, rtol, atol):
-        """RMS norm of the local error over ``atol + rtol |y_{n+1}|`` (as scipy's BDF)."""
-        ratio = rms_norm(err.error, atol + rtol * jnp.abs(err.y1))
+    def error_ratio(self, y: PyTree, y1: PyTree, err: BDFError, h, rtol, atol,
+                    norm: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+        """RMS norm (or ``norm``) of the local error over ``atol + rtol |y_{n+1}|`` (as
+        scipy's BDF), on the flattened state."""
+        scale = atol + rtol * jnp.abs(err.y1)
+        ratio = rms_norm(err.error, scale) if norm is None else norm(err.error / scale)
         return jnp.where(err.newton_failed, jnp.inf, ratio)
 
     def step_failed(self, err: BDFError):
@@ -318,7 +324,9 @@ class BDF(LinearAlgebra, AbstractSolver):
 
     def propose_step(self, h, ratio, accept, err: BDFError, state: BDFState,
                      state1: BDFState, rtol, atol):
-        """The next step's factor and carried state (Shampine and Reichelt 1997, 2.3).
+        """The next step's factor and carried state (Shampine and Reichelt 1997, 2.3): the
+        solver's own step rule, called by :meth:`simlib.PIDController.propose` (which
+        then clips the factor to its bounds and applies ``dtmin``/``dtmax``).
 
         Rejected: the old differences with the newest ``J``/LU, and the factor
         ``max(0.2, s r^(-1/(k+1)))`` (``0.5`` after a Newton failure) with the safety

@@ -12,6 +12,7 @@ Wanner, *Solving ODEs I*, 2nd ed., 1993, II.4).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import jax
@@ -102,16 +103,24 @@ class ExplicitRungeKutta(AbstractSolver):
                 err = (err, linear_combination(list(zip(tab.b_error3, ks, strict=True))))
         return y1, err, ks, (ks[-1] if tab.fsal else None)
 
-    def error_ratio(self, y: PyTree, y1: PyTree, err: PyTree, h, rtol, atol) -> jax.Array:
+    def error_ratio(self, y: PyTree, y1: PyTree, err: PyTree, h, rtol, atol,
+                    norm: Callable[[PyTree], jax.Array] | None = None) -> jax.Array:
         """Scaled local error; the step is accepted when this is at most one.
 
-        The RMS norm of ``h e.k / (atol + rtol max(|y|, |y1|))`` (Hairer et al. II.4);
-        for DOP853 the combined 5th/3rd-order estimate of Hairer et al. II.10.
+        The RMS norm (or ``norm``) of ``h e.k / (atol + rtol max(|y|, |y1|))`` (Hairer et
+        al. II.4); for DOP853 the combined 5th/3rd-order estimate of Hairer et al. II.10,
+        ``|h| E5^2 / sqrt(E5^2 + 0.01 E3^2)`` of the two estimates' norms.
         """
         absh = jnp.abs(h)
         if self.tableau.b_error3 is None:
-            return rms_error_ratio(y, y1, err, rtol, atol, absh)
+            return rms_error_ratio(y, y1, err, rtol, atol, absh, norm=norm)
         scale = error_scale(y, y1, rtol, atol)
+        if norm is not None:
+            e5, e3 = (jnp.square(norm(jax.tree_util.tree_map(lambda e, s: e / s, part, scale)))
+                      for part in err)
+            denom = e5 + 0.01 * e3
+            safe = jnp.where(denom > 0, denom, 1.0)
+            return jnp.where(denom > 0, absh * e5 / jnp.sqrt(safe), 0.0)
         n = tree_size(y)
         err5, err3 = err
         e5 = sum_squares(jax.tree_util.tree_map(lambda e, s: e / s, err5, scale))

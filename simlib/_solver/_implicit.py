@@ -31,10 +31,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from .._dae import projectors
 from .._linalg._base import LinearSolver
 from .._linalg._dense import Dense
 from .._linalg._sparse import Sparse
-from ._base import PyTree, VectorField, safe_sqrt
+from ._base import PyTree, VectorField, mass_matrix, safe_sqrt, user_args
 
 JAC_CHOICES = ("fwd", "rev")
 
@@ -90,8 +91,7 @@ def user_jacobian(jac: Callable, f: VectorField, t, v: jax.Array, unravel, args)
     dtype."""
     n = v.size
     # the drivers hand solvers a closure-converted field; ``jac`` gets the user's args
-    user_args = getattr(f, "user_args", None)
-    m = jnp.asarray(jac(t, unravel(v), args if user_args is None else user_args(args)))
+    m = jnp.asarray(jac(t, unravel(v), user_args(f, args)))
     if m.size != n * n:
         raise ValueError(
             f"jac(t, y, args) must return df/dy as an ({n}, {n}) array for a state of "
@@ -103,8 +103,7 @@ def user_jacobian(jac: Callable, f: VectorField, t, v: jax.Array, unravel, args)
 def mass_of(f: VectorField, args):
     """The mass matrix ``M`` of a DAE ``M y' = f`` in the linear solver's format (``None``:
     an ODE, ``M = I``), from the field's ``args`` (simlib/_dae.py)."""
-    get = getattr(f, "mass", None)
-    return None if get is None else get(args)
+    return mass_matrix(f, args)
 
 
 def mass_matvec(ls: LinearSolver, jac, mass, x: jax.Array) -> jax.Array:
@@ -167,7 +166,6 @@ def initial_derivative(mass, g, t, v: jax.Array, f0: jax.Array, dense_mass=None
             nz = mass != 0
             return jnp.where(nz, f0 / jnp.where(nz, mass, 1.0), 0.0)
         return jnp.zeros_like(f0)
-    from .._dae import projectors
 
     q, _ = projectors(m.astype(v.dtype))
     md = jnp.diag(m) if m.ndim == 1 else m

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._base import AbstractSolver, register_static
+from ._base import AbstractSolver, register_static, user_args
 
 __all__ = ["AbstractSDESolver", "EulerMaruyama", "Milstein", "SRA1", "StochasticHeun",
            "noise_term"]
@@ -27,8 +27,7 @@ NOISE_TYPES = ("diagonal", "scalar", "general")
 
 def _sde_args(f, args):
     """The solve's ``_SDEArgs`` (user args, path, noise) from the driver's ``args``."""
-    user_args = getattr(f, "user_args", None)
-    return args if user_args is None else user_args(args)
+    return user_args(f, args)
 
 
 def noise_term(noise: str, g, dw, y):

@@ -291,9 +291,11 @@ class ESDIRK(_ImplicitRK):
         state1 = state._replace(k=unravel(k_last), n_newton=state.n_newton + extra)
         return unravel(z), (unravel(err), ~ok), (k_first, k_last), state1
 
-    def error_ratio(self, y: PyTree, y1: PyTree, err: PyTree, h, rtol, atol) -> jax.Array:
-        """The RMS error ratio of ``Z_s - Z_{s-1}``, ``inf`` when Newton failed."""
-        ratio = super().error_ratio(y, y1, err[0], h, rtol, atol)
+    def error_ratio(self, y: PyTree, y1: PyTree, err: PyTree, h, rtol, atol,
+                    norm: Callable[[PyTree], jax.Array] | None = None) -> jax.Array:
+        """The RMS (or ``norm``) error ratio of ``Z_s - Z_{s-1}``, ``inf`` when Newton
+        failed."""
+        ratio = super().error_ratio(y, y1, err[0], h, rtol, atol, norm=norm)
         return jnp.where(err[1], jnp.inf, ratio)
 
     def interpolate(self, f: VectorField, args, t, y: PyTree, h, y1: PyTree, dense, theta):

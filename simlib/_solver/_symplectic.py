@@ -38,6 +38,14 @@ class SymplecticSplitting(AbstractSolver):
     drifts: ClassVar[tuple[float, ...]]
 
     @property
+    def time_symmetric(self) -> bool:  # type: ignore[override]
+        """Whether the coefficients read the same backwards (``Phi_{-h} = Phi_h^{-1}``)."""
+        return (all(abs(a - b) < 1e-15 for a, b in zip(self.kicks, self.kicks[::-1],
+                                                         strict=True))
+                and all(abs(a - b) < 1e-15 for a, b in zip(self.drifts, self.drifts[::-1],
+                                                           strict=True)))
+
+    @property
     def carries_force(self) -> bool:
         return self.kicks[0] != 0.0 and self.kicks[-1] != 0.0
 

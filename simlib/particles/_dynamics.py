@@ -101,6 +101,7 @@ class Integrator:
     """
 
     stochastic = False
+    time_symmetric = False  # a step undone by the step with -dt (adjoint=Reversible())
 
     def start(self, model: Model, state: State, params: Any, neighbors: Any = None) -> Carry:
         """The carry at the start of a run: the positions wrapped into ``model.space``, the
@@ -146,6 +147,8 @@ class NVE(Integrator):
     :math:`v' = v_{1/2} + \tfrac{h}{2} F(x')/m`. Second order, symplectic and
     time-reversible. Swope, Andersen, Berens & Wilson, J. Chem. Phys. 76, 637 (1982).
     """
+
+    time_symmetric = True
 
     def step(self, model, carry: Carry, masses, params, dt, key) -> Carry:
         return velocity_verlet(model, carry, masses, params, dt, carry.velocities)

@@ -8,6 +8,8 @@ of :func:`simulate`, and its eager driver runs it chunk by chunk (:mod:`._chunke
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -23,9 +25,12 @@ def start(model: Model, state: State, params, neighbors, integrator: Integrator)
 
 
 def frames(model: Model, integrator: Integrator, carry: Carry, masses, params, dt, key,
-           n_frames: int, save_every: int, adjoint: AbstractAdjoint):
+           n_frames: int, save_every: int, adjoint: AbstractAdjoint,
+           backwards: Callable | None = None):
     """Run ``n_frames * save_every`` steps; return ``(carry, code, Failure)`` and the
-    per-frame records. Every step is checked (:func:`status`); the first failure sticks."""
+    per-frame records. Every step is checked (:func:`status`); the first failure sticks.
+    ``backwards(init, n_frames)``: the same run with a backward pass that integrates
+    backwards, for ``adjoint=Reversible()`` (its :meth:`~simlib.AbstractAdjoint.scan`)."""
     step = integrator.step
     outer, inner = adjoint.nested(n_frames, save_every)
     limit = move_limit(model, carry.neighbors, carry.positions.dtype)
@@ -48,7 +53,7 @@ def frames(model: Model, integrator: Integrator, carry: Carry, masses, params, d
         return state, record
 
     init = (carry, *checked(carry))
-    return outer.scan(one_frame, init, n_frames)
+    return outer.scan(one_frame, init, n_frames, backwards=backwards)
 
 
 def begin(model: Model, integrator: Integrator, state: State, params, neighbors, masses,

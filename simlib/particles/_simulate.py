@@ -31,14 +31,12 @@ from .._adjoint import (
     AbstractAdjoint,
     Checkpointed,
     Direct,
-    ForwardMode,
-    Reversible,
-    _split_inexact,
     reject_time_gradients,
+    reversible_loop,
 )
-from .._auto import AUTOMATIC, Automatic
+from .._auto import AUTOMATIC
 from .._errors import check_in_graph
-from .._util import inside_trace
+from .._util import inside_trace, split_inexact
 from . import _checkpoint, _chunked
 from ._cells import CellList
 from ._dynamics import NVE, Carry, Integrator, State
@@ -143,14 +141,12 @@ def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neigh
     check_run_box(energy, space, neighbors, x.shape[1], "simulate")  # eager part
     if not np.isscalar(dt) and jnp.ndim(dt) != 0:
         raise ValueError(f"simulate: dt must be a scalar, got shape {jnp.shape(dt)}")
-    if adjoint is not None and not isinstance(adjoint, (Direct, Checkpointed, Reversible,
-                                                         ForwardMode)):
+    if adjoint is not None and not isinstance(adjoint, AbstractAdjoint):
         raise TypeError(f"simulate: adjoint must be simlib.Direct(), simlib.Checkpointed(), "
                         f"simlib.Reversible(), simlib.ForwardMode() or None (default), "
                         f"got {adjoint!r}")
-    if isinstance(adjoint, Reversible) and not isinstance(integrator, NVE):
-        raise ValueError(f"simulate: adjoint=Reversible() needs the time-reversible NVE() "
-                         f"integrator, got {integrator!r}")
+    if adjoint is not None:
+        adjoint.check(integrator, where="simulate")
     return state, int(n_steps), int(save_every)
 
 
@@ -298,10 +294,8 @@ def _simulate_traced(model, integrator, state, masses, params, dt, key, n_frames
     """The run as one traced scan, differentiated as ``adjoint`` builds it
     (:meth:`~simlib.AbstractAdjoint.wrap`, then ``nested``/``scan`` in :func:`_frames`)."""
     x0, v0 = jnp.asarray(state.positions), jnp.asarray(state.velocities)
-    if isinstance(adjoint, Automatic) and _closes_over_tracers(model, x0, params, neighbors):
-        # The default's custom JVP cannot see values the energy closes over; reverse mode
-        # through the plain scan can.
-        adjoint = Checkpointed()
+    adjoint = adjoint.with_closures(
+        lambda: _closes_over_tracers(model, x0, params, neighbors), Checkpointed())
 
     def core(tree, strategy):
         (x0, v0, masses, params), (model, integrator, neighbors, dt), key = tree
@@ -328,22 +322,19 @@ def _closes_over_tracers(model, x0, params, neighbors) -> bool:
 
 def _run_traced(model, integrator, state, masses, params, dt, key, n_frames, save_every,
                 neighbors, adjoint):
-    if isinstance(adjoint, Reversible):
-        carry0, (carry, code, failure), records = _reversible(
-            model, integrator, neighbors, dt, key, n_frames, save_every,
-            jnp.asarray(state.positions), jnp.asarray(state.velocities), masses, params)
-    else:
-        carry0 = _start(model, state, params, neighbors, integrator)
-        (carry, code, failure), records = _frames(model, integrator, carry0, masses, params,
-                                                  dt, key, n_frames, save_every, adjoint)
+    carry0 = _start(model, state, params, neighbors, integrator)
+    (carry, code, failure), records = _frames(
+        model, integrator, carry0, masses, params, dt, key, n_frames, save_every, adjoint,
+        backwards=lambda init, n: _reversible(model, integrator, dt, key, save_every,
+                                              init[0], n, masses, params))
     code, failure = _merge(_initial(model, state.positions, neighbors), (code, failure))
     return _assemble(integrator, carry0, records, carry, masses, dt, save_every, code, failure,
                      _builds(carry.neighbors), jnp.int32(0))
 
 
-def _reversible(model, integrator, neighbors, dt, key, n_frames, save_every, x0, v0, masses,
-                params):
-    """The traced run with a backward pass that integrates backwards (``Reversible``).
+def _reversible(model, integrator, dt, key, save_every, carry0, n_frames, masses, params):
+    """:func:`_frames` from ``carry0`` with a backward pass that integrates backwards
+    (``Reversible``; :func:`~simlib._adjoint.reversible_loop`).
 
     Velocity Verlet with ``-dt`` undoes a step exactly in exact arithmetic, so the backward
     pass re-creates each state from the next one instead of storing it, and applies the
@@ -353,82 +344,57 @@ def _reversible(model, integrator, neighbors, dt, key, n_frames, save_every, x0,
     exponentially on chaotic systems (a liquid): compare with ``Checkpointed`` when in doubt.
     """
     dt = lax.stop_gradient(reject_time_gradients(dt, "Reversible"))
-    # The model's and the list's floating-point leaves (the box) are explicit inputs of the
-    # custom VJP, so box gradients flow (a backward pass closing over them would leak
-    # tracers of an enclosing grad).
-    model_floats, model_others, merge_model = _split_inexact(model)
-    nbr_floats, nbr_others, merge_nbrs = _split_inexact(neighbors)
+    # The model's floating-point leaves (the box) are explicit inputs of the custom VJP,
+    # so box gradients flow (a backward pass closing over them would leak tracers of an
+    # enclosing grad); so is the rest of the start (the list, the step count).
+    model_floats, model_others, merge_model = split_inexact(model)
+    masses = jnp.asarray(masses)
+    d0, merge0 = _split_carry(carry0)
 
-    def start(x0, v0, params, mf, nf):
-        return _start(merge_model(mf, model_others), State(x0, v0, masses),
-                      params, merge_nbrs(nf, nbr_others), integrator)
-
-    @jax.custom_vjp
-    def run(x0, v0, masses, params, mf, nf):
-        carry0 = start(x0, v0, params, mf, nf)
-        out, records = _frames(merge_model(mf, model_others), integrator, carry0, masses,
+    def forward(d0, p, rest):
+        m, params, mf = p
+        out, records = _frames(merge_model(mf, model_others), integrator, merge0(d0, rest), m,
                                params, dt, key, n_frames, save_every, Direct())
-        return carry0, out, records
+        return (out, records), out[0]
 
-    def run_fwd(x0, v0, masses, params, mf, nf):
-        carry0, out, records = run(x0, v0, masses, params, mf, nf)
-        return (carry0, out, records), (out[0], x0, v0, masses, params, mf, nf)
+    def step(c, p, _):
+        m, params, mf = p
+        return integrator.step(merge_model(mf, model_others), c, m, params, dt, key)
 
-    def run_bwd(res, cotangents):
-        final, x0, v0, masses, params, mf, nf = res
-        model = merge_model(mf, model_others)
-        ct0, (ct_final, _, _), (ct_x, ct_v, ct_e, ct_k, ct_extras) = cotangents
+    def unstep(c, p, _):
+        m, params, mf = p
+        prev = integrator.step(merge_model(mf, model_others), c, m, params, -dt, key)
+        return prev._replace(step=c.step - 1)
+
+    def unpack(cotangent):
+        (ct_final, _, _), (ct_x, ct_v, ct_e, ct_k, ct_extras) = cotangent
         # NVE's conserved quantity is K + U: its cotangent joins theirs.
         ct_e, ct_k = ct_e + ct_extras["conserved"], ct_k + ct_extras["conserved"]
-        zero_p = jax.tree_util.tree_map(jnp.zeros_like, (params, mf))
-        m_col = jnp.asarray(masses)[:, None] if jnp.ndim(masses) == 1 else masses
+        return _split_carry(ct_final)[0], (ct_x, ct_v, ct_e, ct_k), None
 
-        def step_fn(x, v, f, masses, params, mf, nbrs, step):
-            c = integrator.step(merge_model(mf, model_others),
-                                Carry(x, v, f, jnp.zeros((), x.dtype), nbrs, step),
-                                masses, params, dt, key)
-            return c.positions, c.velocities, c.forces, c.potential_energy
+    def inject_frame(c, g, g_params, cts, p):
+        cx, cv, ce, ck = cts
+        v = c.velocities
+        m_col = p[0][:, None] if jnp.ndim(p[0]) == 1 else p[0]
+        g = (g[0] + cx, g[1] + cv + ck * m_col * v, g[2], g[3] + ce)
+        m_bar, p_bar, mf_bar = g_params
+        m_bar = (m_bar + _kinetic_mass_grad(v, p[0], ck)).astype(m_bar.dtype)
+        return g, (m_bar, p_bar, mf_bar)
 
-        def back_step(state, _):
-            carry, adj, m_bar, p_bar = state
-            prev = integrator.step(model, carry, masses, params, -dt, key)
-            prev = prev._replace(step=carry.step - 1)
-            _, vjp = jax.vjp(lambda x, v, f, m, p, mf_: step_fn(x, v, f, m, p, mf_,
-                                                                prev.neighbors, prev.step),
-                             prev.positions, prev.velocities, prev.forces, masses, params, mf)
-            x_bar, v_bar, f_bar, dm, dp, dmf = vjp(adj)
-            adj = (x_bar, v_bar, f_bar, jnp.zeros_like(adj[3]))
-            p_bar = jax.tree_util.tree_map(jnp.add, p_bar, (dp, dmf))
-            return (prev, adj, m_bar + dm, p_bar), None
-
-        def back_frame(state, cts):
-            carry, adj, m_bar, p_bar = state
-            cx, cv, ce, ck = cts
-            v = carry.velocities
-            adj = (adj[0] + cx, adj[1] + cv + ck * m_col * v, adj[2], adj[3] + ce)
-            m_bar = m_bar + _kinetic_mass_grad(v, masses, ck)
-            state, _ = lax.scan(back_step, (carry, adj, m_bar, p_bar), None, length=save_every)
-            return state, None
-
-        adj = (ct_final.positions, ct_final.velocities, ct_final.forces,
-               ct_final.potential_energy)
-        state = (final, adj, jnp.zeros_like(jnp.asarray(masses)), zero_p)
-        (carry, adj, m_bar, p_bar), _ = lax.scan(back_frame, state, (ct_x, ct_v, ct_e, ct_k),
-                                                 reverse=True)
-        adj = (adj[0] + ct0.positions, adj[1] + ct0.velocities, adj[2] + ct0.forces,
-               adj[3] + ct0.potential_energy)
-        _, vjp = jax.vjp(lambda x, v, p, mf_, nf_: _start_outputs(start(x, v, p, mf_, nf_)),
-                         x0, v0, params, mf, nf)
-        x_bar, v_bar, dp, dmf, dnf = vjp(adj)
-        p_bar, mf_bar = jax.tree_util.tree_map(jnp.add, p_bar, (dp, dmf))
-        return x_bar, v_bar, m_bar.astype(jnp.asarray(masses).dtype), p_bar, mf_bar, dnf
-
-    run.defvjp(run_fwd, run_bwd)
-    return run(x0, v0, masses, params, model_floats, nbr_floats)
+    rest0 = (carry0.neighbors, carry0.step, carry0.extra)
+    return reversible_loop(
+        forward, step, unstep, lambda c: (_split_carry(c)[0],
+                                          lambda d: merge0(d, (c.neighbors, c.step, c.extra))),
+        d0, (masses, params, model_floats), rest0, blocks=lambda _: None, n_blocks=n_frames,
+        n_inner=save_every, plan=lambda *_: None, unpack=unpack, inject_block=inject_frame)
 
 
-def _start_outputs(carry):
-    return carry.positions, carry.velocities, carry.forces, carry.potential_energy
+def _split_carry(c):
+    """The differentiated part of a carry (positions, velocities, forces, energy) and
+    ``merge(d, (neighbors, step, extra))``, a carry from those parts."""
+    def merge(d, rest):
+        return Carry(*d, *rest)
+    return (c.positions, c.velocities, c.forces, c.potential_energy), merge
 
 
 def _kinetic_mass_grad(v, masses, ck):
