@@ -45,12 +45,16 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 echo "gpu.sh: small=$small, x32=$x32, results in $OUT"
 exec timeout --signal=INT 470 python - "$small" "$OUT" "$x32" "$only" "$lj_cells" <<'PYTHON'
 import json
+import math
 import sys
 import time
 import traceback
 from pathlib import Path
 
+sys.path.insert(0, "benchmarks")
 import jax
+from _timing import Timer, best_of
+from _timing import timed as timed_once
 
 X32 = sys.argv[3] == "1"
 ONLY = sys.argv[4].split(",")
@@ -69,19 +73,13 @@ rows, meta = [], dict(backend=jax.default_backend(), devices=[str(d) for d in ja
                       jax=jax.__version__, small=SMALL, sizes=SIZES,
                       ode_dtype="float32" if X32 else "float64",
                       date=time.strftime("%Y-%m-%d %H:%M:%S"))
-T0 = time.perf_counter()
+CLOCK = Timer().start()
 
 
 def timed(fn, repeats=3):
-    t = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    first = time.perf_counter() - t
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t)
-    return out, best, first - best
+    """(output, best of ``repeats`` after a warm-up, the warm-up's time less the best)."""
+    t = best_of(fn, repeats, slow_s=math.inf)
+    return t.out, t.best, t.warmup - t.best
 
 
 def add(section, name, size, best, compile_s, rate, unit, note=""):
@@ -102,7 +100,7 @@ def write():
         rate = "-" if r["rate"] is None else f"{r['rate']:.4g} {r['unit']}"
         lines.append(f"| {r['section']} | {r['name']} | {r['size']} | {best} | {comp} "
                      f"| {rate} | {r['note']} |")
-    lines.append(f"\nwall time so far {time.perf_counter() - T0:.0f} s")
+    lines.append(f"\nwall time so far {CLOCK.elapsed:.0f} s")
     (OUT / "gpu_results.md").write_text("\n".join(lines) + "\n")
     (OUT / "gpu_results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
 
@@ -196,10 +194,9 @@ def lj():
     n = pos.shape[0]
     space = sp.periodic(jnp.float32(box))
     energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
-    t = time.perf_counter()
-    nbrs = jax.block_until_ready(sp.neighbor_list(space, pos, r_cut=2.5, skin=0.3))
+    nbrs, secs = timed_once(lambda: sp.neighbor_list(space, pos, r_cut=2.5, skin=0.3))
     add("lj", "simlib neighbor_list (allocate and build)", f"{n:,} atoms", None, None, None, "",
-        f"{time.perf_counter() - t:.3g} s with compilation, capacity {nbrs.capacity}")
+        f"{secs:.3g} s with compilation, capacity {nbrs.capacity}")
     v = jnp.asarray(sp.maxwell_boltzmann(1.44, 1.0, key=jax.random.key(2), n=n), jnp.float32)
     params = dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0))
     forces = jax.jit(energy.energy_and_forces)
@@ -235,9 +232,7 @@ def ljcells():
     n = pos.shape[0]
     space = sp.periodic(jnp.float32(box))
     energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
-    t = time.perf_counter()
-    cl = jax.block_until_ready(sp.cell_list(space, pos, r_cut=2.5))
-    alloc = time.perf_counter() - t
+    cl, alloc = timed_once(lambda: sp.cell_list(space, pos, r_cut=2.5))
     build = jax.jit(lambda c, x: c.build(x))
     _, best, comp = timed(lambda: build(cl, pos))
     wasted = 1.0 - (4 / 3 * np.pi * 2.5**3 * 0.8442 * n / 2) / cl.pair_slots()
