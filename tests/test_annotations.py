@@ -20,11 +20,7 @@ import pytest
 SURFACE = ("simlib", "simlib.particles", "simlib.systems", "simlib.fit", "simlib.pde",
            "simlib.plot", "simlib.io", "simlib.progress")
 
-NOT_YET_ANNOTATED = frozenset({
-    "simlib.BrownianPath",
-    "simlib.SolverError",
-    "simlib.split_keys",
-})
+NOT_YET_ANNOTATED = frozenset()
 
 
 def _public() -> dict[str, object]:
