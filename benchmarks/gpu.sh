@@ -10,6 +10,7 @@
 #                                # float64 units (XLA emulates it there, slowly)
 #   benchmarks/gpu.sh --only lj,gradients --lj-cells 32   # some sections; LJ of 4*32^3 atoms
 #   benchmarks/gpu.sh --only ljcells --lj-cells 40        # LJ by the cell-dense path only
+#   benchmarks/gpu.sh --only gravitybig,drift             # 10^6 bodies; a 10^4-step NVE drift
 #   OUT=/tmp/gpu benchmarks/gpu.sh
 #
 # Sections run in order, each on its own; one that fails (a missing peer, memory) is
@@ -36,7 +37,7 @@ while [[ $# -gt 0 ]]; do
     shift
 done
 for s in ${only//,/ }; do
-    case "$s" in ode|gravity|lj|ljcells|gradients) ;; *) echo "gpu.sh: unknown section $s; $usage" >&2; exit 2 ;; esac
+    case "$s" in ode|gravity|gravitybig|lj|ljcells|drift|gradients) ;; *) echo "gpu.sh: unknown section $s; $usage" >&2; exit 2 ;; esac
 done
 [[ "$lj_cells" =~ ^[0-9]+$ ]] || { echo "gpu.sh: --lj-cells must be a whole number; $usage" >&2; exit 2; }
 OUT=${OUT:-benchmarks/results/gpu}
@@ -152,16 +153,17 @@ def ode():
         "members/s", f"max |diffrax - simlib| {diff:.1e}")
 
 
-def gravity():
-    """Direct-sum gravity, float32, one force evaluation, against a plain jnp sum."""
-    n = SIZES["bodies"]
+def gravity(n=None, section="gravity"):
+    """Direct-sum gravity, float32, one force evaluation, against a plain jnp sum (on a
+    TPU simlib runs its Pallas kernel)."""
+    n = SIZES["bodies"] if n is None else n
     x = jax.random.normal(jax.random.key(1), (n, 3), jnp.float32)
     params = dict(G=jnp.float32(1.0), softening=jnp.float32(0.01),
                   masses=jnp.full((n,), 1.0 / n, jnp.float32))
     energy = sp.pair_energy(sp.gravity, sp.free())
     ef = jax.jit(energy.energy_and_forces)
     (_, f), best, comp = timed(lambda: ef(x, params))
-    add("gravity", "simlib pair_energy(gravity)", f"{n:,} bodies", best, comp,
+    add(section, "simlib pair_energy(gravity)", f"{n:,} bodies", best, comp,
         n * n / best / 1e9, "G pairs/s")
 
     @jax.jit
@@ -182,7 +184,7 @@ def gravity():
 
     ref, best, comp = timed(lambda: plain(x, params["masses"]))
     rel = float(jnp.max(jnp.abs(ref - f)) / jnp.max(jnp.abs(ref)))
-    add("gravity", "plain jnp all-pairs (peer)", f"{n:,} bodies", best, comp,
+    add(section, "plain jnp all-pairs (peer)", f"{n:,} bodies", best, comp,
         n * n / best / 1e9, "G pairs/s", f"max rel force diff {rel:.1e}")
 
 
@@ -293,7 +295,26 @@ def gradients():
         best, comp, steps / best, "steps/s", f"max rel gradient diff {rel:.1e}")
 
 
-for fn in (ode, gravity, lj, ljcells, gradients):
+def gravitybig():
+    """Direct-sum gravity at 10^6 bodies (10^4 with --small): the Pallas kernel's size."""
+    gravity(10_000 if SMALL else 1_000_000, "gravitybig")
+
+
+def drift():
+    """Energy drift of a 10^4-step float32 LJ NVE run (4,000 atoms; 864 atoms and 200
+    steps with --small), by the cell-dense path: compare with benchmarks/drift.py on the
+    CPU."""
+    from drift import run as drift_run
+
+    steps = 200 if SMALL else 10_000
+    r = drift_run(6 if SMALL else 10, steps, 100, "cells")
+    add("drift", "simlib simulate NVE (cell-dense), float32", f"{r['atoms']:,} atoms x "
+        f"{steps:,} steps", None, None, None, "",
+        f"slope {r['slope_per_atom_per_1000_steps']:+.2e} per atom per 1,000 steps, "
+        f"max change of E {r['max_change_per_atom']:.2e} per atom")
+
+
+for fn in (ode, gravity, gravitybig, lj, ljcells, drift, gradients):
     if fn.__name__ not in ONLY:
         continue
     print(f"-- {fn.__name__}", flush=True)
