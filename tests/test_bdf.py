@@ -421,3 +421,39 @@ def test_brusselator_against_scipy_bdf_with_sparse_jacobian():
           f"{err_sp:.2f} ({sp.t.size - 1} steps)")
     assert err <= 10.0
     assert n_acc <= 1.5 * (sp.t.size - 1)
+
+
+def test_factorisations_kept_across_small_changes_of_c():
+    # CVODE's rule (lu_reuse = 0.3): the LU of I - c J is kept while |c / c_lu - 1| < 0.3,
+    # Newton's corrections scaled by 2 / (1 + c / c_lu). Factorisations are counted by a
+    # host callback in the linear solver's factor (it runs only when lax.cond takes that
+    # branch); lu_reuse = 0 refactors at every change of c, as scipy's BDF.
+    rtol, atol = 1e-6, 1e-12
+    count = [0]
+
+    def bump():
+        count[0] += 1
+
+    class CountingLU(sl.DenseLU):
+        def _factor(self, jac, c, mass):
+            jax.debug.callback(bump)
+            return super()._factor(jac, c, mass)
+
+    ref = solve_ivp(robertson_np, (0.0, 40.0), [1.0, 0.0, 0.0], method="Radau", rtol=1e-12,
+                    atol=1e-20, args=(ROB_K,), jac=robertson_jac).y[:, -1]
+    out = {}
+    for reuse in (0.0, 0.3):
+        count[0] = 0
+        sol = sl.solve(robertson, jnp.array([1.0, 0.0, 0.0]), 0.0, 40.0,
+                       solver=sl.BDF(linear_solver=CountingLU(), lu_reuse=reuse), rtol=rtol,
+                       atol=atol, args=ROB_K)
+        err = np.max(np.abs(np.asarray(sol.ys[-1]) - ref) / (atol + rtol * np.abs(ref)))
+        assert err <= 10.0, (reuse, err)
+        out[reuse] = count[0], int(sol.stats["num_steps"])
+    print(f"\n(factorisations, steps): lu_reuse 0 {out[0.0]}, 0.3 {out[0.3]}")
+    (lu0, steps0), (lu3, steps3) = out[0.0], out[0.3]
+    assert lu3 <= 0.8 * lu0  # measured 44 -> 32
+    assert steps3 <= 1.1 * steps0
+    assert sl.BDF() == sl.BDF(lu_reuse=0.3) != sl.BDF(lu_reuse=0.0)
+    with pytest.raises(ValueError, match="lu_reuse"):
+        sl.BDF(lu_reuse=1.0)
