@@ -311,14 +311,15 @@ class BDF(LinearAlgebra, AbstractSolver):
         first = attempt(fac)
         stale = fac.c != c_sg  # factors kept for another c
         refreshed = ~first.converged & (~state.jac_current | stale)
-        new_jac = refreshed & ~state.jac_current
+        # stale factors: refactor with the J kept; fresh ones: a new J as well
+        new_jac = refreshed & ~state.jac_current & ~stale
 
         def refresh():
             def linearise():
                 return sg(self.linearise(ls, g_sg, f, t_sg, y_pred_sg, unravel,
                                          jax.tree_util.tree_map(sg, args)))
 
-            J_ = lax.cond(state.jac_current, lambda: fac.jac, linearise)
+            J_ = lax.cond(new_jac, linearise, lambda: fac.jac)
             fac_ = ls.factor(J_, c_sg, mass_sg)
             return fac_, attempt(fac_)
 
