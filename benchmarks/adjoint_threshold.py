@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from _timing import best_of  # benchmarks/_timing.py, next to this file
 
 jax.config.update("jax_enable_x64", True)
 
@@ -51,13 +52,7 @@ def make_loss(y0, n_steps, adjoint):
 
 
 def best_time(fn, x, repeats):
-    jax.block_until_ready(fn(x))
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        best = min(best, time.perf_counter() - t)
-    return best
+    return best_of(lambda: fn(x), repeats, slow_s=math.inf).best
 
 
 def main():

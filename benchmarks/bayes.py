@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -56,6 +56,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _format import finish, fmt_r, fmt_s, simlib_commit  # noqa: E402
+from _timing import Timer, best_of, compile_jit, load_average, timed, warm_up  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -108,12 +109,11 @@ def run_nuts(log_lik, opts, seed):
 
     mcmc = MCMC(NUTS(model_for(log_lik)), num_warmup=opts.warmup, num_samples=opts.samples,
                 num_chains=opts.chains, chain_method="vectorized", progress_bar=False)
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
+    def run():
         mcmc.run(jax.random.key(seed), extra_fields=("diverging", "num_steps"))
-        jax.block_until_ready(mcmc.get_samples())
-        times.append(time.perf_counter() - start)
+        return mcmc.get_samples()
+
+    times = [timed(run)[1] for _ in range(3)]
     run_s = min(times[1:])
     draws = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
     extra = mcmc.get_extra_fields(group_by_chain=True)
@@ -142,33 +142,26 @@ def potential_gradient_time(log_lik, draws, chains, reps):
               for c in range(chains)]
     batch = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *points)
     grad = jax.jit(jax.vmap(jax.value_and_grad(info.potential_fn)))
-    start = time.perf_counter()
-    jax.block_until_ready(grad(batch))
-    compile_s = time.perf_counter() - start
-    best = np.inf
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(reps):
-            out = grad(batch)
-        jax.block_until_ready(out)
-        best = min(best, (time.perf_counter() - start) / reps)
-    return best, compile_s
+    compile_s = timed(lambda: grad(batch))[1]
+    return per_call(lambda: grad(batch), reps), compile_s
 
 
 def gradient_time(fn, x, reps):
     """(seconds per call, compile seconds) of jit(fn)(*x), best of 3 blocks of ``reps``."""
-    start = time.perf_counter()
-    compiled = jax.jit(fn).lower(*x).compile()
-    compile_s = time.perf_counter() - start
-    jax.block_until_ready(compiled(*x))
-    best = np.inf
-    for _ in range(3):
-        start = time.perf_counter()
+    compiled, compile_s = compile_jit(fn, *x)
+    warm_up(lambda: compiled(*x))
+    return per_call(lambda: compiled(*x), reps), compile_s
+
+
+def per_call(call, reps):
+    """Seconds per call of ``call()``: the best of 3 blocks of ``reps`` calls (the last
+    call's output blocked on), already warmed up."""
+    def block():
         for _ in range(reps):
-            out = compiled(*x)
-        jax.block_until_ready(out)
-        best = min(best, (time.perf_counter() - start) / reps)
-    return best, compile_s
+            out = call()
+        return out
+
+    return best_of(block, 3, slow_s=math.inf, warmup=False).best / reps
 
 
 def main(argv=None) -> int:
@@ -187,12 +180,12 @@ def main(argv=None) -> int:
     opts = parser.parse_args(argv)
     if opts.quick:
         opts.chains, opts.warmup, opts.samples, opts.reps = 1, 200, 200, 20
-    wall = time.perf_counter()
+    wall = Timer().start()
     cases = sir_example.read_cases()
     results = {"benchmark": "bayes", "commit": simlib_commit(ROOT), "chains": opts.chains,
                "warmup": opts.warmup, "samples": opts.samples, "seed": opts.seed,
                "fast_cpu_loops": not opts.no_fast_cpu_loops, "cpu_count": os.cpu_count(),
-               "load_average": os.getloadavg()[0], "contenders": {}}
+               "load_average": load_average()[0], "contenders": {}}
     contenders = {"simlib": simlib_log_lik(cases)}
     if not opts.no_diffrax:
         contenders["diffrax"] = diffrax_log_lik(cases)
@@ -285,7 +278,7 @@ def main(argv=None) -> int:
         lines.append(f"  max_steps {max_steps:5d}: {fmt_s(good_s):>9s} | {fmt_s(bad_s):>9s} "
                      f"| {fmt_s(compile_s):>8s}; prior draws over the budget "
                      f"{results['budget'][max_steps]['prior_rejected']:.1%}")
-    results["wall_s"] = time.perf_counter() - wall
+    results["wall_s"] = wall.stop()
     return finish(results, "\n".join(lines), opts.json)
 
 

@@ -39,6 +39,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from _format import simlib_commit  # noqa: E402
+from _timing import Timer, load_average  # noqa: E402
 
 FLAG = "xla_cpu_small_while_loop_byte_threshold"
 DEFAULT_THRESHOLDS = [0, 16 * 1024, 1024 * 1024, 100_000_000]  # 0: XLA's default (1,024)
@@ -148,13 +149,14 @@ EXTRACT = dict(ode=rows_ode, gradients=rows_gradients, stiff=rows_stiff,
 # (`xla_cpu_small_call` in the optimized HLO) and the process's CPU time over wall time.
 
 PAIRED_CHILD = r"""
-import json, resource, sys, time
+import json, sys
 import jax
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp
 sys.path.insert(0, sys.argv[1])
 import simlib as sl
 import ode
+from _timing import Timer, compile_jit, warm_up
 
 def lv(p, y0, n, adjoint):
     return sl.solve(sl.systems.lotka_volterra, y0, 0.0, 10.0, solver=sl.RK4(), dt=10.0 / n,
@@ -186,19 +188,15 @@ cases = {
 }
 out = {}
 for name, (f, x) in cases.items():
-    c = jax.jit(f).lower(x).compile()
+    c, _ = compile_jit(f, x)
     whole = c.as_text().count('xla_cpu_small_call="true"')
-    jax.block_until_ready(c(x))
+    warm_up(lambda: c(x))
     best, cpu = float("inf"), None
-    for _ in range(5):
-        r0 = resource.getrusage(resource.RUSAGE_SELF)
-        t0 = time.perf_counter()
-        jax.block_until_ready(c(x))
-        t = time.perf_counter() - t0
-        r1 = resource.getrusage(resource.RUSAGE_SELF)
-        if t < best:
-            best = t
-            cpu = (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / t
+    for _ in range(5):  # best of 5 with the CPU time of that call: Timer, not best_of
+        with Timer() as t:
+            jax.block_until_ready(c(x))
+        if t.wall < best:
+            best, cpu = t.wall, t.cpu / t.wall
     out[name] = dict(s=best, compiled_whole=whole, cpu_per_wall=cpu)
 print(json.dumps(out))
 """
@@ -216,7 +214,7 @@ def paired(thresholds: list[int], rounds: int) -> dict:
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(proc.stderr[-3000:])
-            runs.append(dict(threshold=t, load=os.getloadavg()[0],
+            runs.append(dict(threshold=t, load=load_average()[0],
                              rows=json.loads(proc.stdout.strip().splitlines()[-1])))
             print(f"  paired {label(t)} done", flush=True)
     best: dict = {}
@@ -246,18 +244,18 @@ def run_one(name: str, threshold: int, tmp: Path, timeout: float, lock: bool) ->
     env = dict(os.environ)
     env["XLA_FLAGS"] = xla_flags(threshold, os.environ.get("XLA_FLAGS", ""))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    t0 = time.perf_counter()
-    load_start = os.getloadavg()[0]
+    clock = Timer().start()
+    load_start = load_average()[0]
     res = dict(script=name, threshold=threshold, xla_flags=env["XLA_FLAGS"],
                load_before_lock=load_start)
     try:  # the timeout includes the wait for the lock
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        res.update(wall_s=time.perf_counter() - t0, returncode=None,
+        res.update(wall_s=clock.stop(), returncode=None,
                    error=f"timed out after {timeout:.0f} s (lock wait included)")
         return res
-    res.update(wall_s=time.perf_counter() - t0, returncode=proc.returncode,
-               load_end=os.getloadavg()[0])
+    res.update(wall_s=clock.stop(), returncode=proc.returncode,
+               load_end=load_average()[0])
     if proc.returncode != 0 or not out_json.exists():
         res["error"] = (proc.stderr or proc.stdout)[-3000:]
         return res
@@ -362,7 +360,7 @@ def main() -> None:
         print(f"\nadded to {args.json}")
         return
 
-    t_start = time.perf_counter()
+    clock = Timer().start()
     runs = []
     for path in args.merge:
         runs += json.loads(path.read_text())["runs"]
@@ -401,7 +399,7 @@ def main() -> None:
         python=sys.version.split()[0], platform=platform.platform(), cpu_count=os.cpu_count(),
         cpu_model=_cpu_model(), flag=FLAG, thresholds=thresholds,
         scripts=SCRIPTS, merged=[str(p) for p in args.merge], regression_limit=REGRESSION,
-        runs=runs, table=entries, wall_s=time.perf_counter() - t_start, report=report)
+        runs=runs, table=entries, wall_s=clock.stop(), report=report)
     try:
         import jax
         results["jax_version"] = jax.__version__

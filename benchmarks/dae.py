@@ -42,14 +42,13 @@ Usage::
 import os
 import sys
 
-from _timing import best_of, compile_jit, fmt_load, load_average, single_thread_if_asked
+from _timing import single_thread_if_asked  # benchmarks/_timing.py; imports no numpy
 
 single_thread_if_asked(sys.argv)  # before numpy/jax load their thread pools
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import platform  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
@@ -61,6 +60,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's simlib (and validation.dae_refe
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _format import finish, fmt_r, fmt_s, simlib_commit  # noqa: E402
+from _timing import Timer, best_of, compile_jit, fmt_load, load_average, timed  # noqa: E402
 
 import simlib as sl  # noqa: E402
 from simlib.systems import AKZO_NOBEL, TRANSISTOR_AMPLIFIER, scd  # noqa: E402
@@ -156,9 +156,7 @@ def bench_ensemble(repeats: int, ida_members: int, driver: str = "vmap") -> dict
         fn, compile_s = compile_jit(batched, pj)
     else:  # solve_ensemble: its compile is the first call's time less a later call's
         fn = _ensemble_fn(AKZO_NOBEL, "Rodas5P", RTOL)
-        start = time.perf_counter()
-        fn(pj)
-        compile_s = time.perf_counter() - start
+        compile_s = timed(lambda: fn(pj))[1]
     t = best_of(lambda: fn(pj), repeats)
     if driver != "vmap":
         compile_s = max(compile_s - t.best, 0.0)
@@ -170,10 +168,9 @@ def bench_ensemble(repeats: int, ida_members: int, driver: str = "vmap") -> dict
           f"(compile {compile_s:.1f} s)", flush=True)
     if ida.available():
         atol = RTOL * ATOL_PER_RTOL["akzo_nobel"]
-        start = time.perf_counter()
-        ida_ys = [ida.ida_solve(AKZO_NOBEL, RTOL, atol, args=tuple(params[i])).y1
-                  for i in range(ida_members)]
-        secs = time.perf_counter() - start
+        ida_ys, secs = timed(lambda: [ida.ida_solve(AKZO_NOBEL, RTOL, atol,
+                                                    args=tuple(params[i])).y1
+                                      for i in range(ida_members)])
         diff = np.abs(np.array(ida_ys) - ys[:ida_members]) / np.abs(ys[:ida_members])
         out.update(ida_members=ida_members, ida_seconds_measured=secs,
                    ida_seconds_scaled=secs * N_ENSEMBLE / ida_members,
@@ -289,7 +286,7 @@ def main() -> int:
         sksundae_version = sksundae.__version__
     except ImportError:
         sksundae_version = None
-    start = time.perf_counter()
+    clock = Timer().start()
     res = dict(date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                commit=simlib_commit(ROOT), sksundae=sksundae_version,
                cpus=len(os.sched_getaffinity(0)), platform=platform.platform(),
@@ -302,7 +299,7 @@ def main() -> int:
                                          opts.ensemble_driver)
     if "gradient" in parts:
         res["gradient"] = bench_gradient(opts.repeats)
-    res["wall_s"] = time.perf_counter() - start
+    res["wall_s"] = clock.stop()
     res["load_end"] = load_average()
     return finish(res, report(res), opts.json)
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import Timer  # benchmarks/_timing.py, next to this file
 
 import simlib.particles as sp
 
@@ -33,11 +33,11 @@ def run(cells: int, steps: int, every: int, method: str) -> dict:
     v = jnp.asarray(sp.maxwell_boltzmann(1.44, 1.0, key=jax.random.key(2), n=n), jnp.float32)
     params = dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0))
     search = sp.pair_search(space, pos, 2.5, 0.3, method=method)
-    start = time.perf_counter()
-    traj = sp.simulate(energy, sp.State(pos, v, 1.0), params, space=space, dt=0.005,
-                       n_steps=steps, save_every=every, neighbors=search)
-    e = np.asarray(traj.total_energy, np.float64) / n
-    seconds = time.perf_counter() - start
+    with Timer() as clock:
+        traj = sp.simulate(energy, sp.State(pos, v, 1.0), params, space=space, dt=0.005,
+                           n_steps=steps, save_every=every, neighbors=search)
+        e = np.asarray(traj.total_energy, np.float64) / n
+    seconds = clock.wall
     k = np.arange(len(e)) * every / 1000.0
     slope = float(np.polyfit(k, e, 1)[0])
     return dict(backend=jax.default_backend(), method=method, atoms=n, steps=steps,

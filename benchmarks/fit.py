@@ -66,13 +66,13 @@ import platform  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from _format import finish, fmt_r, fmt_s, simlib_commit  # noqa: E402  (benchmarks/_format.py)
+from _timing import Timer, compile_jit, load_average, timed  # noqa: E402  (benchmarks/_timing.py)
 from jax import lax  # noqa: E402
 from scipy.integrate import solve_ivp  # noqa: E402
 from scipy.optimize import least_squares as scipy_least_squares  # noqa: E402
@@ -152,10 +152,9 @@ def mse(predict, obs, sigma):
 
 
 def run_fit(predict, obs, sigma, steps):
-    start = time.perf_counter()
-    res = sl.fit(mse(predict, obs, sigma), jnp.asarray(P0), optimizer=adam(steps),
-                 steps=steps, transforms=sl.Positive(), progress=False)
-    total = time.perf_counter() - start
+    res, total = timed(lambda: sl.fit(mse(predict, obs, sigma), jnp.asarray(P0),
+                                      optimizer=adam(steps), steps=steps,
+                                      transforms=sl.Positive(), progress=False))
     return dict(params=np.asarray(res.params), loss=float(res.loss), steps=res.n_steps,
                 run_s=res.run_time, compile_s=res.compile_time, total_s=total,
                 steps_per_s=res.steps_per_second, first_loss=float(res.history[0]))
@@ -180,14 +179,11 @@ def run_plain(predict, obs, sigma, steps):
         return u, values, log_loss(u)
 
     u0 = jnp.log(jnp.asarray(P0))
-    start = time.perf_counter()
-    compiled = jax.jit(loop).lower(u0).compile()
-    compile_s = time.perf_counter() - start
-    t = time.perf_counter()
-    u, values, final = jax.block_until_ready(compiled(u0))
-    run_s = time.perf_counter() - t
+    with Timer() as total:
+        compiled, compile_s = compile_jit(loop, u0)
+        (u, values, final), run_s = timed(lambda: compiled(u0))
     return dict(params=np.exp(np.asarray(u)), loss=float(final), steps=steps, run_s=run_s,
-                compile_s=compile_s, total_s=time.perf_counter() - start,
+                compile_s=compile_s, total_s=total.wall,
                 steps_per_s=steps / run_s, first_loss=float(values[0]))
 
 
@@ -197,10 +193,9 @@ def run_scipy(obs, sigma):
                         rtol=1e-10, atol=1e-10)
         return ((sol.y.T - obs) / sigma).ravel()
 
-    start = time.perf_counter()
-    ref = scipy_least_squares(residuals, P0, jac="2-point", bounds=(0.0, np.inf), xtol=1e-12,
-                              ftol=1e-12, gtol=1e-12)
-    run_s = time.perf_counter() - start
+    ref, run_s = timed(lambda: scipy_least_squares(
+        residuals, P0, jac="2-point", bounds=(0.0, np.inf), xtol=1e-12, ftol=1e-12,
+        gtol=1e-12))
     return dict(params=ref.x, loss=float(np.mean(ref.fun**2)), steps=int(ref.nfev),
                 run_s=run_s, compile_s=0.0, total_s=run_s, steps_per_s=None,
                 nfev=int(ref.nfev), njev=int(ref.njev), status=int(ref.status))
@@ -210,9 +205,8 @@ def run_lm(predict, obs, sigma):
     def residuals(p):
         return ((predict(p) - obs) / sigma).ravel()
 
-    start = time.perf_counter()
-    res = sl.least_squares(residuals, jnp.asarray(P0), tol=1e-12, transforms=sl.Positive())
-    total = time.perf_counter() - start
+    res, total = timed(lambda: sl.least_squares(residuals, jnp.asarray(P0), tol=1e-12,
+                                                transforms=sl.Positive()))
     return dict(params=np.asarray(res.params), loss=float(res.loss), steps=res.n_steps,
                 run_s=res.run_time, compile_s=res.compile_time, total_s=total,
                 steps_per_s=res.steps_per_second, converged=bool(res.converged))
@@ -364,7 +358,7 @@ def main(argv=None) -> int:
         opts.child_out.write_text(json.dumps(measure(opts), default=float))
         return 0
 
-    wall = time.perf_counter()
+    wall = Timer().start()
     results = dict(
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         jax_version=jax.__version__, simlib_version=sl.__version__,
@@ -372,7 +366,7 @@ def main(argv=None) -> int:
         diffrax_version=None if diffrax is None else diffrax.__version__,
         optax_version=optax.__version__, python=platform.python_version(),
         backend=jax.default_backend(), cpu_count=os.cpu_count(),
-        loadavg_start=list(os.getloadavg()), steps=opts.steps, solve_steps=opts.solve_steps,
+        loadavg_start=list(load_average()), steps=opts.steps, solve_steps=opts.solve_steps,
         diffrax_steps=opts.diffrax_steps,
         repeats=opts.repeats, quick=opts.quick,
         problem=dict(system="lotka_volterra", true=TRUE.tolist(), y0=Y0.tolist(), t=[0.0, T1],
@@ -401,9 +395,9 @@ def main(argv=None) -> int:
             out = Path(tmp) / "child.json"
             subprocess.run(child + ["--child-out", str(out)], env=env, check=True)
             results["fast"] = json.loads(out.read_text())
-    results["loadavg_end"] = list(os.getloadavg())
+    results["loadavg_end"] = list(load_average())
     results["targets"] = targets(results["default"], results["fast"], opts.steps)
-    results["wall_s"] = time.perf_counter() - wall
+    results["wall_s"] = wall.stop()
     return finish(results, report(results), opts.json)
 
 

@@ -10,6 +10,7 @@
 #                                # float64 units (XLA emulates it there, slowly)
 #   benchmarks/gpu.sh --only lj,gradients --lj-cells 32   # some sections; LJ of 4*32^3 atoms
 #   benchmarks/gpu.sh --only ljcells --lj-cells 40        # LJ by the cell-dense path only
+#   benchmarks/gpu.sh --only gravitybig,drift             # 10^6 bodies; a 10^4-step NVE drift
 #   OUT=/tmp/gpu benchmarks/gpu.sh
 #
 # Sections run in order, each on its own; one that fails (a missing peer, memory) is
@@ -36,7 +37,7 @@ while [[ $# -gt 0 ]]; do
     shift
 done
 for s in ${only//,/ }; do
-    case "$s" in ode|gravity|lj|ljcells|gradients) ;; *) echo "gpu.sh: unknown section $s; $usage" >&2; exit 2 ;; esac
+    case "$s" in ode|gravity|gravitybig|lj|ljcells|drift|gradients) ;; *) echo "gpu.sh: unknown section $s; $usage" >&2; exit 2 ;; esac
 done
 [[ "$lj_cells" =~ ^[0-9]+$ ]] || { echo "gpu.sh: --lj-cells must be a whole number; $usage" >&2; exit 2; }
 OUT=${OUT:-benchmarks/results/gpu}
@@ -45,12 +46,16 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 echo "gpu.sh: small=$small, x32=$x32, results in $OUT"
 exec timeout --signal=INT 470 python - "$small" "$OUT" "$x32" "$only" "$lj_cells" <<'PYTHON'
 import json
+import math
 import sys
 import time
 import traceback
 from pathlib import Path
 
+sys.path.insert(0, "benchmarks")
 import jax
+from _timing import Timer, best_of
+from _timing import timed as timed_once
 
 X32 = sys.argv[3] == "1"
 ONLY = sys.argv[4].split(",")
@@ -69,19 +74,13 @@ rows, meta = [], dict(backend=jax.default_backend(), devices=[str(d) for d in ja
                       jax=jax.__version__, small=SMALL, sizes=SIZES,
                       ode_dtype="float32" if X32 else "float64",
                       date=time.strftime("%Y-%m-%d %H:%M:%S"))
-T0 = time.perf_counter()
+CLOCK = Timer().start()
 
 
 def timed(fn, repeats=3):
-    t = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    first = time.perf_counter() - t
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t)
-    return out, best, first - best
+    """(output, best of ``repeats`` after a warm-up, the warm-up's time less the best)."""
+    t = best_of(fn, repeats, slow_s=math.inf)
+    return t.out, t.best, t.warmup - t.best
 
 
 def add(section, name, size, best, compile_s, rate, unit, note=""):
@@ -102,7 +101,7 @@ def write():
         rate = "-" if r["rate"] is None else f"{r['rate']:.4g} {r['unit']}"
         lines.append(f"| {r['section']} | {r['name']} | {r['size']} | {best} | {comp} "
                      f"| {rate} | {r['note']} |")
-    lines.append(f"\nwall time so far {time.perf_counter() - T0:.0f} s")
+    lines.append(f"\nwall time so far {CLOCK.elapsed:.0f} s")
     (OUT / "gpu_results.md").write_text("\n".join(lines) + "\n")
     (OUT / "gpu_results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
 
@@ -154,16 +153,17 @@ def ode():
         "members/s", f"max |diffrax - simlib| {diff:.1e}")
 
 
-def gravity():
-    """Direct-sum gravity, float32, one force evaluation, against a plain jnp sum."""
-    n = SIZES["bodies"]
+def gravity(n=None, section="gravity"):
+    """Direct-sum gravity, float32, one force evaluation, against a plain jnp sum (on a
+    TPU simlib runs its Pallas kernel)."""
+    n = SIZES["bodies"] if n is None else n
     x = jax.random.normal(jax.random.key(1), (n, 3), jnp.float32)
     params = dict(G=jnp.float32(1.0), softening=jnp.float32(0.01),
                   masses=jnp.full((n,), 1.0 / n, jnp.float32))
     energy = sp.pair_energy(sp.gravity, sp.free())
     ef = jax.jit(energy.energy_and_forces)
     (_, f), best, comp = timed(lambda: ef(x, params))
-    add("gravity", "simlib pair_energy(gravity)", f"{n:,} bodies", best, comp,
+    add(section, "simlib pair_energy(gravity)", f"{n:,} bodies", best, comp,
         n * n / best / 1e9, "G pairs/s")
 
     @jax.jit
@@ -184,7 +184,7 @@ def gravity():
 
     ref, best, comp = timed(lambda: plain(x, params["masses"]))
     rel = float(jnp.max(jnp.abs(ref - f)) / jnp.max(jnp.abs(ref)))
-    add("gravity", "plain jnp all-pairs (peer)", f"{n:,} bodies", best, comp,
+    add(section, "plain jnp all-pairs (peer)", f"{n:,} bodies", best, comp,
         n * n / best / 1e9, "G pairs/s", f"max rel force diff {rel:.1e}")
 
 
@@ -196,10 +196,9 @@ def lj():
     n = pos.shape[0]
     space = sp.periodic(jnp.float32(box))
     energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
-    t = time.perf_counter()
-    nbrs = jax.block_until_ready(sp.neighbor_list(space, pos, r_cut=2.5, skin=0.3))
+    nbrs, secs = timed_once(lambda: sp.neighbor_list(space, pos, r_cut=2.5, skin=0.3))
     add("lj", "simlib neighbor_list (allocate and build)", f"{n:,} atoms", None, None, None, "",
-        f"{time.perf_counter() - t:.3g} s with compilation, capacity {nbrs.capacity}")
+        f"{secs:.3g} s with compilation, capacity {nbrs.capacity}")
     v = jnp.asarray(sp.maxwell_boltzmann(1.44, 1.0, key=jax.random.key(2), n=n), jnp.float32)
     params = dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0))
     forces = jax.jit(energy.energy_and_forces)
@@ -235,9 +234,7 @@ def ljcells():
     n = pos.shape[0]
     space = sp.periodic(jnp.float32(box))
     energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
-    t = time.perf_counter()
-    cl = jax.block_until_ready(sp.cell_list(space, pos, r_cut=2.5))
-    alloc = time.perf_counter() - t
+    cl, alloc = timed_once(lambda: sp.cell_list(space, pos, r_cut=2.5))
     build = jax.jit(lambda c, x: c.build(x))
     _, best, comp = timed(lambda: build(cl, pos))
     wasted = 1.0 - (4 / 3 * np.pi * 2.5**3 * 0.8442 * n / 2) / cl.pair_slots()
@@ -298,7 +295,26 @@ def gradients():
         best, comp, steps / best, "steps/s", f"max rel gradient diff {rel:.1e}")
 
 
-for fn in (ode, gravity, lj, ljcells, gradients):
+def gravitybig():
+    """Direct-sum gravity at 10^6 bodies (10^4 with --small): the Pallas kernel's size."""
+    gravity(10_000 if SMALL else 1_000_000, "gravitybig")
+
+
+def drift():
+    """Energy drift of a 10^4-step float32 LJ NVE run (4,000 atoms; 864 atoms and 200
+    steps with --small), by the cell-dense path: compare with benchmarks/drift.py on the
+    CPU."""
+    from drift import run as drift_run
+
+    steps = 200 if SMALL else 10_000
+    r = drift_run(6 if SMALL else 10, steps, 100, "cells")
+    add("drift", "simlib simulate NVE (cell-dense), float32", f"{r['atoms']:,} atoms x "
+        f"{steps:,} steps", None, None, None, "",
+        f"slope {r['slope_per_atom_per_1000_steps']:+.2e} per atom per 1,000 steps, "
+        f"max change of E {r['max_change_per_atom']:.2e} per atom")
+
+
+for fn in (ode, gravity, gravitybig, lj, ljcells, drift, gradients):
     if fn.__name__ not in ONLY:
         continue
     print(f"-- {fn.__name__}", flush=True)

@@ -34,12 +34,13 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import argparse  # noqa: E402
+import math  # noqa: E402
 import re  # noqa: E402
-import time  # noqa: E402
 
 import gradients as g  # noqa: E402  (benchmarks/gradients.py, next to this file)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import compile_jit, round_robin  # noqa: E402  (benchmarks/_timing.py)
 from jax import lax  # noqa: E402
 
 import simlib as sl  # noqa: E402
@@ -337,18 +338,12 @@ def main(argv=None):
           f"{opts.steps} steps, RK4, float64")
     compiled, comp_t, kernels = {}, {}, {}
     for name, (_, _, fn) in table.items():
-        jax.clear_caches()
-        t0 = time.perf_counter()
-        compiled[name] = jax.jit(fn).lower(p).compile()
-        comp_t[name] = time.perf_counter() - t0
+        compiled[name], comp_t[name] = compile_jit(fn, p, cold=True)
         kernels[name] = g.loop_kernels(compiled[name])
-    values = {name: np.asarray(jax.block_until_ready(c(p))) for name, c in compiled.items()}
-    best = {name: float("inf") for name in compiled}
-    for _ in range(opts.repeats):
-        for name, c in compiled.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(c(p))
-            best[name] = min(best[name], time.perf_counter() - t0)
+    timings = round_robin({name: (lambda c=c: c(p)) for name, c in compiled.items()},
+                          opts.repeats, slow_s=math.inf)
+    values = {name: np.asarray(t.out) for name, t in timings.items()}
+    best = {name: t.best for name, t in timings.items()}
     print(f"{'row':38s} {'time':>9s} {'/fwd':>7s} {'compile':>8s} {'rel diff':>9s}  loops "
           "(trip x kernels)")
     for name, (prob, kind, _) in table.items():

@@ -99,25 +99,19 @@ import math  # noqa: E402
 import platform  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import ClassVar  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _format import finish, fmt_r, fmt_s, simlib_commit  # noqa: E402  (benchmarks/_format.py, next to this file)
+from _format import finish, fmt_r, fmt_s, optional_import, simlib_commit  # noqa: E402  (benchmarks/_format.py, next to this file)
+from _timing import Timer, compile_jit, load_average, round_robin, timed, warm_up  # noqa: E402  (benchmarks/_timing.py)
 from jax import lax  # noqa: E402
 from jax.flatten_util import ravel_pytree  # noqa: E402
 
 import simlib as sl  # noqa: E402
 
-try:
-    import diffrax
-except Exception as err:  # noqa: BLE001 - any import failure means "skip the peer"
-    diffrax = None
-    DIFFRAX_ERROR = f"{type(err).__name__}: {err}"
-else:
-    DIFFRAX_ERROR = ""
+diffrax, DIFFRAX_ERROR = optional_import("diffrax")
 
 HAS_FORWARD_MODE = hasattr(sl, "ForwardMode")
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "gradients.json"
@@ -555,10 +549,7 @@ def issue12_case(name: str, opts) -> dict:
 
 
 def compile_fn(fn, inputs) -> tuple:
-    jax.clear_caches()
-    start = time.perf_counter()
-    compiled = jax.jit(fn).lower(*inputs).compile()
-    return compiled, time.perf_counter() - start
+    return compile_jit(fn, *inputs, cold=True)
 
 
 def loop_kernels(compiled) -> list:
@@ -599,8 +590,7 @@ def loop_kernels(compiled) -> list:
 def measure_case(case: dict, opts) -> dict:
     """Compile, warm up and time every contender of a case, round-robin."""
     p = case.get("p0", jnp.asarray(LV_ARGS))
-    table = {}
-    calls = {}
+    table, calls, warmed = {}, {}, {}
     for name, c in case["contenders"].items():
         if "skipped" in c:
             table[name] = dict(family=c["family"], kind=c["kind"], method=c["method"],
@@ -609,9 +599,8 @@ def measure_case(case: dict, opts) -> dict:
             continue
         try:
             compiled, compile_s = compile_fn(c["fn"], (p,))
-            start = time.perf_counter()
-            value = np.asarray(jax.block_until_ready(compiled(p)))
-            warm = time.perf_counter() - start
+            call = lambda cc=compiled: cc(p)  # noqa: E731
+            warm = warm_up(call, opts.once_s)
         except Exception as err:  # noqa: BLE001 - reported, the rest runs
             msg = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             table[name] = dict(family=c["family"], kind=c["kind"], method=c["method"],
@@ -619,28 +608,21 @@ def measure_case(case: dict, opts) -> dict:
             print(f"    {name:38s} FAILED: {msg}", flush=True)
             continue
         table[name] = dict(family=c["family"], kind=c["kind"], method=c["method"],
-                           peer=c.get("peer"), compile_s=compile_s, warmup_s=warm,
-                           value=value.tolist(), loops=loop_kernels(compiled), times=[])
-        if warm > opts.once_s:  # the warm-up call is the measurement
-            table[name]["times"].append(warm)
+                           peer=c.get("peer"), compile_s=compile_s, warmup_s=warm.warmup,
+                           value=np.asarray(warm.out).tolist(), loops=loop_kernels(compiled),
+                           times=[])
+        if warm.warmup_only:  # the warm-up call is the measurement
             table[name]["timed_by_warmup"] = True
-            reps = 0
-        else:
-            reps = opts.repeats if warm < opts.slow_s else opts.slow_repeats
-        calls[name] = (lambda cc=compiled: cc(p), reps)
-        print(f"    {name:38s} compile {fmt_s(compile_s):>9s}  warm-up {fmt_s(warm):>9s}",
-              flush=True)
-    for rep in range(max((r for _, r in calls.values()), default=0)):
-        for name, (call, reps) in calls.items():
-            if rep >= reps:
-                continue
-            start = time.perf_counter()
-            jax.block_until_ready(call())
-            table[name]["times"].append(time.perf_counter() - start)
-    for name in calls:
+        calls[name], warmed[name] = call, warm
+        print(f"    {name:38s} compile {fmt_s(compile_s):>9s}  warm-up "
+              f"{fmt_s(warm.warmup):>9s}", flush=True)
+    timings = round_robin(calls, opts.repeats, opts.slow_s, opts.once_s,
+                          slow_repeats=opts.slow_repeats, warmed=warmed)
+    for name, t in timings.items():
         m = table[name]
-        m["time_s"] = min(m["times"])
-        m["median_s"] = float(np.median(m["times"]))
+        m["times"] = t.times
+        m["time_s"] = t.best
+        m["median_s"] = t.median
         print(f"    {name:38s} run {fmt_s(m['time_s']):>9s} (best of {len(m['times'])})",
               flush=True)
     return table
@@ -751,9 +733,8 @@ def memory_child(strategy: str, n: int, dim: int) -> dict:
     except OSError:
         reset = False
     baseline = _proc_status("VmRSS") if reset else _proc_status("VmHWM")
-    start = time.perf_counter()
-    g = np.asarray(jax.block_until_ready(compiled(a)))
-    run_s = time.perf_counter() - start
+    g, run_s = timed(lambda: compiled(a))
+    g = np.asarray(g)
     peak = _proc_status("VmHWM")
     return dict(strategy=strategy, steps=n, dim=dim, rss_after_imports=rss_imports,
                 baseline=baseline, peak=peak, delta=peak - baseline, peak_reset=reset,
@@ -763,12 +744,11 @@ def memory_child(strategy: str, n: int, dim: int) -> dict:
 def run_child(strategy: str, n: int, dim: int, timeout: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-child", strategy, str(n),
            str(dim)]
-    start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc, wall = timed(lambda: subprocess.run(cmd, capture_output=True, text=True,
+                                                  timeout=timeout))
     except subprocess.TimeoutExpired:
         return dict(strategy=strategy, steps=n, dim=dim, skipped=f"timed out after {timeout} s")
-    wall = time.perf_counter() - start
     for line in proc.stdout.splitlines():
         if line.startswith("MEMORY "):
             out = json.loads(line[len("MEMORY "):])
@@ -1134,7 +1114,7 @@ def run(opts) -> dict:
         problem=dict(system="lotka_volterra", args=LV_ARGS, y0=Y0, t=[T0, T1],
                      ts=TS.tolist(), data_args=DATA_ARGS,
                      ensemble_y0="[10, 5] * exp(0.1 * normal(PRNGKey(0)))"),
-        skipped={}, cases=[], rows=[], loadavg_start=list(os.getloadavg()),
+        skipped={}, cases=[], rows=[], loadavg_start=list(load_average()),
         xla_flags=os.environ.get("XLA_FLAGS", ""), cases_run=sorted(opts.cases),
         fast_cpu_loops="small_while_loop_byte_threshold" in os.environ.get("XLA_FLAGS", ""),
     )
@@ -1179,7 +1159,7 @@ def run(opts) -> dict:
                                            opts.child_timeout)
     results["targets"] = targets(results["rows"], results.get("memory"))
     results["targets"] += issue12_targets(results["rows"], results["fast_cpu_loops"])
-    results["loadavg_end"] = list(os.getloadavg())
+    results["loadavg_end"] = list(load_average())
     return results
 
 
@@ -1243,9 +1223,9 @@ def main(argv=None) -> int:
     if opts.tsit5 is None:
         opts.tsit5 = not opts.quick
 
-    start = time.perf_counter()
-    results = run(opts)
-    results["wall_s"] = time.perf_counter() - start
+    with Timer() as wall:
+        results = run(opts)
+    results["wall_s"] = wall.wall
     text = report(results)
     return finish(results, text, opts.json)
 

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
-import time
 from pathlib import Path
 
 import jax
+from _timing import best_of, timed  # benchmarks/_timing.py, next to this file
 
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
@@ -54,13 +55,7 @@ from simlib._linalg._sparsity import jacobian_sparsity  # noqa: E402
 def best(fn, repeats):
     """Best wall time of ``fn()`` (blocked until ready) over ``repeats`` runs, after a
     warm-up run (compilation excluded)."""
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return best_of(fn, repeats, slow_s=math.inf).best
 
 
 # ---------------------------------------------------------------------------- banded
@@ -164,15 +159,9 @@ def sparse(grids, repeats, c=1e-3):
         y = brusselator_state(n_grid)
         n = y.size
         row = dict(grid=n_grid, n=n, c=c)
-        t0 = time.perf_counter()
-        pattern = jacobian_sparsity(g, 0.0, y)
-        row["detect_first_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        jacobian_sparsity(g, 0.0, y)
-        row["detect_again_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        cp = CompressedPattern(pattern)
-        row["color_s"] = time.perf_counter() - t0
+        pattern, row["detect_first_s"] = timed(lambda: jacobian_sparsity(g, 0.0, y))
+        row["detect_again_s"] = timed(lambda: jacobian_sparsity(g, 0.0, y))[1]
+        cp, row["color_s"] = timed(lambda: CompressedPattern(pattern))
         row["colors"] = cp.ncolors
         row["nnz_J"] = cp.nnz
         ls = Sparse(cp, kernel="native" if _kernels.load() is not None else "host")
@@ -196,9 +185,7 @@ def sparse(grids, repeats, c=1e-3):
             # above that
             for ordering in ("mmd", "rcm") if n <= 40_000 else ("mmd",):
                 nat = Sparse(cp, kernel="native", ordering=ordering)
-                t0 = time.perf_counter()
-                sym = nat.symbolic()
-                row[f"native_{ordering}_symbolic_s"] = time.perf_counter() - t0
+                sym, row[f"native_{ordering}_symbolic_s"] = timed(nat.symbolic)
                 row[f"native_{ordering}_fill"] = sym.nnz
                 factor = jax.jit(lambda j, c, nat=nat: nat.factor(j, c))
                 solve = jax.jit(lambda fac, b, nat=nat: nat.solve(fac, b))
@@ -245,7 +232,7 @@ def krylov(grids, hs, repeats):
                            iterations=int(info.iterations), residual=float(info.residual),
                            converged=bool(info.converged),
                            precond_setup_s=best(lambda: factor(op, jnp.asarray(h)), repeats),
-                           solve_s=_once(lambda: run(fac, rhs)))
+                           solve_s=timed(lambda: run(fac, rhs))[1])
                 rows.append(row)
                 print("krylov", _fmt(row), flush=True)
         # simlib's GMRES against jax.scipy's on the unpreconditioned system, h = 1e-3
@@ -265,12 +252,6 @@ def krylov(grids, hs, repeats):
         rows.append(row)
         print("gmres", _fmt(row), flush=True)
     return rows
-
-
-def _once(fn):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - t0
 
 
 def _fmt(row):

@@ -54,34 +54,24 @@ jax.config.update("jax_enable_x64", True)
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _format import finish, fmt_r, fmt_s, simlib_commit  # noqa: E402  (benchmarks/_format.py, next to this file)
+from _format import finish, fmt_r, fmt_s, optional_import, simlib_commit  # noqa: E402  (benchmarks/_format.py, next to this file)
+from _timing import Timer, compile_jit, round_robin, warm_up  # noqa: E402  (benchmarks/_timing.py)
 from jax import lax  # noqa: E402
 
 import simlib as sl  # noqa: E402
 
-try:
-    import diffrax
-except Exception as err:  # noqa: BLE001 - any import failure means "skip the peer"
-    diffrax = None
-    DIFFRAX_ERROR = f"{type(err).__name__}: {err}"
-else:
-    DIFFRAX_ERROR = ""
+diffrax, DIFFRAX_ERROR = optional_import("diffrax")
 
-try:
-    from scipy.integrate import solve_ivp
-except Exception as err:  # noqa: BLE001
-    solve_ivp = None
-    SCIPY_ERROR = f"{type(err).__name__}: {err}"
-else:
-    SCIPY_ERROR = ""
+_integrate, SCIPY_ERROR = optional_import("scipy.integrate")
+solve_ivp = None if _integrate is None else _integrate.solve_ivp
 
 T0, T1 = 0.0, 1.0
 DT = 1e-3
@@ -253,28 +243,14 @@ FLOORS = {
 def compile_fn(fn, inputs, repeats: int = 1) -> tuple:
     """``jit(fn)`` lowered and compiled on cold caches, best of ``repeats`` times;
     returns (executable, seconds)."""
-    best = float("inf")
-    for _ in range(repeats):
-        jax.clear_caches()
-        start = time.perf_counter()
-        compiled = jax.jit(fn).lower(*inputs).compile()
-        best = min(best, time.perf_counter() - start)
-    return compiled, best
+    return compile_jit(fn, *inputs, cold=True, repeats=repeats)
 
 
 def time_interleaved(calls: dict, repeats: int) -> dict:
-    """Best-of-``repeats`` wall time of each zero-argument call, taken round-robin.
-
-    The contenders of one comparison are timed in turn, repeat by repeat, so that a
-    change of load on a shared machine hits all of them alike.
-    """
-    times: dict = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            jax.block_until_ready(call())
-            times[name].append(time.perf_counter() - start)
-    return {name: (min(t), float(np.median(t))) for name, t in times.items()}
+    """(best, median) wall time over ``repeats`` calls of each zero-argument call, taken
+    round-robin (:func:`_timing.round_robin`; no warm-up here: the caller warms up)."""
+    timed = round_robin(calls, repeats, slow_s=math.inf, warmup=False)
+    return {name: (t.best, t.median) for name, t in timed.items()}
 
 
 def scipy_loop(y0s: np.ndarray, case: str = "adaptive") -> tuple[np.ndarray, int]:
@@ -445,9 +421,9 @@ def run(members: list[int], repeats: int, scipy_members: int, max_unrolled: int,
                     continue
                 compiled, compile_s = compile_fn(make(case), (y0s, args),
                                                  compile_repeats)
-                out = np.asarray(jax.block_until_ready(compiled(y0s, args)))  # warm-up
-                table[case, n, name] = dict(compile_s=compile_s, out=out, members=n)
                 calls[name] = lambda c=compiled, y=y0s: c(y, args)
+                out = np.asarray(warm_up(calls[name]).out)
+                table[case, n, name] = dict(compile_s=compile_s, out=out, members=n)
                 print(f"  {case:8s} N={n:<6d} {name:24s} compile {fmt_s(compile_s):>9s}",
                       flush=True)
             if solve_ivp is not None:
@@ -545,7 +521,7 @@ def probe(fn, n: int, repeats: int) -> dict:
     """Compile and time ``fn`` on ``n`` members (for a projection to larger N)."""
     y0s, args = initial_conditions(n), jargs()
     compiled, compile_s = compile_fn(fn, (y0s, args))
-    jax.block_until_ready(compiled(y0s, args))
+    warm_up(lambda: compiled(y0s, args))
     (best, median), = time_interleaved({"probe": lambda: compiled(y0s, args)},
                                        repeats).values()
     return dict(members=n, time_s=best, median_s=median, compile_s=compile_s)
@@ -717,9 +693,9 @@ def main(argv=None) -> int:
     max_unrolled = opts.max_unrolled or (100 if opts.quick else 1000)
     compile_repeats = opts.compile_repeats or (1 if opts.quick else 3)
 
-    start = time.perf_counter()
-    results = run(members, repeats, scipy_members, max_unrolled, compile_repeats)
-    results["wall_s"] = time.perf_counter() - start
+    with Timer() as wall:
+        results = run(members, repeats, scipy_members, max_unrolled, compile_repeats)
+    results["wall_s"] = wall.wall
     text = report(results)
     return finish(results, text, opts.json)
 

@@ -25,10 +25,10 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import argparse  # noqa: E402
-import time  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 import ode  # noqa: E402  (benchmarks/ode.py, next to this file)
+from _timing import compile_stages, warm_up  # noqa: E402  (benchmarks/_timing.py)
 from jax import lax  # noqa: E402
 
 
@@ -61,18 +61,7 @@ def compile_split(n: int = 1000):
             fns["diffrax vmap"] = ode.diffrax_fn(case, False)
             fns["diffrax batched"] = ode.diffrax_fn(case, True)
         for name, fn in fns.items():
-            best = [float("inf")] * 3
-            for _ in range(3):
-                jax.clear_caches()
-                t0 = time.perf_counter()
-                traced = jax.jit(fn).trace(y0s, args)
-                t1 = time.perf_counter()
-                lowered = traced.lower()
-                t2 = time.perf_counter()
-                lowered.compile()
-                t3 = time.perf_counter()
-                best = [min(b, x) for b, x in zip(best, (t1 - t0, t2 - t1, t3 - t2),
-                                                  strict=True)]
+            traced, best = compile_stages(fn, y0s, args, cold=True, repeats=3)
             eqns = len(str(traced.jaxpr).splitlines())
             print(f"   {case:8s} {name:24s} trace {best[0] * 1e3:5.0f} ms, lower "
                   f"{best[1] * 1e3:4.0f} ms, XLA {best[2] * 1e3:5.0f} ms "
@@ -111,6 +100,17 @@ def overhead_variant(check: bool, per_member_t: bool):
     return jax.vmap(one, in_axes=(0, None))
 
 
+def best_compiled(fns: dict, y0s, args, repeats: int) -> dict:
+    """Each of ``fns`` compiled on cold caches and warmed up, then timed round-robin:
+    ``{name: (best, median)}``."""
+    calls = {}
+    for name, fn in fns.items():
+        compiled, _ = ode.compile_fn(fn, (y0s, args))
+        calls[name] = lambda c=compiled, y=y0s, a=args: c(y, a)
+        warm_up(calls[name])
+    return ode.time_interleaved(calls, repeats)
+
+
 def step_overhead(repeats: int):
     print("3. fixed step: ns per member-step (best of repeats, timed round-robin)")
     for n in (1000, 10000):
@@ -121,12 +121,7 @@ def step_overhead(repeats: int):
                "simlib vmap throw=False": ode.simlib_fn("fixed", False, throw=False),
                "floor batched": ode.FLOORS["fixed", "floor batched"],
                "simlib batched": ode.simlib_fn("fixed", True)}
-        calls = {}
-        for name, fn in fns.items():
-            compiled, _ = ode.compile_fn(fn, (y0s, args))
-            jax.block_until_ready(compiled(y0s, args))
-            calls[name] = lambda c=compiled, y=y0s, a=args: c(y, a)
-        best = ode.time_interleaved(calls, repeats)
+        best = best_compiled(fns, y0s, args, repeats)
         n_steps = round((ode.T1 - ode.T0) / ode.DT)
         print(f"   N={n}: " + ", ".join(
             f"{name} {b / (n * n_steps) * 1e9:.1f}" for name, (b, _) in best.items()))
@@ -181,12 +176,7 @@ def adaptive_controller(repeats: int):
         fns["simlib vmap"] = ode.simlib_fn("adaptive", False)
         if ode.diffrax is not None:
             fns["diffrax vmap"] = ode.diffrax_fn("adaptive", False)
-        calls = {}
-        for name, fn in fns.items():
-            compiled, _ = ode.compile_fn(fn, (y0s, args))
-            jax.block_until_ready(compiled(y0s, args))
-            calls[name] = lambda c=compiled, y=y0s, a=args: c(y, a)
-        best = ode.time_interleaved(calls, repeats)
+        best = best_compiled(fns, y0s, args, repeats)
         print(f"   N={n}: " + ", ".join(f"{name} {b * 1e3:.2f}" for name, (b, _) in best.items()))
 
 

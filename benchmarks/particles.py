@@ -96,6 +96,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _particle_peers as peers  # noqa: E402
 from _format import fmt_r, fmt_s, simlib_commit  # noqa: E402
+from _timing import (  # noqa: E402
+    CompileWatch,
+    Timer,
+    best_of,
+    compile_jit,
+    load1,
+    load_average,
+    warm_up,
+)
 
 RESULTS_DIR = HERE / "results"
 RHO, R_CUT, SKIN, KT = peers.RHO_LJ, peers.LJ_CUTOFF, peers.LJ_SKIN, peers.LJ_KT
@@ -120,14 +129,6 @@ def _import_simlib():
 
 # --------------------------------------------------------------------------------------
 # small helpers
-
-
-def now() -> float:
-    return time.perf_counter()
-
-
-def load1() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 def _proc_status_mb(key: str):
@@ -211,62 +212,6 @@ def is_memory_error(err: BaseException) -> bool:
     return isinstance(err, MemoryError) or any(
         s in text for s in ("resource_exhausted", "resource exhausted", "out of memory",
                             "failed to allocate", "bad_alloc", "memoryerror"))
-
-
-class CompileWatch:
-    """Counts XLA compilations and adds up trace / lowering / compile seconds (from
-    ``jax.monitoring``) while the ``with`` block runs."""
-
-    EVENTS = {
-        "/jax/core/compile/jaxpr_trace_duration": "trace",
-        "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
-        "/jax/core/compile/backend_compile_duration": "backend",
-    }
-    _active: list = []
-    _installed = False
-
-    def __init__(self):
-        self.seconds = dict(trace=0.0, lower=0.0, backend=0.0)
-        self.compiles = 0
-        self.names = []
-
-    @classmethod
-    def _listener(cls, event, duration, **kw):
-        kind = cls.EVENTS.get(event)
-        if kind is None:
-            return
-        for w in cls._active:
-            w.seconds[kind] += duration
-            if kind == "backend":
-                w.compiles += 1
-                w.names.append(f"{kw.get('fun_name', '?')} {duration:.3f}s")
-
-    def __enter__(self):
-        if not CompileWatch._installed:
-            jax.monitoring.register_event_duration_secs_listener(CompileWatch._listener)
-            CompileWatch._installed = True
-        CompileWatch._active.append(self)
-        return self
-
-    def __exit__(self, *exc):
-        CompileWatch._active.remove(self)
-
-    @property
-    def total(self) -> float:
-        return sum(self.seconds.values())
-
-
-class Timer:
-    """Wall and process CPU time (all threads) of a block; cpu/wall ~ threads busy."""
-
-    def __enter__(self):
-        self.load = load1()
-        self.wall0, self.cpu0 = now(), time.process_time()
-        return self
-
-    def __exit__(self, *exc):
-        self.wall = now() - self.wall0
-        self.cpu = time.process_time() - self.cpu0
 
 
 class KeepEnv:
@@ -457,13 +402,7 @@ def simlib_lj_breakdown(energy, params, positions, nbrs, per_step_s, builds_per_
     build = jax.jit(lambda nb, x: nb.build(x).idx)
 
     def best(fn, *a):
-        jax.block_until_ready(fn(*a))
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(*a))
-            times.append(time.perf_counter() - t0)
-        return min(times)
+        return best_of(lambda: fn(*a), repeats, slow_s=math.inf).best
 
     f_s = best(forces, positions, params, nbrs)
     b_s = best(build, nbrs, positions)
@@ -513,11 +452,8 @@ def simlib_gravity(n: int, dtype: str, repeats: int, sim_steps: int, sim_repeats
         energy = sp.pair_energy(sp.gravity, sp.free())
         params = dict(G=G, softening=SOFTENING, masses=m)
         fn = jax.jit(lambda x, p: energy.forces(x, p))
-        jax.clear_caches()
-        with Timer() as t:
-            compiled = fn.lower(x, params).compile()
-        out["compile_s"] = t.wall
-        forces = jax.block_until_ready(compiled(x, params))              # warm-up
+        compiled, out["compile_s"] = compile_jit(fn, x, params, cold=True)
+        forces = warm_up(lambda: compiled(x, params)).out
         times, cpus = [], []
         for _ in range(repeats):
             with Timer() as t:
@@ -626,14 +562,10 @@ def c_loop_gravity(n: int, dtype: str, repeats: int) -> dict:
     x = gravity_positions(n).astype(dtype)
     m = np.full(n, 1.0 / n, dtype)
     call = c_loop_call(x, m)
-    forces = call().copy()                                            # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = now()
-        call()
-        times.append(now() - t0)
+    forces = warm_up(call).out.copy()
+    timing = best_of(call, repeats, slow_s=math.inf, warmup=False)
+    times, best = timing.times, timing.best
     ref = reference_forces(x, m)
-    best = min(times)
     return dict(name=f"C loop ({dtype})", seconds=best, times=times, rate=n * (n - 1) / best,
                 max_rel_err_vs_f64=float(np.max(np.abs(forces - ref)) / np.max(np.abs(ref))),
                 command=_c_loop["command"], compiler=_c_loop["compiler"],
@@ -641,12 +573,8 @@ def c_loop_gravity(n: int, dtype: str, repeats: int) -> dict:
 
 
 def _best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = now()
-        fn()
-        times.append(now() - t0)
-    return min(times)
+    """Best of ``repeats`` calls, no warm-up (the caller warmed up)."""
+    return best_of(fn, repeats, slow_s=math.inf, warmup=False).best
 
 
 def gravity_ceiling(n: int, rounds: int, steps: int, repeats: int) -> dict:
@@ -665,9 +593,7 @@ def gravity_ceiling(n: int, rounds: int, steps: int, repeats: int) -> dict:
     x, m = jnp.asarray(x_np), jnp.asarray(m_np)
     energy = sp.pair_energy(sp.gravity, sp.free())
     params = dict(G=G, softening=SOFTENING, masses=m)
-    with Timer() as t:
-        forces_fn = jax.jit(lambda x, p: energy.forces(x, p)).lower(x, params).compile()
-    compile_s = t.wall
+    forces_fn, compile_s = compile_jit(lambda x, p: energy.forces(x, p), x, params)
     state = sp.State(x, jnp.zeros_like(x), m)
 
     def sim(k):
@@ -689,8 +615,7 @@ def gravity_ceiling(n: int, rounds: int, steps: int, repeats: int) -> dict:
     for _ in range(rounds):
         with CompileWatch() as cw:
             recs["c_loop"].append(_best_of(c_call, repeats))
-            recs["force"].append(_best_of(
-                lambda: jax.block_until_ready(forces_fn(x, params)), repeats))
+            recs["force"].append(_best_of(lambda: forces_fn(x, params), repeats))
             recs["sim_1"].append(_best_of(lambda: sim(1), repeats))
             recs["sim_k"].append(_best_of(lambda: sim(steps), max(1, repeats // 2)))
         compiles += cw.compiles
@@ -771,9 +696,8 @@ def child_big_gravity(n: int, evals: int) -> dict:
     params = dict(G=G, softening=SOFTENING, masses=m)
     fn = jax.jit(lambda x, p: energy.forces(x, p))
     rss_setup = rss_mb()
-    with Timer() as t:
-        compiled = fn.lower(x, params).compile()
-    out = dict(n=n, dtype="float32", compile_s=t.wall, rss_before_eval_mb=rss_setup,
+    compiled, compile_s = compile_jit(fn, x, params)
+    out = dict(n=n, dtype="float32", compile_s=compile_s, rss_before_eval_mb=rss_setup,
                native_kernel=native_gravity_loaded())
     times, cpus, loads = [], [], []
     for _ in range(evals):
@@ -799,7 +723,7 @@ def run_child(args: list, opts, label: str, log=print) -> dict:
     with tempfile.TemporaryDirectory(prefix="bp_child_") as tmp:
         out_path, err_path = Path(tmp) / "out", Path(tmp) / "err"
         with open(out_path, "w") as fo, open(err_path, "w") as fe:
-            start = now()
+            clock = Timer().start()
             proc = subprocess.Popen(cmd, stdout=fo, stderr=fe)
             watched_peak, stopped = 0.0, None
             while proc.poll() is None:
@@ -813,11 +737,11 @@ def run_child(args: list, opts, label: str, log=print) -> dict:
                 if watched_peak > limit_mb and stopped is None:
                     stopped = f"RSS {watched_peak / 1024:.1f} GB > limit {opts.mem_limit_gb:.1f} GB"
                     proc.kill()
-                elif now() - start > opts.child_timeout_s and stopped is None:
+                elif clock.elapsed > opts.child_timeout_s and stopped is None:
                     stopped = f"timeout after {opts.child_timeout_s:.0f} s"
                     proc.kill()
                 time.sleep(0.1)
-            wall = now() - start
+            wall = clock.stop()
         stdout, stderr = out_path.read_text(), err_path.read_text()
     result = None
     for line in stdout.splitlines():
@@ -1429,7 +1353,7 @@ def main(argv=None) -> int:
     if opts._child:
         return child_main(opts)
 
-    t_start = now()
+    clock = Timer().start()
     # Load simlib's native gravity kernel (and with it libgomp) before any peer sets
     # OMP_NUM_THREADS=1 in this process: one tiny evaluation through the public API.
     x = jnp.zeros((4, 3), jnp.float32) + jnp.arange(4, dtype=jnp.float32)[:, None]
@@ -1440,7 +1364,7 @@ def main(argv=None) -> int:
         versions=_versions(), simlib_commit=simlib_commit(HERE.parent),
         python=platform.python_version(), platform=platform.platform(),
         backend=jax.default_backend(), cpu_count=os.cpu_count(),
-        loadavg_start=os.getloadavg(), mem_available_gb_start=mem_available_gb(),
+        loadavg_start=load_average(), mem_available_gb_start=mem_available_gb(),
         omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
         xla_flags=os.environ.get("XLA_FLAGS"),
         args={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()
@@ -1448,7 +1372,7 @@ def main(argv=None) -> int:
         parts={}, part_wall_s={}, loadavg_parts={},
     )
     print(f"particles benchmark: parts {' '.join(opts.parts)}, "
-          f"{'float64' if opts.x64 else 'float32'} LJ, load average {os.getloadavg()}, "
+          f"{'float64' if opts.x64 else 'float32'} LJ, load average {load_average()}, "
           f"memory limit for children {opts.mem_limit_gb:.1f} GB", flush=True)
     runners = dict(lj=part_lj, gravity=part_gravity, scaling=part_scaling)
     runners["big-gravity"] = part_big_gravity
@@ -1458,19 +1382,19 @@ def main(argv=None) -> int:
             continue
         print(f"\n== {part} (load average {load1()})", flush=True)
         la0 = load1()
-        start = now()
+        part_clock = Timer().start()
         try:
             results["parts"][part] = runners[part](opts)
         except Exception as err:  # noqa: BLE001 - reported, the other parts run
             results["parts"][part] = dict(error=error_text(err),
                                           traceback=traceback.format_exc())
             print(f"  {part} FAILED: {error_text(err)}", flush=True)
-        results["part_wall_s"][part] = now() - start
+        results["part_wall_s"][part] = part_clock.stop()
         results["loadavg_parts"][part] = [la0, load1()]
     results["targets"] = targets(results) if all(
         "error" not in results["parts"].get(k, {}) for k in ("lj", "gravity")) else []
-    results["loadavg_end"] = os.getloadavg()
-    results["wall_s"] = now() - t_start
+    results["loadavg_end"] = load_average()
+    results["wall_s"] = clock.stop()
     results["peak_rss_mb_main"] = peak_rss_mb()
     text = report(results)
     print()

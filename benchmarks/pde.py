@@ -68,6 +68,7 @@ import os
 import sys
 
 from _timing import (  # benchmarks/_timing.py, next to this file; imports no numpy
+    Timer,
     best_of,
     compile_jit,
     fmt_load,
@@ -75,6 +76,7 @@ from _timing import (  # benchmarks/_timing.py, next to this file; imports no nu
     peak_rss_mb,
     rss_mb,
     single_thread_if_asked,
+    timed,
 )
 
 single_thread_if_asked(sys.argv)  # before numpy/jax load their thread pools
@@ -85,7 +87,6 @@ import datetime  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import subprocess  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
@@ -322,9 +323,7 @@ def lu_probe(prob: ref.PDEProblem) -> dict:
     """One ``splu`` of ``I - 1e-3 S`` (S the pattern as ones) with scipy's default ordering:
     the cost of one factorisation in scipy's BDF/Radau and the fill-in's memory."""
     a = (scipy.sparse.eye_array(prob.states) - 1e-3 * prob.sparsity.astype(float)).tocsc()
-    start = time.perf_counter()
-    lu = scipy.sparse.linalg.splu(a)
-    secs = time.perf_counter() - start
+    lu, secs = timed(lambda: scipy.sparse.linalg.splu(a))
     nnz = int(lu.L.nnz + lu.U.nnz)
     return dict(seconds=secs, nnz_lu=nnz, lu_mb=nnz * 12 / 2**20,
                 nnz_jac=int(prob.sparsity.nnz), dense_jac_mb=prob.states**2 * 8 / 2**20)
@@ -351,14 +350,16 @@ def ensemble_worker(spec: dict) -> dict:
     name, rtol = spec.get("contender", "scipy BDF loop"), spec["rtol"]
     out = dict(contender=name, members=spec["members"], rtol=rtol)
     if name == "scipy BDF loop":
-        start = time.perf_counter()
         steps, finals = [], []
-        for p in params[: spec["scipy_members"]]:
-            member = ref.PDEProblem(**{**prob.__dict__, "args": tuple(p)})
-            y, info = ref.scipy_solve(member, "BDF", rtol, rtol)
-            steps.append(info["steps"])
-            finals.append(y)
-        secs = time.perf_counter() - start
+
+        def loop():
+            for p in params[: spec["scipy_members"]]:
+                member = ref.PDEProblem(**{**prob.__dict__, "args": tuple(p)})
+                y, info = ref.scipy_solve(member, "BDF", rtol, rtol)
+                steps.append(info["steps"])
+                finals.append(y)
+
+        secs = timed(loop)[1]
         out.update(scipy_members=spec["scipy_members"], params=params.tolist(), steps=steps,
                    seconds_measured=secs,
                    seconds_64=secs * spec["members"] / spec["scipy_members"],
@@ -660,7 +661,7 @@ def main(argv=None) -> int:
     run_ensemble = opts.ensemble if opts.ensemble is not None else opts.sizes is None
     scipy_members = opts.scipy_members or (2 if opts.quick else 8)
 
-    start = time.perf_counter()
+    clock = Timer().start()
     results = dict(date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                    commit=simlib_commit(ROOT), versions=versions(),
                    cpus=len(os.sched_getaffinity(0)), platform=platform.platform(),
@@ -731,7 +732,7 @@ def main(argv=None) -> int:
                     linear_solver=opts.gradient_linear_solver, gmres_rtol=KRYLOV_LOOSE_RTOL)
         print(f"[pde] gradient on {opts.gradient} ...", flush=True)
         results["gradient"] = run_in_process(spec, opts.single_thread, opts.timeout)
-    results["wall_s"] = time.perf_counter() - start
+    results["wall_s"] = clock.stop()
     results["load_end"] = load_average()
     if opts.append and opts.json.exists():
         results = merge(json.loads(opts.json.read_text()), results)

@@ -20,11 +20,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import time  # noqa: E402
-
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import Timer, warm_up  # noqa: E402  (benchmarks/_timing.py, next to this file)
 
 jax.config.update("jax_enable_x64", True)
 import simlib as sl  # noqa: E402
@@ -56,16 +55,16 @@ def main(n: int, m: int) -> None:
         return s.stats["num_accepted"], s.stats["num_steps"]
 
     one, many = jax.jit(member), jax.jit(jax.vmap(member))
-    jax.block_until_ready(one(params[0]))
-    jax.block_until_ready(many(params))
+    warm_up(lambda: one(params[0]))
+    warm_up(lambda: many(params))
     counts["factor"] = 0
-    start = time.process_time()
-    steps = [tuple(int(x) for x in one(p)) for p in params]
-    t_loop, f_loop = time.process_time() - start, counts["factor"]
+    with Timer() as t:
+        steps = [tuple(int(x) for x in one(p)) for p in params]
+    t_loop, f_loop = t.cpu, counts["factor"]
     counts["factor"] = 0
-    start = time.process_time()
-    _, attempts = jax.block_until_ready(many(params))
-    t_vmap, f_vmap = time.process_time() - start, counts["factor"]
+    with Timer() as t:
+        _, attempts = jax.block_until_ready(many(params))
+    t_vmap, f_vmap = t.cpu, counts["factor"]
     print(f"bruss2d_{n}, {m} members: loop CPU {t_loop:.2f} s, factorisation calls {f_loop} "
           f"((accepted, attempted) steps {steps}); vmap CPU {t_vmap:.2f} s, factorisation "
           f"calls {f_vmap} (the callback runs per member), attempts "

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -33,7 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import best_of, load_average  # noqa: E402
+from _timing import best_of, load_average, timed  # noqa: E402
 
 from simlib import particles as sp  # noqa: E402
 
@@ -82,9 +81,7 @@ def time_simlib(energy, x, q, space, r_cut, dtype, repeats):
     params = dict(charges=jnp.asarray(q, dtype))
     nbrs = sp.neighbor_list(space, xs, r_cut=r_cut, skin=0.1)
     call = jax.jit(lambda E, x, p, nb: E.energy_and_forces(x, p, nb))
-    t0 = time.perf_counter()
-    jax.block_until_ready(call(energy, xs, params, nbrs))
-    compile_s = time.perf_counter() - t0
+    compile_s = timed(lambda: call(energy, xs, params, nbrs))[1]
     t = best_of(lambda: call(energy, xs, params, nbrs), repeats)
     box = energy.space.box_vector(3, dtype)
     qd = params["charges"]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import subprocess
@@ -45,21 +46,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from _timing import Timer, best_of, compile_by_first_call, round_robin  # noqa: E402
 
 
 def _best(fn, repeats: int):
     """(first call incl. compile, best of ``repeats`` later calls), seconds."""
-    import jax
-
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    first = time.perf_counter() - t0
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t0)
-    return first, best
+    t = best_of(fn, repeats, slow_s=math.inf)
+    return t.warmup, t.best
 
 
 def child(args) -> dict:
@@ -180,28 +173,12 @@ def uneven(args) -> dict:
              "uneven": np.where(np.arange(n) % 100 == 7, args.long_span, 1.0)}
     saves = {"t1": sl.SaveAt(t1=True), "ts": sl.SaveAt(ts=np.linspace(0.0, 1.0, 11))}
 
-    def compile_time(fn):
-        """First call after clearing JAX's caches minus the next call."""
-        jax.clear_caches()
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        first = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        return max(0.0, first - (time.perf_counter() - t0))
-
     def interleaved(fns: dict) -> dict:
         """Best time of each contender over ``repeats`` rounds, the contenders taking turns
-        in each round (so that load from elsewhere on the machine hits them alike)."""
-        for fn in fns.values():     # warm: compile again after the caches were cleared
-            jax.block_until_ready(fn())
-        best = dict.fromkeys(fns, float("inf"))
-        for _ in range(args.repeats):
-            for name, fn in fns.items():
-                t0 = time.perf_counter()
-                jax.block_until_ready(fn())
-                best[name] = min(best[name], time.perf_counter() - t0)
-        return best
+        in each round (so that load from elsewhere on the machine hits them alike), after a
+        warm-up each (a compile again after the caches were cleared)."""
+        return {name: t.best for name, t in
+                round_robin(fns, args.repeats, slow_s=math.inf).items()}
 
     out = dict(members=n, long_span=args.long_span, device=str(jax.devices()[0]),
                dtype=str(y0s.dtype), tolerances=tol, min_bucket=args.min_bucket, cases={})
@@ -217,7 +194,7 @@ def uneven(args) -> dict:
                                          saveat=saveat, max_steps=16384, chunk_steps=chunk,
                                          min_bucket=args.min_bucket, **tol)
             fns[f"compact_{chunk}"] = run
-        row = {name: dict(compile_s=compile_time(fn)) for name, fn in fns.items()}
+        row = {name: dict(compile_s=compile_by_first_call(fn)) for name, fn in fns.items()}
         for name, best in interleaved(fns).items():
             row[name]["best_s"] = best
         ref = fns["vmap"]()
@@ -329,17 +306,17 @@ def main() -> int:
         import jax
         from _format import finish, simlib_commit
 
-        t_start = time.perf_counter()
+        wall = Timer().start()
         res = uneven(args)
         results = dict(date=time.strftime("%Y-%m-%d %H:%M:%S"), jax=jax.__version__,
                        simlib=simlib_commit(ROOT), cpus=os.cpu_count(), repeats=args.repeats,
-                       **res, wall_s=time.perf_counter() - t_start)
+                       **res, wall_s=wall.stop())
         return finish(results, _uneven_report(res), args.json)
 
     import jax
     from _format import finish, fmt_r, fmt_s, simlib_commit
 
-    t_start = time.perf_counter()
+    wall = Timer().start()
     base = ["--members", str(args.members), "--bodies", str(args.bodies),
             "--repeats", str(args.repeats), "--tile", str(args.tile),
             "--lj-cells", str(args.lj_cells)]
@@ -419,7 +396,7 @@ def main() -> int:
     results = dict(date=time.strftime("%Y-%m-%d %H:%M:%S"), jax=jax.__version__,
                    simlib=simlib_commit(ROOT), cpus=os.cpu_count(), members=args.members,
                    bodies=args.bodies, repeats=args.repeats, runs=runs, two_process=two,
-                   wall_s=time.perf_counter() - t_start)
+                   wall_s=wall.stop())
     return finish(results, "\n".join(lines), args.json)
 
 

@@ -65,24 +65,18 @@ import math  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _format import finish, fmt_r, fmt_s, simlib_commit  # noqa: E402  (benchmarks/_format.py)
+from _format import finish, fmt_r, fmt_s, optional_import, simlib_commit  # noqa: E402  (benchmarks/_format.py)
+from _timing import Timer, compile_jit, round_robin, warm_up  # noqa: E402  (benchmarks/_timing.py)
 from jax import lax  # noqa: E402
 
 import simlib as sl  # noqa: E402
 from simlib import systems  # noqa: E402
 
-try:
-    import diffrax
-except Exception as err:  # noqa: BLE001 - any import failure means "skip the peer"
-    diffrax = None
-    DIFFRAX_ERROR = f"{type(err).__name__}: {err}"
-else:
-    DIFFRAX_ERROR = ""
+diffrax, DIFFRAX_ERROR = optional_import("diffrax")
 
 T0, T1 = 0.0, 1.0
 STEPS = 1000
@@ -211,16 +205,6 @@ def numpy_loop(problem, dtype, n):
 # timing
 
 
-def compile_time(fn, args, repeats):
-    best = math.inf
-    for _ in range(repeats):
-        jax.clear_caches()
-        t = time.perf_counter()
-        fn.lower(*args).compile()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def moment_check(x, problem):
     """z-scores of the sample mean and variance at t1 against the closed forms."""
     x = np.asarray(x, np.float64)
@@ -267,34 +251,26 @@ def run_case(problem, dtype_name, n, repeats, vbt_repeats, vbt_members, compile_
             continue
         fn, args = made
         try:
-            entry["compile_s"] = compile_time(fn, args, compile_repeats)
+            entry["compile_s"] = compile_jit(fn, *args, cold=True, repeats=compile_repeats)[1]
         except Exception as err:  # noqa: BLE001
             entry["skipped"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             print(f"  {name}: failed ({entry['skipped']})", flush=True)
             continue
-        timed[name] = (lambda fn=fn, args=args: jax.block_until_ready(fn(*args))), \
-            (n / members)
+        timed[name] = (lambda fn=fn, args=args: fn(*args)), (n / members)
         print(f"  {name}: compile {fmt_s(entry['compile_s'])}", flush=True)
-    # warm-ups after every compile-time measurement: compile_time clears JAX's caches, so a
-    # contender warmed up before the next one's measurement would compile again when timed
+    # warm-ups after every compile-time measurement: a cold compile clears JAX's caches, so
+    # a contender warmed up before the next one's measurement would compile again when timed
+    warmed = {}
     for name, (call, _) in timed.items():
         if name != "numpy loop":
-            t = time.perf_counter()
-            call()
-            out[name]["first_call_s"] = time.perf_counter() - t
-
-    times = {name: [] for name in timed}
-    outputs = {}
-    for name, (call, _) in timed.items():  # warm-up of the numpy loop, outputs of all
-        if name == "numpy loop":
-            outputs[name] = call()
-    for rep in range(max(repeats, vbt_repeats)):
-        for name, (call, _) in timed.items():
-            if rep >= (vbt_repeats if name == "diffrax VBT" else repeats):
-                continue
-            t = time.perf_counter()
-            outputs[name] = call()
-            times[name].append(time.perf_counter() - t)
+            warmed[name] = warm_up(call)
+            out[name]["first_call_s"] = warmed[name].warmup
+    timings = round_robin(  # the numpy loop's warm-up is made here
+        {name: call for name, (call, _) in timed.items()},
+        {name: vbt_repeats if name == "diffrax VBT" else repeats for name in timed},
+        slow_s=math.inf, warmed=warmed)
+    times = {name: t.times for name, t in timings.items()}
+    outputs = {name: t.out for name, t in timings.items()}
     for name, (_, scale) in timed.items():
         entry = out[name]
         entry["times_s"] = times[name]
@@ -403,29 +379,29 @@ def main(argv=None) -> int:
             parser.error(f"bad case {case!r}: use problem:dtype with problem in "
                          f"{list(PROBLEMS)} and dtype in {list(DTYPES)}")
 
-    start = time.perf_counter()
-    previous = {}
-    if opts.cases and opts.json.exists():
-        try:
-            previous = json.loads(opts.json.read_text()).get("cases", {})
-        except (OSError, ValueError):
-            previous = {}
-    results = dict(
-        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        simlib_version=sl.__version__, simlib_commit=simlib_commit(ROOT),
-        jax=jax.__version__, diffrax=getattr(diffrax, "__version__", "n/a"),
-        numpy=np.__version__, backend=jax.default_backend(), cpus=os.cpu_count(),
-        machine=platform.processor() or platform.machine(), cases=dict(previous),
-    )
-    for case in cases:
-        problem, _, dtype_name = case.partition(":")
-        print(f"{case}, {n} members", flush=True)
-        res = run_case(problem, dtype_name, n, repeats, vbt_repeats, vbt_members,
-                       compile_repeats, names)
-        results["cases"][case] = dict(members=n, repeats=repeats, vbt_repeats=vbt_repeats,
-                                      contenders=res, date=results["date"],
-                                      simlib_commit=results["simlib_commit"])
-    results["wall_s"] = time.perf_counter() - start
+    with Timer() as wall:
+        previous = {}
+        if opts.cases and opts.json.exists():
+            try:
+                previous = json.loads(opts.json.read_text()).get("cases", {})
+            except (OSError, ValueError):
+                previous = {}
+        results = dict(
+            date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            simlib_version=sl.__version__, simlib_commit=simlib_commit(ROOT),
+            jax=jax.__version__, diffrax=getattr(diffrax, "__version__", "n/a"),
+            numpy=np.__version__, backend=jax.default_backend(), cpus=os.cpu_count(),
+            machine=platform.processor() or platform.machine(), cases=dict(previous),
+        )
+        for case in cases:
+            problem, _, dtype_name = case.partition(":")
+            print(f"{case}, {n} members", flush=True)
+            res = run_case(problem, dtype_name, n, repeats, vbt_repeats, vbt_members,
+                           compile_repeats, names)
+            results["cases"][case] = dict(members=n, repeats=repeats, vbt_repeats=vbt_repeats,
+                                          contenders=res, date=results["date"],
+                                          simlib_commit=results["simlib_commit"])
+    results["wall_s"] = wall.wall
     return finish(results, report(results), opts.json)
 
 

@@ -47,11 +47,9 @@ contender one thread.
 import os
 import sys
 
-if "--single-thread" in sys.argv:  # before jax/numpy load their thread pools
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
-                               "=false intra_op_parallelism_threads=1").strip()
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = "1"
+from _timing import single_thread_if_asked  # benchmarks/_timing.py; imports no numpy
+
+single_thread_if_asked(sys.argv)  # before jax/numpy load their thread pools
 
 import jax  # noqa: E402
 
@@ -60,14 +58,14 @@ jax.config.update("jax_enable_x64", True)
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import platform  # noqa: E402
-import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.sparse  # noqa: E402
-from _format import finish, fmt_s, simlib_commit  # noqa: E402  (benchmarks/_format.py, next to this file)
+from _format import finish, fmt_s, optional_import, simlib_commit  # noqa: E402  (benchmarks/_format.py, next to this file)
+from _timing import Timer, compile_jit, load_average, round_robin, timed  # noqa: E402
 from scipy.integrate import solve_ivp  # noqa: E402
 
 import simlib as sl  # noqa: E402
@@ -76,13 +74,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # for validation.stiff_reference (the published values)
 from validation import stiff_reference as ref  # noqa: E402
 
-try:
-    import diffrax
-except Exception as err:  # noqa: BLE001 - any import failure means "skip the peer"
-    diffrax = None
-    DIFFRAX_ERROR = f"{type(err).__name__}: {err}"
-else:
-    DIFFRAX_ERROR = ""
+diffrax, DIFFRAX_ERROR = optional_import("diffrax")
 
 STIFF = [n for n in ("Rosenbrock23", "Rodas5P", "Rodas5", "Kvaerno3", "Kvaerno5", "BDF")
          if hasattr(sl, n)]
@@ -226,13 +218,6 @@ def diffrax_fn(prob: Problem):
     return run
 
 
-def compile_fn(fn, inputs):
-    """``(executable, seconds)`` of ``jit(fn).lower(*inputs).compile()``."""
-    start = time.perf_counter()
-    compiled = jax.jit(fn).lower(*inputs).compile()
-    return compiled, time.perf_counter() - start
-
-
 def scipy_call(prob: Problem, method: str, rtol: float):
     def call():
         sol = solve_ivp(prob.f_np, (0.0, prob.t1), prob.y0, method=method, rtol=rtol,
@@ -245,23 +230,9 @@ def scipy_call(prob: Problem, method: str, rtol: float):
 
 
 def time_round_robin(calls: dict, repeats: int) -> dict:
-    """Best wall time of each zero-argument call, repeat by repeat, after a warm-up call.
-
-    A call whose warm-up took more than ``SLOW_S`` seconds is timed once only."""
-    outs, slow, times = {}, set(), {k: [] for k in calls}
-    for k, c in calls.items():
-        start = time.perf_counter()
-        outs[k] = jax.block_until_ready(c())
-        if time.perf_counter() - start > SLOW_S:
-            slow.add(k)
-    for i in range(repeats):
-        for k, c in calls.items():
-            if k in slow and i > 0:
-                continue
-            start = time.perf_counter()
-            jax.block_until_ready(c())
-            times[k].append(time.perf_counter() - start)
-    return {k: (min(times[k]), outs[k]) for k in calls}
+    """``{key: (best seconds, output)}`` of :func:`_timing.round_robin` (a call whose warm-up
+    took more than ``SLOW_S`` seconds is timed once only)."""
+    return {k: (t.best, t.out) for k, t in round_robin(calls, repeats, SLOW_S).items()}
 
 
 def run_problem(prob: Problem, rtols, repeats: int, scipy_repeats: int) -> list[dict]:
@@ -274,7 +245,7 @@ def run_problem(prob: Problem, rtols, repeats: int, scipy_repeats: int) -> list[
     compiled = {}
     for key, fn in jitted.items():
         try:
-            compiled[key] = compile_fn(fn, (jnp.float64(1e-6), jnp.float64(1e-6)))
+            compiled[key] = compile_jit(fn, jnp.float64(1e-6), jnp.float64(1e-6))
         except Exception as err:  # noqa: BLE001 - reported, not hidden
             rows.append(dict(problem=prob.name, lib=key[0], solver=key[1], rtol=None,
                              error_msg=f"{type(err).__name__}: {err}"))
@@ -341,7 +312,7 @@ def ensemble(members: int, scipy_members: int, repeats: int, rtol: float = 1e-6)
     refs = [solve_ivp(p.f_np, (0.0, p.t1), np.array(p.y0), method="Radau", rtol=1e-10,
                       atol=1e-16, jac=p.jac_np, args=(tuple(ks[i]),)).y[:, -1] for i in check]
     for (lib, name), fn in contenders.items():
-        ex, comp = compile_fn(fn, (kj,))
+        ex, comp = compile_jit(fn, kj)
         secs, (ys, res) = time_round_robin({0: lambda ex=ex: ex(kj)}, repeats)[0]
         ys, res = np.asarray(ys), np.asarray(res)
         err = max(ref.tol_units(ys[i], refs[i], rtol, atol) for i in check)
@@ -351,11 +322,11 @@ def ensemble(members: int, scipy_members: int, repeats: int, rtol: float = 1e-6)
         print(f"  ensemble {lib} {name}: {fmt_s(secs)} (compile {fmt_s(comp)}), "
               f"{int(np.sum(res != 0))} failed, error {err:.2f} tol", flush=True)
     for method in ("LSODA", "Radau"):
-        start = time.perf_counter()
-        ys = [solve_ivp(p.f_np, (0.0, p.t1), np.array(p.y0), method=method, rtol=rtol,
-                        atol=atol, jac=p.jac_np, args=(tuple(ks[i]),)).y[:, -1]
-              for i in range(scipy_members)]
-        secs = (time.perf_counter() - start) * members / scipy_members
+        ys, secs = timed(lambda method=method: [
+            solve_ivp(p.f_np, (0.0, p.t1), np.array(p.y0), method=method, rtol=rtol,
+                      atol=atol, jac=p.jac_np, args=(tuple(ks[i]),)).y[:, -1]
+            for i in range(scipy_members)])
+        secs = secs * members / scipy_members
         err = max(ref.tol_units(ys[i], refs[i], rtol, atol) for i in check)
         out["rows"].append(dict(lib="scipy", solver=method, time=secs, compile=None, failed=0,
                                 error_tol_units=err, extrapolated=True))
@@ -507,24 +478,24 @@ def main(argv=None) -> int:
     scipy_members = opts.scipy_members or (5 if opts.quick else 20)
     rtols = (1e-6,) if opts.quick else (1e-6, 1e-9)
 
-    start = time.perf_counter()
-    results = dict(
-        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        commit=simlib_commit(ROOT), jax=jax.__version__,
-        diffrax=diffrax.__version__ if diffrax is not None else None,
-        cpus=len(os.sched_getaffinity(0)), platform=platform.platform(), stiff=STIFF,
-        repeats=repeats, scipy_repeats=scipy_repeats, quick=opts.quick,
-        single_thread=opts.single_thread, load_start=os.getloadavg(), rows=[])
-    problems = [small_problem("robertson"), small_problem("van_der_pol"),
-                brusselator_problem(n)]
-    for prob in problems:
-        print(f"[stiff] {prob.name} ...", flush=True)
-        reference_of(prob)
-        results["rows"] += run_problem(prob, rtols, repeats, scipy_repeats)
-    print("[stiff] ensemble ...", flush=True)
-    results["ensemble"] = ensemble(opts.members, scipy_members, repeats)
-    results["wall_s"] = time.perf_counter() - start
-    results["load_end"] = os.getloadavg()
+    with Timer() as wall:
+        results = dict(
+            date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            commit=simlib_commit(ROOT), jax=jax.__version__,
+            diffrax=diffrax.__version__ if diffrax is not None else None,
+            cpus=len(os.sched_getaffinity(0)), platform=platform.platform(), stiff=STIFF,
+            repeats=repeats, scipy_repeats=scipy_repeats, quick=opts.quick,
+            single_thread=opts.single_thread, load_start=load_average(), rows=[])
+        problems = [small_problem("robertson"), small_problem("van_der_pol"),
+                    brusselator_problem(n)]
+        for prob in problems:
+            print(f"[stiff] {prob.name} ...", flush=True)
+            reference_of(prob)
+            results["rows"] += run_problem(prob, rtols, repeats, scipy_repeats)
+        print("[stiff] ensemble ...", flush=True)
+        results["ensemble"] = ensemble(opts.members, scipy_members, repeats)
+    results["wall_s"] = wall.wall
+    results["load_end"] = load_average()
     text = report(results)
     return finish(results, text, opts.json)
 

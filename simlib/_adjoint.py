@@ -542,14 +542,15 @@ def _checkpointed_writes(body, carry0, n_seg: int, segment: int, spec: SaveWrite
     """``checkpointed_scan`` for a body that returns :class:`SaveWrites`.
 
     A save buffer carried through the loop (``SaveAt(ts=...)``) would be an input of every
-    recomputed segment: ``jax.checkpoint`` stores it at each segment start (201 x 512 x 2
-    float64 is 1.6 MB, times 142 segments) and the backward sweep carries its cotangent
-    through every step. When differentiated, each segment here returns its steps'
+    recomputed segment: ``jax.checkpoint`` stores it at each segment start (the whole
+    buffer, once per segment) and the backward sweep carries its cotangent through every
+    step. When differentiated, each segment here returns its steps'
     ``(slot, value)`` and the outer loop scatters them into the buffer, so the segments
     carry only the state and the backward sweep gathers the saved rows' cotangents once
     per segment. Undifferentiated, the loop writes the buffer in place step by step (the
-    scatter would cost the forward 15-20%): a ``custom_jvp`` whose rule is the segmented
-    version's JVP, which reverse mode transposes (and ``jax.jvp`` still goes through).
+    scatter would slow the forward run; docs/benchmarks.md): a ``custom_jvp`` whose rule
+    is the segmented version's JVP, which reverse mode transposes (and ``jax.jvp`` still
+    goes through).
     """
     step, consts = _hoist_constants(lambda c: body(c, None), carry0)
 

@@ -68,8 +68,8 @@ def jacobian_push(call, values, others, active, *, members_outside: bool = True)
     ``vmap`` (an ensemble whose members each run forward mode) a batching rule keeps the
     tangent axis outside the members: ``vmap`` over the tangent basis of ``jvp`` of the
     member-``vmap``ped computation, one tangent per component of a member shared by all
-    members (``jax.jacfwd(jax.vmap(...))``'s layout), which measured 1.8x faster than the
-    nested layout on a 512-member ensemble (benchmarks/README.md, gradients (i)). All
+    members (``jax.jacfwd(jax.vmap(...))``'s layout), faster than the nested layout
+    (docs/benchmarks.md, "Design measurements"). All
     outputs of the rule are batched (see :func:`all_batched`). ``members_outside=False``
     keeps the plain nested layout, for a custom JVP rule: the batching rule does not
     survive a second derivative (``jax.hessian``).

@@ -196,7 +196,7 @@ def levels_for(t0: float, t1: float, dt: float) -> int:
     return int(math.ceil(math.log2(ratio * (1.0 - 1e-12))))
 
 
-def split_keys(key, n: int):
+def split_keys(key: jax.Array, n: int) -> jax.Array:
     """``n`` independent keys for an ensemble of ``n`` paths (``jax.random.split``).
 
     Example: ``jax.vmap(lambda k: sl.solve(..., key=k))(sl.split_keys(key, 100))``.
@@ -295,9 +295,10 @@ class BrownianPath:
     (``int_{t0}^t W(s) ds``). A pytree: ``jax.vmap`` a function that builds one over keys.
     """
 
-    def __init__(self, key, t0, t1, shape: tuple[int, ...] = (), *, dt=None,
+    def __init__(self, key: jax.Array, t0: float | jax.Array, t1: float | jax.Array,
+                 shape: tuple[int, ...] = (), *, dt: float | jax.Array | None = None,
                  levels: int | None = None, area: bool = False, dtype: Any = None,
-                 precompute: bool = False):
+                 precompute: bool = False) -> None:
         if levels is None:
             if dt is None:
                 raise ValueError("BrownianPath needs dt (the step it is queried at) or levels")

@@ -219,8 +219,8 @@ class PIDController:
                k: int) -> jax.Array:
         """The step factor (the class docstring's formula) from ``log r_n`` and the
         remembered ``log r`` of earlier accepted steps, as one ``exp`` of a combination
-        of logarithms (three ``pow`` calls per attempt cost about 40% of a small
-        system's adaptive step under ``vmap``)."""
+        of logarithms rather than three ``pow`` calls (their cost: docs/benchmarks.md,
+        "Design measurements")."""
         log_safety = math.log(self.safety)
         accepted = self.beta2 / k * memory[0] - self.beta1 / k * log_ratio
         if self.beta3:

@@ -3,10 +3,11 @@
 XLA:CPU compiles a ``while`` loop whose body and condition access fewer than
 ``xla_cpu_small_while_loop_byte_threshold`` bytes per iteration (1,024 by default, counted
 by ``HloCostAnalysis``) into one function; every other loop runs kernel by kernel, one
-dispatch of about 1-2 us per operation per iteration. The option can only be given through
-the ``XLA_FLAGS`` environment variable, which XLA reads once, when JAX starts its CPU
-backend (``jax.jit(..., compiler_options=...)`` rejects it). See benchmarks/README.md,
-``gradients.py`` (g), and ``cpu_loops.py`` for the measurements.
+dispatch per operation per iteration. The option can only be given through the
+``XLA_FLAGS`` environment variable, which XLA reads once, when JAX starts its CPU backend
+(``jax.jit(..., compiler_options=...)`` rejects it). The measurements are in
+docs/benchmarks.md ("Design measurements") and benchmarks/README.md (``gradients.py`` (g),
+``cpu_loops.py``).
 """
 
 from __future__ import annotations
@@ -36,16 +37,13 @@ def fast_cpu_loops(threshold_bytes: int | None = None) -> None:
     on import.
 
     A loop whose body accesses fewer bytes per iteration than the threshold is compiled
-    into one function instead of running one kernel (1-2 us of dispatch) per operation per
-    iteration. Gradients of small systems gain the most: measured on 2 cores, one
-    Lotka-Volterra trajectory's gradient (10^4 RK4 steps, 4 parameters) ran 13-20x faster,
-    and ensembles of 100-1,000 members of 2-3 states up to 2x (benchmarks/README.md,
-    ``cpu_loops.py``). Compile times stayed within noise. The cost is parallelism: a loop
-    compiled into one function runs on one core, where a loop run kernel by kernel may split
-    each large kernel over the cores. The 1 MiB default keeps every large state measured
-    (10,000-member ensembles, 32,000-atom and 4,096-body particle systems) above the limit,
-    so their code is unchanged; at 100 MB a 10,000-member Lorenz ensemble's loop was
-    compiled whole and ran 1.44x slower, on one core instead of two.
+    into one function instead of running one kernel (one dispatch) per operation per
+    iteration. Gradients of small systems and small ensembles gain the most. The cost is
+    parallelism: a loop compiled into one function runs on one core, where a loop run
+    kernel by kernel may split each large kernel over the cores. The 1 MiB default keeps
+    the large states of the benchmarks (10,000-member ensembles, 32,000-atom and 4,096-body
+    particle systems) above the limit, so their code is unchanged. The measured gains and
+    the cost of a higher limit: docs/benchmarks.md, "Design measurements".
 
     XLA reads ``XLA_FLAGS`` once, when JAX starts its CPU backend (the first array,
     ``jit`` or ``jax.devices()``), so call this before JAX runs anything: first thing in

@@ -9,6 +9,7 @@ import math
 import re
 from collections.abc import Iterator
 from enum import IntEnum
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -162,8 +163,8 @@ class SolverError(RuntimeError):
             that the message comes first; ``None`` otherwise.
     """
 
-    def __init__(self, message: str, result: Result, solution=None, *,
-                 member: int | None = None):
+    def __init__(self, message: str, result: Result, solution: Any = None, *,
+                 member: int | None = None) -> None:
         super().__init__(message)
         self.result = result
         self.solution = solution

@@ -25,7 +25,7 @@ directory. The CPU target is therefore what the compiler itself resolves ``-marc
 to on this machine: ``$CXX -march=native -E -v -x c++ /dev/null`` prints the expanded
 target options (GCC: ``-march=znver3 -mavx2 -mno-avx512f ... -mtune=znver3``; Clang:
 ``-target-cpu znver3 -target-feature +avx2 ...``), plus the compiler version. It costs one
-compiler start (tens of ms) per process, only when the native kernels are first needed,
+compiler start per process, only when the native kernels are first needed,
 and it is exact: two machines share a build only if the compiler would have generated the
 same instructions on both. If the compiler cannot resolve ``-march=native`` (an unknown
 compiler or CPU), the kernels are built without it, for the compiler's portable baseline,

@@ -121,8 +121,9 @@ def checked_step(f, solver, t, y, h, args, state, count, failure):
     (``solver.step_failed``) in ``failure``.
 
     ``failure`` is ``(result, t_fail, step_fail)``; the state is not selected back on
-    failure (that would cost 40% of a Lorenz ensemble step), so the non-finite state
-    propagates to later outputs while the time and step of the failure are kept.
+    failure (a select of the whole state per step; its cost: docs/benchmarks.md, "Design
+    measurements"), so the non-finite state propagates to later outputs while the time
+    and step of the failure are kept.
     """
     y1, err, _, state1 = solver.step(f, t, y, h, args, state)
     return y1, state1, record_step_failure(solver, t, y1, err, count, failure)

@@ -26,6 +26,7 @@ import json
 import os
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -163,7 +164,8 @@ def _box_of(box, d):
 
 # ---- writing -----------------------------------------------------------------------------
 
-def save(path: str | os.PathLike, obj, metadata: dict | None = None, *, box=None) -> Path:
+def save(path: str | os.PathLike, obj: Any, metadata: dict | None = None, *,
+         box: Any = None) -> Path:
     """Write ``obj`` to ``path``, its format chosen by the extension, with ``metadata``.
 
     Args:

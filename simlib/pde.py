@@ -147,7 +147,7 @@ class Grid:
     bc: tuple[tuple[str, str], ...]
 
     def __init__(self, shape: int | Sequence[int], spacing: float | Sequence[float],
-                 bc: str | Sequence[str | tuple[str, str]] = "periodic"):
+                 bc: str | Sequence[str | tuple[str, str]] = "periodic") -> None:
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if not 1 <= len(shape) <= 3:
             raise ValueError(f"Grid: shape must have 1 to 3 axes, got {shape}.")

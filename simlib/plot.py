@@ -20,12 +20,14 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import matplotlib.pyplot as plt
 import numpy as np
+from jax.typing import ArrayLike
+from matplotlib.axes import Axes
 
 __all__ = [
     "convergence",
@@ -142,7 +144,8 @@ def _positive(x: np.ndarray) -> np.ndarray:
 # -- trajectories and phase portraits --------------------------------------------------------
 
 
-def trajectory(sol, *, components=None, labels: Sequence[str] | None = None, ax=None,
+def trajectory(sol: Any, *, components: Sequence[int | str] | None = None,
+               labels: Sequence[str] | None = None, ax: Axes | None = None,
                t_unit: str | None = None, y_label: str = "state", y_unit: str | None = None,
                **line_kw) -> tuple[Any, Any]:
     """The state against time, one line per component.
@@ -185,7 +188,8 @@ def trajectory(sol, *, components=None, labels: Sequence[str] | None = None, ax=
     return fig, ax
 
 
-def phase_portrait(sol, x=0, y=1, *, ax=None, x_label: str | None = None,
+def phase_portrait(sol: Any, x: int | str = 0, y: int | str = 1, *, ax: Axes | None = None,
+                   x_label: str | None = None,
                    y_label: str | None = None, x_unit: str | None = None,
                    y_unit: str | None = None, label: str | None = None,
                    mark_start: bool = True, **line_kw) -> tuple[Any, Any]:
@@ -233,7 +237,8 @@ def phase_portrait(sol, x=0, y=1, *, ax=None, x_label: str | None = None,
 # -- conserved quantities ----------------------------------------------------------------------
 
 
-def energy_error(t, energy=None, *, ax=None, label: str | None = None,
+def energy_error(t: Any, energy: ArrayLike | Callable[[Any], ArrayLike] | None = None, *,
+                 ax: Axes | None = None, label: str | None = None,
                  t_unit: str | None = None, quantity: str = "E",
                  relative: bool = True, **line_kw) -> tuple[Any, Any]:
     r"""The error of a conserved quantity over time, :math:`|E(t) - E(0)| / |E(0)|`, on a log
@@ -285,7 +290,7 @@ def energy_error(t, energy=None, *, ax=None, label: str | None = None,
 # -- convergence and work-precision ------------------------------------------------------------
 
 
-def fitted_order(dts, errors) -> float:
+def fitted_order(dts: ArrayLike, errors: ArrayLike) -> float:
     """The slope of ``log(error)`` against ``log(dt)`` by least squares (the empirical
     order), over the points where the error is positive and finite."""
     dts, errors = np.asarray(dts, float), np.asarray(errors, float)
@@ -296,7 +301,10 @@ def fitted_order(dts, errors) -> float:
     return float(slope)
 
 
-def convergence(dts, errors, *, order=None, ax=None, label: str | None = None,
+def convergence(dts: ArrayLike | Mapping[str, ArrayLike],
+                errors: ArrayLike | Mapping[str, ArrayLike], *,
+                order: float | Mapping[str, float] | None = None, ax: Axes | None = None,
+                label: str | None = None,
                 dt_unit: str | None = None, error_label: str = "error",
                 fit: slice | None = None, floor: float = 0.0, marker: str = "o",
                 **line_kw) -> tuple[Any, Any]:
@@ -353,7 +361,7 @@ def convergence(dts, errors, *, order=None, ax=None, label: str | None = None,
     return fig, ax
 
 
-def work_precision(results: Mapping[str, tuple], *, cost: str = "time", ax=None,
+def work_precision(results: Mapping[str, tuple], *, cost: str = "time", ax: Axes | None = None,
                    cost_unit: str | None = None, error_label: str = "error",
                    **line_kw) -> tuple[Any, Any]:
     """A work-precision diagram: error against cost, one line per method, log-log (lower
@@ -387,7 +395,8 @@ def work_precision(results: Mapping[str, tuple], *, cost: str = "time", ax=None,
 # -- fitting ---------------------------------------------------------------------------------
 
 
-def fit_history(result, *, ax=None, label: str | None = None, **line_kw) -> tuple[Any, Any]:
+def fit_history(result: Any, *, ax: Axes | None = None, label: str | None = None,
+                **line_kw) -> tuple[Any, Any]:
     """The loss against optimiser step (log scale), from a :class:`~simlib.FitResult`, a
     loss history array, or ``{label: FitResult}`` for several runs."""
     fig, ax = _figure(ax)
@@ -405,7 +414,8 @@ def fit_history(result, *, ax=None, label: str | None = None, **line_kw) -> tupl
     return fig, ax
 
 
-def data_vs_model(t_data, y_data, model, *, ax=None, labels: Sequence[str] | None = None,
+def data_vs_model(t_data: ArrayLike, y_data: ArrayLike, model: Any, *, ax: Axes | None = None,
+                  labels: Sequence[str] | None = None,
                   t_unit: str | None = None, y_label: str = "state",
                   y_unit: str | None = None) -> tuple[Any, Any]:
     """Observations as markers and the model as lines, one colour per component.
@@ -442,8 +452,9 @@ def data_vs_model(t_data, y_data, model, *, ax=None, labels: Sequence[str] | Non
 # -- particles -------------------------------------------------------------------------------
 
 
-def radial_distribution(r, g=None, *, space=None, r_max: float | None = None,
-                        n_bins: int = 100, ax=None, label: str | None = None,
+def radial_distribution(r: Any, g: ArrayLike | None = None, *, space: Any = None,
+                        r_max: float | None = None, n_bins: int = 100,
+                        ax: Axes | None = None, label: str | None = None,
                         r_unit: str | None = None, **line_kw) -> tuple[Any, Any]:
     r"""The radial distribution function :math:`g(r)`, with :math:`g = 1` (an ideal gas)
     marked.
@@ -461,7 +472,7 @@ def radial_distribution(r, g=None, *, space=None, r_max: float | None = None,
         positions = getattr(r, "positions", r)
         if space is None or r_max is None:
             raise TypeError("radial_distribution: computing g(r) needs space= and r_max=")
-        # Jitted: eagerly, the per-frame lax.map runs op by op (several times slower).
+        # Jitted: eagerly, the per-frame lax.map runs op by op (docs/benchmarks.md).
         r, g = jax.jit(rdf, static_argnames=("r_max", "n_bins"))(
             positions, space, r_max=float(r_max), n_bins=int(n_bins))
     ax.plot(np.asarray(r), np.asarray(g), label=label, **line_kw)
@@ -477,8 +488,10 @@ def radial_distribution(r, g=None, *, space=None, r_max: float | None = None,
 # -- ensembles -------------------------------------------------------------------------------
 
 
-def ensemble_fan(t, values=None, *, component=0, percentiles: Sequence[float] = (5, 25),
-                 members: int = 0, ax=None, label: str | None = None, color: str = "C0",
+def ensemble_fan(t: Any, values: ArrayLike | None = None, *, component: int | str = 0,
+                 percentiles: Sequence[float] = (5, 25),
+                 members: int = 0, ax: Axes | None = None, label: str | None = None,
+                 color: str = "C0",
                  t_unit: str | None = None, y_label: str | None = None,
                  y_unit: str | None = None) -> tuple[Any, Any]:
     """The median of an ensemble over time, with percentile bands.

@@ -14,8 +14,9 @@ What the bar is told, and when:
   with a :func:`jax.debug.callback` between chunks that reads the step count or the time
   only. The same steps run in the same order, so the state's arithmetic is unchanged
   (tests/test_progress.py checks bit-identity). A callback in a ``lax.cond`` at every
-  step was measured first and rejected: the conditional alone cost ~45 ns a step, 2.8x on
-  a trivial scan body. The nested loops' cost is in docs/files.md.
+  step was measured first and rejected, its conditional costing more than a trivial scan
+  body (docs/benchmarks.md, "Design measurements"). The nested loops' cost is in
+  docs/files.md.
   Under ``jit``, ``vmap`` or ``grad`` (any traced call) ``progress`` is ignored, so a
   traced program never carries a callback (a batched callback would fire once per member,
   and a recomputed segment once more per backward pass).
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 __all__ = ["PLAIN_INTERVAL", "bar"]
 
@@ -142,7 +143,7 @@ class _NoBar:
 
 
 def bar(progress: bool, total: float, desc: str, unit: str = "step", *, leave: bool = True,
-        stream=None) -> Any:
+        stream: TextIO | None = None) -> Any:
     """A progress bar for ``total`` units: tqdm on a terminal, plain lines otherwise, a
     do-nothing bar when ``progress`` is false. Use it as a context manager or call
     ``close()``; ``update(n)`` advances it, ``set(n)`` moves it to ``n``."""

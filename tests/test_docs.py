@@ -6,7 +6,9 @@
   y' = cos(t) y and its measured order, the Yukawa potential's forces against central
   differences of its energy and its energy against a numpy pair sum, the semi-implicit
   Euler integrator against a numpy loop of the same scheme and its order against the exact
-  motion of a spring.
+  motion of a spring, the smooth-limiter controller against the closed form of y' = -a y
+  and its gradient, and that its own factor ran (another step sequence, no factor above
+  1 + pi/2).
 - Every other page of docs/: its ``python`` blocks run in order in one namespace (a block
   right after a ``<!-- not run ... -->`` line is skipped); where a block is followed by a
   ``text title="Output"`` block, what it prints must be exactly that. The heavy pages run
@@ -47,7 +49,7 @@ GUIDE = DOCS / "extending.md"
 def page():
     """The namespace after running every ``python`` block of the guide."""
     blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.S)
-    assert len(blocks) == 3, "docs/extending.md should have three python examples"
+    assert len(blocks) == 4, "docs/extending.md should have four python examples"
     ns: dict = {}
     with contextlib.redirect_stdout(io.StringIO()):
         for block in blocks:
@@ -159,6 +161,34 @@ def test_custom_integrator_is_differentiable(page):
     h = 1e-6
     fd = (float(sep(1.0 + h)) - float(sep(1.0 - h))) / (2 * h)
     np.testing.assert_allclose(float(jax.grad(sep)(1.0)), fd, rtol=1e-6)
+
+
+# -- the controller ------------------------------------------------------------------------
+
+
+def test_smooth_limiter_controller_is_accurate_and_differentiable(page):
+    sol = page["smooth"]
+    np.testing.assert_allclose(float(sol.ys[-1, 0]), np.exp(-10.0), rtol=1e-7)
+
+    def y1(a):
+        return sl.solve(page["decay"], jnp.ones(1), 0.0, 1.0, args=a, solver=sl.Tsit5(),
+                        rtol=1e-10, atol=1e-12, controller=page["SmoothLimiter"]()).ys[-1, 0]
+
+    np.testing.assert_allclose(float(jax.grad(y1)(1.5)), -np.exp(-1.5), rtol=1e-7)
+
+
+def test_smooth_limiter_is_what_ran(page):
+    """Its step sequence is not the default's, and no accepted step grew by more than the
+    limiter's bound 1 + pi/2 (the default allows 10)."""
+    kw = dict(args=1.0, solver=sl.Tsit5(), rtol=1e-8, atol=1e-10,
+              saveat=sl.SaveAt(steps=True))
+    ours = sl.solve(page["decay"], jnp.ones(1), 0.0, 10.0,
+                    controller=page["SmoothLimiter"](), **kw)
+    default = sl.solve(page["decay"], jnp.ones(1), 0.0, 10.0, **kw)
+    assert int(ours.stats["num_steps"]) != int(default.stats["num_steps"])
+    ts = np.asarray(ours.ts)
+    h = np.diff(ts[np.isfinite(ts)])
+    assert np.all(h[1:] / h[:-1] <= 1 + np.pi / 2 + 1e-9)
 
 
 # -- every guide's code runs ---------------------------------------------------------------

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import simlib as sl
-from simlib import _solve
+from simlib import _adaptive, _fixed
 
 A0 = jnp.array([1.5, 1.0, 3.0, 1.0])
 Y0 = jnp.array([1.0, 1.0])
@@ -204,7 +204,7 @@ def test_pytree_state_matches_flat_state(kw):
 
 
 def _cache_sizes():
-    return _solve._fixed_jit._cache_size(), _solve._adaptive_jit._cache_size()
+    return _fixed.fixed_jit._cache_size(), _adaptive.adaptive_jit._cache_size()
 
 
 def test_fixed_step_does_not_recompile_for_new_values():

@@ -235,14 +235,13 @@ def refined_solve(ls: LinearSolver, fac, apply_a: Callable[[jax.Array], jax.Arra
 
     A single LU solve has the backward error ``eps |L| |U| |x|`` (Higham, *Accuracy and
     Stability of Numerical Algorithms*, 2nd ed., 2002, 9.3 and 12.1), which a stiff ``J``
-    makes large: on E5 (Bari test set) ``|h gamma J|`` reaches 2e6 and Rodas5P's stages,
-    solved once, broke the problem's linear invariant ``y2 - y3 - y4`` (exact for ``f``
-    and for the method) by 1e-22 to 2e-21 per step, where the state is 1e-10; an exact
-    (50-digit) step keeps it to 1e-70. A residual from the assembled matrix (``b - M x``
-    or ``b - x + c J x`` in float64) carries the same rounding and does not help
-    (measured); a residual from ``jvp`` goes through ``f``'s own arithmetic, in which
-    the invariant holds to the rounding of ``f`` itself, and one correction brings the
-    stage to that level (1e-27 per stage on E5). A Newton iteration (the implicit
+    makes large: on E5 (Bari test set) Rodas5P's stages, solved once, broke the
+    problem's linear invariant ``y2 - y3 - y4`` (exact for ``f`` and for the method) far
+    above the state's rounding. A residual from the assembled matrix (``b - M x`` or
+    ``b - x + c J x``) carries the same rounding and does not help; a residual from
+    ``jvp`` goes through ``f``'s own arithmetic, in which the invariant holds to the
+    rounding of ``f`` itself, and one correction brings the stage to that level (the
+    figures: docs/benchmarks.md, "Design measurements"). A Newton iteration (the implicit
     solvers) needs none of this: its residual comes from ``f`` and only the last,
     small correction meets the LU's error.
     """
@@ -496,9 +495,8 @@ def configure(solver, f: VectorField, y0: PyTree, t0, args, *, jac_sparsity=None
 
 def _sparse_or_banded(pattern) -> LinearSolver:
     """``"auto"``'s choice for a known pattern: the banded LU when the band is narrow
-    (``lower + upper + 1 <= AUTO_BAND_MAX_WIDTH``: 1-D grids, chains), else the sparse LU.
-    Measured on the 1-D Brusselator (1,000 states, bandwidth (2, 2), BDF at rtol 1e-6,
-    the same 195 steps): banded 74 ms, sparse 167 ms (benchmarks/pde.py)."""
+    (``lower + upper + 1 <= AUTO_BAND_MAX_WIDTH``: 1-D grids, chains), else the sparse LU
+    (the banded LU is the faster where both apply: docs/benchmarks.md)."""
     from .._linalg._banded import Banded
 
     lower, upper = _bandwidth(pattern)

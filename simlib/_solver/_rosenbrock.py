@@ -31,13 +31,11 @@ methods) is refined once, ``x <- x + W^-1 (b - x + c J x)``, with ``J x`` from
 assembled ``J``; :func:`simlib._solver._implicit.refined_lu_solve`). A Rosenbrock
 method takes each stage from a single linear solve, so the LU's backward error
 ``eps |L| |U| |x|`` stays in the stage, and with a stiff ``J`` it is large: on the E5
-pyrolysis problem (Bari test set) it broke the linear invariant ``y2 - y3 - y4 = 0``
-by up to 2e-21 per step where the state is 1e-10 and an exact step keeps it, so Rodas5P
-ended at rtol 1e-6 with ``y2 + y3`` 23 times the reference value. Refined, the drift over
-the run falls from 4e-21 to 5e-24 (Rodas5P) and from 1.4e-21 to 1e-25 (Rodas5), within 2
-to 5 times what the same steps give with exact linear algebra (docs/stiff.md). The
-correction uses ``f``'s own derivative: a callable ``jac`` must be ``df/dy`` (one that is
-not is partly corrected towards it).
+pyrolysis problem (Bari test set) it breaks the linear invariant ``y2 - y3 - y4 = 0``,
+which an exact step keeps, enough to spoil the solution; refined, the drift falls close
+to what the same steps give with exact linear algebra (the figures: docs/benchmarks.md,
+"Design measurements", and docs/stiff.md). The correction uses ``f``'s own derivative: a
+callable ``jac`` must be ``df/dy`` (one that is not is partly corrected towards it).
 
 ``Rodas5`` is the order-5(4) stiffly accurate Rosenbrock method RODAS5 of G. Di Marzo
 (Universite de Geneve, 1993; see Hairer and Wanner, *Solving ODEs II*, 2nd ed., 1996,

@@ -27,12 +27,10 @@ relative to a scale, is at most one; the scale is floored at the round-off
 adaptive driver hands the run's ``rtol``/``atol`` to the carried state
 (``set_tolerances``) and the scale is ``kappa (atol + rtol |y|)`` with
 ``kappa = 0.1 min(0.03, sqrt(rtol))`` (a tenth of the rule of Hairer and Wanner's RADAU5,
-1996, IV.8, which BDF uses): 1e-3 at ``rtol`` 1e-4, 1e-6 at 1e-10. Measured on
-Robertson, Van der Pol (mu = 1000) and the Oregonator against the published values at
-``rtol`` 1e-4 to 1e-10: Kvaerno5 within 9.2 tolerances in at most 1.14x scipy Radau's
-steps (Kvaerno3's Van der Pol errors 2-3 tolerances, 4-6 without the factor 0.1); a
-constant ``kappa`` of 0.03 to 3e-3 left Van der Pol 22-37 tolerances off at 1e-8/1e-10 and
-1e-4 to 3e-4 cost 3-4x more steps on Robertson at 1e-10. In a fixed-step run the scale is
+1996, IV.8, which BDF uses): 1e-3 at ``rtol`` 1e-4, 1e-6 at 1e-10; the factor and the
+``sqrt(rtol)`` were chosen on Robertson, Van der Pol (mu = 1000) and the Oregonator against
+the published values (the errors and step counts, and those of a constant ``kappa``:
+docs/benchmarks.md, "Design measurements"). In a fixed-step run the scale is
 ``max(1e-10, 100 eps) |y|``. ``newton_rtol``/``newton_atol``, when given, override both:
 the scale is then ``newton_atol + newton_rtol |y|``.
 

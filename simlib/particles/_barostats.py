@@ -115,7 +115,8 @@ class StochasticCellRescaling(Integrator):
 
     stochastic = True
 
-    def __init__(self, kT, pressure, tau_t, tau_p, compressibility, dof: int | None = None):
+    def __init__(self, kT: float, pressure: float, tau_t: float, tau_p: float,
+                 compressibility: float, dof: int | None = None) -> None:
         self.kT, self.pressure = kT, pressure
         self.tau_t, self.tau_p, self.compressibility = tau_t, tau_p, compressibility
         self.dof = None if dof is None else int(dof)

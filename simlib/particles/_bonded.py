@@ -28,14 +28,16 @@ Potentials (parameters: scalars, or one value per term):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from .._util import is_tracer
-from ._energy import Energy
+from ._energy import Energy, PairEnergy
 from ._space import Space
 
 
@@ -46,13 +48,13 @@ def _norm(v):
     return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, s, 1.0)), 0.0)
 
 
-def bond_angle(a, b):
+def bond_angle(a: ArrayLike, b: ArrayLike) -> jax.Array:
     r"""The angle between vectors ``a`` and ``b`` (last axis), :math:`\operatorname{atan2}
     (|a \times b|, a \cdot b)` in :math:`[0, \pi]`."""
     return jnp.arctan2(_norm(jnp.cross(a, b)), jnp.sum(a * b, axis=-1))
 
 
-def dihedral_angle(b1, b2, b3):
+def dihedral_angle(b1: ArrayLike, b2: ArrayLike, b3: ArrayLike) -> jax.Array:
     r"""The dihedral angle of bond vectors ``b1, b2, b3`` (IUPAC sign, trans = pi):
     :math:`\operatorname{atan2}(|b_2|\, b_1 \cdot (b_2 \times b_3), (b_1 \times b_2)
     \cdot (b_2 \times b_3))` (Blondel & Karplus 1996)."""
@@ -61,14 +63,14 @@ def dihedral_angle(b1, b2, b3):
     return jnp.arctan2(_norm(b2) * jnp.sum(b1 * n2, axis=-1), jnp.sum(n1 * n2, axis=-1))
 
 
-def harmonic_angle(theta, params):
+def harmonic_angle(theta: jax.Array, params: Mapping[str, Any]) -> jax.Array:
     r"""Harmonic bond angle: :math:`u = \tfrac12 k_\theta (\theta - \theta_0)^2`.
 
     Params: ``k_theta`` (energy per rad^2), ``theta0`` (rad)."""
     return 0.5 * params["k_theta"] * (theta - params["theta0"]) ** 2
 
 
-def periodic_torsion(phi, params):
+def periodic_torsion(phi: jax.Array, params: Mapping[str, Any]) -> jax.Array:
     r"""Periodic (proper) torsion: :math:`u = k_\phi [1 + \cos(n \phi - \phi_0)]`, the
     AMBER and CHARMM form (Cornell et al., J. Am. Chem. Soc. 117, 5179 (1995)).
 
@@ -76,7 +78,7 @@ def periodic_torsion(phi, params):
     return params["k_phi"] * (1.0 + jnp.cos(params["n_phi"] * phi - params["phi0"]))
 
 
-def harmonic_improper(xi, params):
+def harmonic_improper(xi: jax.Array, params: Mapping[str, Any]) -> jax.Array:
     r"""Harmonic improper dihedral: :math:`u = \tfrac12 k_\xi (\xi - \xi_0)^2`, with the
     difference wrapped into :math:`(-\pi, \pi]` (CHARMM; Brooks et al., J. Comput. Chem.
     4, 187 (1983)).
@@ -92,7 +94,8 @@ class AngleEnergy(Energy):
     r""":math:`U = \sum_t u(\text{angle}_t)` over a fixed list of bond angles or
     dihedrals. Build it with :func:`angle_energy` or :func:`dihedral_energy`."""
 
-    def __init__(self, potential, space, atoms):
+    def __init__(self, potential: Callable[..., jax.Array], space: Space,
+                 atoms: ArrayLike) -> None:
         self.potential = potential
         self.space = space
         self.atoms = atoms
@@ -182,7 +185,7 @@ def _atoms(name: str, atoms, width: int):
     return atoms
 
 
-def angle_energy(potential: Callable, space: Space, angles) -> AngleEnergy:
+def angle_energy(potential: Callable, space: Space, angles: ArrayLike) -> AngleEnergy:
     """The energy of ``potential(theta, params)`` over bond angles ``angles``, an ``(m, 3)``
     integer array of ``(i, j, k)`` with ``j`` the vertex. Parameters: scalars or one value
     per angle. Add it to pair and bond energies: ``pair_energy(...) + bond_energy(harmonic,
@@ -190,7 +193,7 @@ def angle_energy(potential: Callable, space: Space, angles) -> AngleEnergy:
     return AngleEnergy(potential, space, _atoms("angle_energy", angles, 3))
 
 
-def dihedral_energy(potential: Callable, space: Space, dihedrals) -> AngleEnergy:
+def dihedral_energy(potential: Callable, space: Space, dihedrals: ArrayLike) -> AngleEnergy:
     """The energy of ``potential(phi, params)`` over dihedrals ``dihedrals``, an ``(m, 4)``
     integer array of ``(i, j, k, l)`` (bonds i-j, j-k, k-l for a proper dihedral; for an
     improper one, the quadruple whose dihedral measures the out-of-plane angle). Parameters:
@@ -206,7 +209,7 @@ class PairCorrection(Energy):
     potential, cutoff, shift and mixing rules apply to each listed pair. Build it with
     :func:`pair_correction`."""
 
-    def __init__(self, pair, pairs, scale):
+    def __init__(self, pair: PairEnergy, pairs: ArrayLike, scale: ArrayLike) -> None:
         self.pair = pair
         self.pairs = pairs
         self.scale = scale
@@ -249,7 +252,7 @@ class PairCorrection(Energy):
         return jnp.where(ok, w, jnp.nan)
 
 
-def pair_correction(pair, pairs, scale: float = 0.0) -> PairCorrection:
+def pair_correction(pair: PairEnergy, pairs: ArrayLike, scale: float = 0.0) -> PairCorrection:
     """Leave the pairs ``pairs`` (an ``(m, 2)`` integer array, e.g. from
     :func:`~simlib.particles.excluded_pairs`) out of the pair energy ``pair`` (``scale=0``)
     or scale them (``scale=0.5`` for AMBER's 1-4 Lennard-Jones): add the result to it,

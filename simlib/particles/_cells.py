@@ -32,10 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.typing import ArrayLike
 
 from .._util import inside_trace, is_tracer
 from ._mixing import PairParams
-from ._neighbors import neighbor_list
+from ._neighbors import NeighborList, neighbor_list
 from ._space import Space
 
 
@@ -61,8 +62,10 @@ class CellList:
     skin = 0.0       # rebuilt at every update: no particle may move before the next build
     debug = False
 
-    def __init__(self, slot_atom, atom_slot, overflow, max_cell_occupancy, n_builds,
-                 missed_pairs, space, *, r_cut, capacity, grid):
+    def __init__(self, slot_atom: jax.Array, atom_slot: jax.Array, overflow: jax.Array,
+                 max_cell_occupancy: jax.Array, n_builds: jax.Array, missed_pairs: jax.Array,
+                 space: Space, *, r_cut: float, capacity: int,
+                 grid: tuple[int, ...]) -> None:
         self.slot_atom = slot_atom
         self.atom_slot = atom_slot
         self.overflow = overflow
@@ -177,7 +180,7 @@ def _sort_into_cells(cells: CellList, positions):
     return slot_atom, atom_slot, jnp.max(counts)
 
 
-def cell_list(space: Space, positions, r_cut: float, *, capacity: int | None = None,
+def cell_list(space: Space, positions: ArrayLike, r_cut: float, *, capacity: int | None = None,
               capacity_multiplier: float = 1.5) -> CellList:
     """Sort particles into a periodic grid of cells at least ``r_cut`` wide, for the
     cell-dense pair sum (the accelerator path; see the module docstring).
@@ -227,16 +230,15 @@ def cell_list(space: Space, positions, r_cut: float, *, capacity: int | None = N
     return empty.build(positions)
 
 
-def pair_search(space: Space, positions, r_cut: float, skin: float = 0.3, *,
-                method: str = "auto", backend: str | None = None):
+def pair_search(space: Space, positions: ArrayLike, r_cut: float, skin: float = 0.3, *,
+                method: str = "auto", backend: str | None = None) -> NeighborList | CellList:
     """The pair structure that suits the backend: a neighbour list on the CPU, cells elsewhere.
 
     ``method="auto"`` gives :func:`~simlib.particles.neighbor_list` on the CPU (where the
     native list kernels run) and :func:`cell_list` on an accelerator (where per-pair gathers
-    are slow: on one TPU v5e chip at 256,000 atoms the cell-dense force pass ran 17x the
-    list's, docs/particles.md), falling back to the list where cells cannot serve (free
-    space, or a box under ``3 r_cut`` on some side). ``"list"`` and ``"cells"`` choose
-    one. Either result goes wherever ``neighbors=`` is taken.
+    are slow; docs/benchmarks.md, "Design measurements"), falling back to the list where
+    cells cannot serve (free space, or a box under ``3 r_cut`` on some side). ``"list"``
+    and ``"cells"`` choose one. Either result goes wherever ``neighbors=`` is taken.
 
     Args:
         space, positions, r_cut: As for :func:`~simlib.particles.neighbor_list`.

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.typing import ArrayLike
 
 from .._errors import Result
 from ._dynamics import Carry, Integrator
@@ -54,7 +55,8 @@ class Rattle(Integrator):
         max_iterations: Most sweeps over the bonds per stage.
     """
 
-    def __init__(self, bonds, lengths, tolerance: float = 1e-13, max_iterations: int = 1000):
+    def __init__(self, bonds: ArrayLike, lengths: ArrayLike, tolerance: float = 1e-13,
+                 max_iterations: int = 1000) -> None:
         self.bonds = jnp.asarray(bonds)
         self.lengths = lengths
         self.tolerance = float(tolerance)

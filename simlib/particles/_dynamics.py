@@ -170,7 +170,7 @@ class Langevin(Integrator):
 
     stochastic = True
 
-    def __init__(self, kT, gamma):
+    def __init__(self, kT: float, gamma: float) -> None:
         self.kT = kT
         self.gamma = gamma
 

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.scipy.special import erf, erfc
+from jax.typing import ArrayLike
 
 from .._util import is_tracer
 from ._energy import Energy, PairEnergy
@@ -77,7 +78,7 @@ def _box3(box) -> np.ndarray:
     return b
 
 
-def ewald_parameters(box, r_cut: float, tolerance: float = 1e-6, *,
+def ewald_parameters(box: ArrayLike, r_cut: float, tolerance: float = 1e-6, *,
                      order: int = 5) -> EwaldParameters:
     r"""Ewald and PME accuracy parameters for a requested relative force error.
 
@@ -393,8 +394,9 @@ class Ewald(_Coulomb):
     :math:`K` wave vectors: the reference, for small systems; use :func:`pme` for speed.
     """
 
-    def __init__(self, space, r_cut, alpha, kvectors, coulomb_constant=1.0, exclusions=None,
-                 exclusion_scale=None, tile=256):
+    def __init__(self, space: Space, r_cut: float, alpha: float, kvectors: jax.Array,
+                 coulomb_constant: float = 1.0, exclusions: ArrayLike | None = None,
+                 exclusion_scale: ArrayLike | None = None, tile: int = 256) -> None:
         self._setup(space, r_cut, alpha, coulomb_constant, exclusions, exclusion_scale, tile)
         self.kvectors = kvectors
 
@@ -439,9 +441,10 @@ class _Static:
         return isinstance(other, _Static) and self._key == other._key
 
 
-def ewald(space: Space, r_cut: float, *, tolerance: float = 1e-6, alpha=None,
-          kmax: tuple[int, int, int] | int | None = None, exclusions=None,
-          exclusion_scale=None, coulomb_constant=1.0, tile: int = 256) -> Ewald:
+def ewald(space: Space, r_cut: float, *, tolerance: float = 1e-6, alpha: float | None = None,
+          kmax: tuple[int, int, int] | int | None = None,
+          exclusions: ArrayLike | None = None, exclusion_scale: ArrayLike | None = None,
+          coulomb_constant: float = 1.0, tile: int = 256) -> Ewald:
     r"""The Ewald sum of point charges, ``energy(positions, params, neighbors=None)``.
 
     .. math::
@@ -534,8 +537,10 @@ class PME(_Coulomb):
     A pytree like :class:`Ewald`; the grid and the B-spline order are static.
     """
 
-    def __init__(self, space, r_cut, alpha, grid, order, coulomb_constant=1.0,
-                 exclusions=None, exclusion_scale=None, tile=256):
+    def __init__(self, space: Space, r_cut: float, alpha: float, grid: tuple[int, int, int],
+                 order: int, coulomb_constant: float = 1.0,
+                 exclusions: ArrayLike | None = None,
+                 exclusion_scale: ArrayLike | None = None, tile: int = 256) -> None:
         self._setup(space, r_cut, alpha, coulomb_constant, exclusions, exclusion_scale, tile)
         self.grid = grid
         self.order = order
@@ -608,9 +613,10 @@ class PME(_Coulomb):
         return self.reciprocal_from_grid(self.spread(positions, q, box), box)
 
 
-def pme(space: Space, r_cut: float, *, tolerance: float = 1e-6, alpha=None,
-        grid: tuple[int, int, int] | int | None = None, order: int = 5, exclusions=None,
-        exclusion_scale=None, coulomb_constant=1.0, tile: int = 256) -> PME:
+def pme(space: Space, r_cut: float, *, tolerance: float = 1e-6, alpha: float | None = None,
+        grid: tuple[int, int, int] | int | None = None, order: int = 5,
+        exclusions: ArrayLike | None = None, exclusion_scale: ArrayLike | None = None,
+        coulomb_constant: float = 1.0, tile: int = 256) -> PME:
     r"""Smooth particle-mesh Ewald (Essmann et al., J. Chem. Phys. 103, 8577 (1995)).
 
     The energy of :func:`ewald` with the reciprocal sum evaluated on a grid: charges are

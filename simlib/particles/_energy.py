@@ -23,6 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.typing import ArrayLike
 
 from .._errors import Result
 from . import _native
@@ -113,7 +114,9 @@ class PairEnergy(Energy):
     A pytree: the space (its box) is a leaf; the potential, cutoff and options are static.
     """
 
-    def __init__(self, potential, space, r_cut, shift, mixing, tile, tail=False):
+    def __init__(self, potential: Callable[..., jax.Array], space: Space, r_cut: float | None,
+                 shift: bool, mixing: Mapping[str, Callable] | None, tile: int,
+                 tail: bool = False) -> None:
         self.potential = potential
         self.space = space
         self.r_cut = r_cut
@@ -422,7 +425,8 @@ def _gravity_direct(energy, positions, masses, constants):
     :math:`F_i = -G m_i \sum_{j \ne i} m_j s_{ij}^3 (x_i - x_j)` with
     :math:`s_{ij} = (r_{ij}^2 + \epsilon^2)^{-1/2}`: one ``rsqrt`` per pair, where the generic
     pair kernel takes a square root, the potential's own root and division, and its
-    derivative by forward mode (3.2x slower on a TPU v5e at 10^5 bodies). Row tiles of
+    derivative by forward mode (timings: docs/benchmarks.md, "Design measurements"). Row
+    tiles of
     ``energy.tile`` targets against all sources, as the generic kernel; the self pair is
     masked, so a softening of 0 is allowed.
     """
@@ -617,7 +621,8 @@ class BondEnergy(Energy):
     r"""The energy of a potential over a fixed list of bonded pairs:
     :math:`U = \sum_b u(|x_{i_b} - x_{j_b}|)`. Build it with :func:`bond_energy`."""
 
-    def __init__(self, potential, space, bonds):
+    def __init__(self, potential: Callable[..., jax.Array], space: Space,
+                 bonds: ArrayLike) -> None:
         self.potential = potential
         self.space = space
         self.bonds = bonds
@@ -673,7 +678,7 @@ class BondEnergy(Energy):
         return nan_unless_valid(code, -jnp.einsum("m,ma,mb->ab", c, dr, dr))
 
 
-def bond_energy(potential: Callable, space: Space, bonds) -> BondEnergy:
+def bond_energy(potential: Callable, space: Space, bonds: ArrayLike) -> BondEnergy:
     """The energy of ``potential`` over bonded pairs ``bonds`` (an ``(m, 2)`` integer array).
 
     Parameters are read from ``params`` as they are: scalars or one value per bond ``(m,)``.
@@ -718,7 +723,7 @@ def as_energy(energy) -> Energy:
                     f"pair_energy, got {energy!r}")
 
 
-def forces(energy) -> Callable:
+def forces(energy: Energy | Callable[..., jax.Array]) -> Callable:
     """``forces(positions, params, neighbors=None) -> (n, d)``, the negative gradient of
     ``energy`` (the direct pair-force path for :func:`pair_energy`)."""
     energy = as_energy(energy)

@@ -7,6 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike, DTypeLike
 
 _BASIS = {
     "cubic": np.zeros((1, 3)),
@@ -14,7 +15,8 @@ _BASIS = {
 }
 
 
-def lattice(n_cells: int, density: float, *, kind: str = "fcc", dim: int = 3, dtype=None):
+def lattice(n_cells: int, density: float, *, kind: str = "fcc", dim: int = 3,
+            dtype: DTypeLike | None = None) -> tuple[jax.Array, float]:
     """Particles on a cubic or face-centred cubic lattice at a number density.
 
     ``n_cells`` unit cells along each side; ``kind="fcc"`` (3D, 4 per cell) or ``"cubic"``
@@ -43,8 +45,9 @@ def lattice(n_cells: int, density: float, *, kind: str = "fcc", dim: int = 3, dt
     return jnp.asarray(unit * (box / n_cells), dtype), float(box)
 
 
-def maxwell_boltzmann(masses, kT, *, key, dim: int = 3, n: int | None = None,
-                      zero_momentum: bool = True, dtype=None):
+def maxwell_boltzmann(masses: ArrayLike, kT: float, *, key: jax.Array, dim: int = 3,
+                      n: int | None = None, zero_momentum: bool = True,
+                      dtype: DTypeLike | None = None) -> jax.Array:
     r"""Velocities drawn from the Maxwell-Boltzmann distribution at temperature ``kT``.
 
     Each component is normal with variance :math:`kT/m_i`; with ``zero_momentum`` the
@@ -77,8 +80,9 @@ def maxwell_boltzmann(masses, kT, *, key, dim: int = 3, n: int | None = None,
     return jnp.where(valid, v, jnp.nan)
 
 
-def plummer(n: int, *, key, total_mass: float = 1.0, scale: float = 1.0, G: float = 1.0,
-            dtype=None):
+def plummer(n: int, *, key: jax.Array, total_mass: float = 1.0, scale: float = 1.0,
+            G: float = 1.0,
+            dtype: DTypeLike | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     r"""A Plummer sphere in virial equilibrium (Aarseth, Hénon & Wielen, A&A 37, 183 (1974)).
 
     Radii from the cumulative mass :math:`M(r)/M = r^3/(r^2 + a^2)^{3/2}`, speeds by von

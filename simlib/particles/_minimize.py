@@ -9,14 +9,16 @@ turns negative.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.typing import ArrayLike
 
 from .._errors import Result, check_in_graph, raise_on_failure
-from ._energy import as_energy
+from ._energy import Energy, as_energy
 from ._space import Space, check_run_box
 
 
@@ -45,7 +47,8 @@ class MinimizeResult(NamedTuple):
     result: jax.Array
 
 
-def minimize(energy, positions, params, *, space: Space, neighbors=None, ftol: float = 1e-6,
+def minimize(energy: Energy | Callable[..., jax.Array], positions: ArrayLike, params: Any, *,
+             space: Space, neighbors: Any = None, ftol: float = 1e-6,
              max_steps: int = 10_000, dt_start: float = 0.01, dt_max: float = 0.1,
              n_min: int = 5, f_inc: float = 1.1, f_dec: float = 0.5, alpha_start: float = 0.1,
              f_alpha: float = 0.99, throw: bool = True) -> MinimizeResult:

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.typing import ArrayLike
 
 from .._util import inside_trace, is_tracer
 from . import _native
@@ -44,9 +45,12 @@ class NeighborList:
         space, r_cut, skin, capacity, cell_capacity, grid, debug: Its configuration.
     """
 
-    def __init__(self, idx, reference_positions, overflow, max_neighbors, max_cell_occupancy,
-                 n_builds, missed_pairs, space, cell_origin, cell_size, *, r_cut, skin,
-                 capacity, cell_capacity, grid, debug):
+    def __init__(self, idx: jax.Array, reference_positions: jax.Array, overflow: jax.Array,
+                 max_neighbors: jax.Array, max_cell_occupancy: jax.Array,
+                 n_builds: jax.Array, missed_pairs: jax.Array, space: Space,
+                 cell_origin: jax.Array, cell_size: jax.Array, *, r_cut: float, skin: float,
+                 capacity: int, cell_capacity: int, grid: tuple[int, ...] | None,
+                 debug: bool) -> None:
         self.idx = idx
         self.reference_positions = reference_positions
         self.overflow = overflow
@@ -107,8 +111,7 @@ class NeighborList:
     def needs_rebuild(self, positions) -> jax.Array:
         """Whether some particle moved more than ``skin / 2`` since the last build."""
         # One contiguous row per axis: XLA's CPU code for the (n, d) layout, with its sum
-        # over an axis of 2-3 entries, took 5x longer (0.56 against 0.11 ms per step at
-        # 32,000 atoms, 11% of an LJ step with the native kernels).
+        # over an axis of 2-3 entries, is slower (docs/benchmarks.md, "Design measurements").
         d = positions.T - self.reference_positions.T
         r2 = sum(self.space.minimum_image(d[k], k) ** 2 for k in range(d.shape[0]))
         # Written so that a nan displacement (non-finite positions) also rebuilds.
@@ -199,7 +202,8 @@ def _cell_neighbors(grid, periodic):
 
 # Candidate pairs (member x candidate) that the pure-JAX cell build handles in one pass; a
 # larger grid is built in chunks of cells, so that its temporaries (distances, mask) stay
-# near a gigabyte: at 10^6 atoms one pass asked a TPU for 54 GB.
+# near a gigabyte (one pass over a large system does not fit an accelerator's memory:
+# docs/benchmarks.md, "Design measurements").
 _PAIRS_PER_CHUNK = 1 << 25
 
 
@@ -356,7 +360,7 @@ def _build(nl, positions):
     return _build_pure(nl, positions)
 
 
-def missing_pairs(nl: NeighborList, positions) -> jax.Array:
+def missing_pairs(nl: NeighborList, positions: jax.Array) -> jax.Array:
     """How many pairs ``(i, j)`` within ``r_cut`` are absent from the list (O(n^2); debug)."""
     n = positions.shape[0]
     d = nl.space.displacement(positions[:, None, :], positions[None, :, :])
@@ -365,7 +369,7 @@ def missing_pairs(nl: NeighborList, positions) -> jax.Array:
     return jnp.sum(close & ~listed, dtype=jnp.int32)
 
 
-def neighbor_list(space: Space, positions, r_cut: float, skin: float = 0.3, *,
+def neighbor_list(space: Space, positions: ArrayLike, r_cut: float, skin: float = 0.3, *,
                   capacity: int | None = None, capacity_multiplier: float = 1.25,
                   cell_capacity: int | None = None, debug: bool = False) -> NeighborList:
     """Allocate and build a neighbour list of the pairs within ``r_cut + skin``.
@@ -478,7 +482,8 @@ def _first_build(nl, positions):
     return nl.build(positions).replace(n_builds=jnp.int32(1))
 
 
-def reallocate(nl: NeighborList, positions, capacity_multiplier: float = 1.5) -> NeighborList:
+def reallocate(nl: NeighborList, positions: ArrayLike,
+               capacity_multiplier: float = 1.5) -> NeighborList:
     """A larger list after an overflow, built at ``positions``: room for ``capacity_multiplier``
     times the most neighbours (and cell occupants) seen so far or found at ``positions``.
     A :class:`~simlib.particles.CellList` gets larger cells the same way (each kind of pair

@@ -6,11 +6,15 @@ energies (``kT``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
-from ._energy import as_energy
+from ._energy import Energy, as_energy
 from ._space import Space
 
 
@@ -19,13 +23,14 @@ def _mass_column(masses, like):
     return m[..., :, None] if m.ndim >= 1 else m
 
 
-def kinetic_energy(velocities, masses) -> jax.Array:
+def kinetic_energy(velocities: ArrayLike, masses: ArrayLike) -> jax.Array:
     r""":math:`K = \tfrac12 \sum_i m_i |v_i|^2`."""
     v = jnp.asarray(velocities)
     return 0.5 * jnp.sum(_mass_column(masses, v) * v * v, axis=(-2, -1))
 
 
-def temperature(velocities, masses, *, remove_momentum: bool = True) -> jax.Array:
+def temperature(velocities: ArrayLike, masses: ArrayLike, *,
+                remove_momentum: bool = True) -> jax.Array:
     r"""Kinetic temperature :math:`kT = 2K / N_f`, with :math:`N_f = d(n - 1)` degrees of
     freedom when the total momentum is conserved (``remove_momentum``), else :math:`dn`."""
     v = jnp.asarray(velocities)
@@ -34,13 +39,14 @@ def temperature(velocities, masses, *, remove_momentum: bool = True) -> jax.Arra
     return 2.0 * kinetic_energy(v, masses) / dof
 
 
-def total_momentum(velocities, masses) -> jax.Array:
+def total_momentum(velocities: ArrayLike, masses: ArrayLike) -> jax.Array:
     r""":math:`P = \sum_i m_i v_i`, shape ``(d,)``."""
     v = jnp.asarray(velocities)
     return jnp.sum(_mass_column(masses, v) * v, axis=-2)
 
 
-def angular_momentum(positions, velocities, masses) -> jax.Array:
+def angular_momentum(positions: ArrayLike, velocities: ArrayLike,
+                     masses: ArrayLike) -> jax.Array:
     r""":math:`L = \sum_i m_i\, x_i \times v_i` about the origin (free space): shape ``(3,)`` in
     3D, a scalar in 2D."""
     x, v = jnp.asarray(positions), jnp.asarray(velocities)
@@ -50,8 +56,9 @@ def angular_momentum(positions, velocities, masses) -> jax.Array:
     return jnp.sum(jnp.cross(x, p), axis=-2)
 
 
-def pressure(energy, positions, velocities, masses, params, *, space: Space | None = None,
-             neighbors=None) -> jax.Array:
+def pressure(energy: Energy | Callable[..., jax.Array], positions: ArrayLike,
+             velocities: ArrayLike, masses: ArrayLike, params: Any, *,
+             space: Space | None = None, neighbors: Any = None) -> jax.Array:
     r"""Instantaneous pressure from the virial theorem:
     :math:`P = \frac{1}{dV}\left(2K + \sum_{i<j} r_{ij}\cdot f_{ij}\right)`
     (Allen & Tildesley 2017, eq. 2.61). Needs a periodic space (the energy's by default).
@@ -64,8 +71,9 @@ def pressure(energy, positions, velocities, masses, params, *, space: Space | No
     return (2.0 * kinetic_energy(velocities, masses) + virial) / (d * space.volume(d))
 
 
-def pressure_tensor(energy, positions, velocities, masses, params, *,
-                    space: Space | None = None, neighbors=None) -> jax.Array:
+def pressure_tensor(energy: Energy | Callable[..., jax.Array], positions: ArrayLike,
+                    velocities: ArrayLike, masses: ArrayLike, params: Any, *,
+                    space: Space | None = None, neighbors: Any = None) -> jax.Array:
     r"""Instantaneous pressure tensor :math:`P_{ab} = \frac{1}{V}\left(\sum_i m_i v_{ia}
     v_{ib} + W_{ab}\right)` with the virial tensor :math:`W_{ab} = \sum_{i<j} r_{ij,a}
     f_{ij,b}` (Allen & Tildesley 2017, §2.7), ``(d, d)``; its trace over ``d`` is
@@ -82,7 +90,8 @@ def pressure_tensor(energy, positions, velocities, masses, params, *,
     return (kinetic + energy.virial_tensor(x, params, neighbors)) / space.volume(d)
 
 
-def radial_distribution(positions, space: Space, *, r_max: float, n_bins: int = 100):
+def radial_distribution(positions: ArrayLike, space: Space, *, r_max: float,
+                        n_bins: int = 100) -> tuple[jax.Array, jax.Array]:
     r"""The radial distribution function :math:`g(r)` of one or more frames.
 
     :math:`g(r) = \frac{V}{n(n-1)}\,\frac{2\,N_{pairs}(r, r+\Delta r)}{V_{shell}(r)}`, averaged
@@ -122,7 +131,7 @@ def radial_distribution(positions, space: Space, *, r_max: float, n_bins: int = 
     return 0.5 * (edges[1:] + edges[:-1]), g
 
 
-def mean_square_displacement(positions, space: Space | None = None) -> jax.Array:
+def mean_square_displacement(positions: ArrayLike, space: Space | None = None) -> jax.Array:
     r"""Mean-square displacement :math:`\langle |x_i(t) - x_i(0)|^2 \rangle` over saved frames.
 
     ``positions``: ``(n_frames, n, d)``. In a periodic space, frames are unwrapped by summing
@@ -137,7 +146,8 @@ def mean_square_displacement(positions, space: Space | None = None) -> jax.Array
     return jnp.mean(jnp.sum(dx * dx, axis=-1), axis=-1)
 
 
-def diffusion_coefficient(times, msd, *, dim: int, window: tuple[float, float] = (0.2, 0.8)):
+def diffusion_coefficient(times: ArrayLike, msd: ArrayLike, *, dim: int,
+                          window: tuple[float, float] = (0.2, 0.8)) -> float:
     r"""The self-diffusion coefficient from the Einstein relation
     :math:`\langle |x(t) - x(0)|^2 \rangle \to 2 d D t`: the slope of a least-squares line
     through the mean-square displacement over a window of times, divided by :math:`2d`

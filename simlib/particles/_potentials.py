@@ -14,10 +14,14 @@ get the same check (``functools.wraps`` copies it to a wrapper).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import jax
 import jax.numpy as jnp
 
 
-def lennard_jones(r, params):
+def lennard_jones(r: jax.Array, params: Mapping[str, Any]) -> jax.Array:
     r"""Lennard-Jones 12-6: :math:`u = 4\epsilon[(\sigma/r)^{12} - (\sigma/r)^6]`.
 
     Params: ``sigma``, ``epsilon`` (scalars, per-particle arrays mixed by Lorentz-Berthelot,
@@ -28,7 +32,7 @@ def lennard_jones(r, params):
     return 4.0 * params["epsilon"] * (s6 * s6 - s6)
 
 
-def wca(r, params):
+def wca(r: jax.Array, params: Mapping[str, Any]) -> jax.Array:
     r"""Weeks-Chandler-Andersen: Lennard-Jones cut at its minimum :math:`2^{1/6}\sigma` and
     shifted up by :math:`\epsilon`, so it is purely repulsive and goes to zero smoothly.
 
@@ -41,7 +45,7 @@ def wca(r, params):
     return jnp.where(inside, 4.0 * epsilon * (s6 * s6 - s6) + epsilon, 0.0)
 
 
-def morse(r, params):
+def morse(r: jax.Array, params: Mapping[str, Any]) -> jax.Array:
     r"""Morse: :math:`u = D[(1 - e^{-\alpha(r - r_0)})^2 - 1]`, zero at infinity, ``-D`` at ``r0``.
 
     Params: ``D`` (well depth), ``alpha`` (inverse width), ``r0`` (bond length).
@@ -51,7 +55,7 @@ def morse(r, params):
     return params["D"] * (x * x - 1.0)
 
 
-def harmonic(r, params):
+def harmonic(r: jax.Array, params: Mapping[str, Any]) -> jax.Array:
     r"""Harmonic spring: :math:`u = \tfrac12 k (r - r_0)^2`.
 
     Params: ``k`` (stiffness), ``r0`` (rest length); scalars, or one value per bond when used
@@ -60,7 +64,7 @@ def harmonic(r, params):
     return 0.5 * params["k"] * (r - params["r0"]) ** 2
 
 
-def gravity(r, params):
+def gravity(r: jax.Array, params: Mapping[str, Any]) -> jax.Array:
     r"""Newtonian gravity with Plummer softening: :math:`u = -G m_i m_j / \sqrt{r^2 + \epsilon^2}`.
 
     Params: ``G``, ``softening`` (:math:`\epsilon`, may be 0 for point masses that never
@@ -73,7 +77,7 @@ def gravity(r, params):
 gravity.long_range = True
 
 
-def coulomb(r, params):
+def coulomb(r: jax.Array, params: Mapping[str, Any]) -> jax.Array:
     r"""Coulomb in free space: :math:`u = k q_i q_j / r`.
 
     Params: ``charges`` (per particle; the pair sees :math:`q_i q_j`) and optionally

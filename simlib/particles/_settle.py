@@ -21,6 +21,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from .._errors import Result
 from ._dynamics import Carry, Integrator, inverse_mass, kinetic
@@ -182,7 +183,8 @@ class Settle(Integrator):
         thermostat: ``None`` (NVE), :class:`Bussi` or :class:`NoseHooverChain`.
     """
 
-    def __init__(self, molecules, d_oh, d_hh, thermostat=None):
+    def __init__(self, molecules: ArrayLike, d_oh: float, d_hh: float,
+                 thermostat: Integrator | None = None) -> None:
         self.molecules = jnp.asarray(molecules)
         self.d_oh, self.d_hh = d_oh, d_hh
         self.thermostat = thermostat

@@ -31,7 +31,7 @@ class ShardedEnergy(Energy):
     """A :class:`PairEnergy` whose forces are computed with the targets split over
     ``mesh``; build it with :func:`sharded`."""
 
-    def __init__(self, energy: PairEnergy, mesh: Mesh):
+    def __init__(self, energy: PairEnergy, mesh: Mesh) -> None:
         self.energy = energy
         self.mesh = mesh
 

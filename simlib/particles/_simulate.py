@@ -84,7 +84,7 @@ class _Shape(NamedTuple):
 
 def _shape_only(a) -> _Shape:
     """The shape of an array or nested sequence, without converting it (an eager
-    ``jnp.asarray`` costs tens of microseconds per call, which short calls notice)."""
+    ``jnp.asarray`` costs enough per call for short calls to notice)."""
     shape = tuple(np.shape(a))
     return _Shape(shape, len(shape))
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.typing import ArrayLike
 
 from .._errors import Result
 
@@ -29,7 +30,7 @@ class Space:
         periodic: Whether positions wrap around the box.
     """
 
-    def __init__(self, box, periodic: bool):
+    def __init__(self, box: ArrayLike | None, periodic: bool) -> None:
         self.box = box
         self.periodic = periodic
 
@@ -92,7 +93,7 @@ def free() -> Space:
     return Space(None, False)
 
 
-def periodic(box) -> Space:
+def periodic(box: ArrayLike) -> Space:
     """An orthorhombic periodic box with side lengths ``box`` (a scalar for a cube, or ``(d,)``).
 
     Positions wrap into ``[0, L)`` and displacements are minimum images, which is exact for

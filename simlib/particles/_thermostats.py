@@ -75,8 +75,8 @@ class NoseHooverChain(Integrator):
         dof: Degrees of freedom :math:`N_f`; ``d (n - 1)`` by default.
     """
 
-    def __init__(self, kT, tau, chain_length: int = 3, n_inner: int = 1,
-                 suzuki_yoshida: int = 3, dof: int | None = None):
+    def __init__(self, kT: float, tau: float, chain_length: int = 3, n_inner: int = 1,
+                 suzuki_yoshida: int = 3, dof: int | None = None) -> None:
         if int(chain_length) < 1:
             raise ValueError(f"NoseHooverChain: chain_length must be >= 1, got {chain_length!r}")
         if int(n_inner) < 1:
@@ -185,8 +185,9 @@ def bussi_kinetic(kinetic_energy, target, nf: int, c, key):
 
     ``target`` is :math:`\bar K = N_f kT / 2`. The exact solution of the kinetic energy's
     stochastic equation, so the canonical distribution holds for any ``c``. :math:`S` is
-    drawn as a sum of :math:`N_f - 1` squared normals (as many as a Langevin step draws;
-    a gamma variate's rejection loop compiled several times slower).
+    drawn as a sum of :math:`N_f - 1` squared normals (as many as a Langevin step draws),
+    not as a gamma variate, whose rejection loop is slower (docs/benchmarks.md, "Design
+    measurements").
     """
     dtype = kinetic_energy.dtype
     normals = jax.random.normal(key, (nf,), dtype)
@@ -223,7 +224,7 @@ class Bussi(Integrator):
 
     stochastic = True
 
-    def __init__(self, kT, tau, dof: int | None = None):
+    def __init__(self, kT: float, tau: float, dof: int | None = None) -> None:
         self.kT, self.tau = kT, tau
         self.dof = None if dof is None else int(dof)
 

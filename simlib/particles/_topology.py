@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NamedTuple, NoReturn
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 # columns of the Atoms section for each atom style (before optional image flags)
 _ATOM_STYLES = {
@@ -334,7 +335,7 @@ def _read_coeffs(sections: dict[str, _Section]) -> dict:
     return coeffs
 
 
-def excluded_pairs(bonds, n_atoms: int, depth: int = 3) -> dict[int, np.ndarray]:
+def excluded_pairs(bonds: ArrayLike, n_atoms: int, depth: int = 3) -> dict[int, np.ndarray]:
     """The pairs ``(i, j)``, ``i < j``, whose shortest bond path has 1, 2, ..., ``depth``
     bonds: ``{1: 1-2 pairs, 2: 1-3 pairs, 3: 1-4 pairs}``, each ``(m, 2)``.
 

@@ -14,9 +14,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 from ._electrostatics import pme
-from ._energy import pair_energy
+from ._energy import Energy, pair_energy
 from ._potentials import lennard_jones
 from ._space import periodic
 
@@ -83,8 +84,8 @@ _ACROSS = np.cross(_DIPOLE, [1.0, 0.0, 0.0])
 _ACROSS /= np.linalg.norm(_ACROSS)
 
 
-def spce_water(n_molecules: int, *, density: float = 0.997, key=None,
-               dtype=None) -> Water:
+def spce_water(n_molecules: int, *, density: float = 0.997, key: jax.Array | None = None,
+               dtype: DTypeLike | None = None) -> Water:
     r"""``n_molecules`` SPC/E molecules on a simple cubic lattice at ``density`` (g/cm³).
 
     The oxygens sit on the first ``n_molecules`` sites of an :math:`m^3` lattice,
@@ -131,8 +132,9 @@ def spce_water(n_molecules: int, *, density: float = 0.997, key=None,
                  molecules, exclusions, d_oh, d_hh)
 
 
-def spce_energy(water: Water, r_cut: float, *, tolerance: float = 1e-6, alpha=None,
-                grid=None, order: int = 5, shift: bool = False):
+def spce_energy(water: Water, r_cut: float, *, tolerance: float = 1e-6,
+                alpha: float | None = None, grid: tuple[int, int, int] | int | None = None,
+                order: int = 5, shift: bool = False) -> Energy:
     r"""The SPC/E energy of ``water``: oxygen-oxygen Lennard-Jones truncated at ``r_cut``
     (plain truncation, as OpenMM's ``NonbondedForce`` without a switch or dispersion
     correction) plus smooth PME (:func:`pme`) with the intramolecular pairs excluded, in
