@@ -457,3 +457,33 @@ def test_factorisations_kept_across_small_changes_of_c():
     assert sl.BDF() == sl.BDF(lu_reuse=0.3) != sl.BDF(lu_reuse=0.0)
     with pytest.raises(ValueError, match="lu_reuse"):
         sl.BDF(lu_reuse=1.0)
+
+
+def test_member_cond_under_vmap_runs_the_branch_only_when_a_member_takes_it():
+    # BDF's refactorisation and Newton-retry decisions: lax.cond under vmap with a batched
+    # predicate runs both branches; member_cond runs the taken-by-someone branch only
+    # (counted by a host callback), each member keeping its own branch's result
+    from simlib._solver._implicit import member_cond
+
+    calls = [0]
+
+    def bump():
+        calls[0] += 1
+
+    def f(p, x):
+        def expensive():
+            jax.debug.callback(bump)
+            return 2.0 * x, jnp.sum(x)
+
+        return member_cond(p, expensive, lambda: (x, jnp.zeros((), x.dtype)))
+
+    run = jax.jit(jax.vmap(f))
+    x = jnp.arange(6.0).reshape(2, 3)
+    a, s = run(jnp.array([True, False]), x)
+    np.testing.assert_array_equal(a, np.array([[0.0, 2.0, 4.0], [3.0, 4.0, 5.0]]))
+    np.testing.assert_array_equal(s, np.array([3.0, 0.0]))
+    before = calls[0]
+    a, s = run(jnp.array([False, False]), x)
+    np.testing.assert_array_equal(a, x)
+    assert calls[0] == before  # the expensive branch did not run
+    assert f(True, x[0])[1] == 3.0 and f(False, x[0])[1] == 0.0  # unbatched: lax.cond

@@ -59,6 +59,7 @@ from ._implicit import (
     initial_derivative,
     mass_matvec,
     mass_of,
+    member_cond,
     newton,
     rms_norm,
     step_mass,
@@ -270,8 +271,8 @@ class BDF(LinearAlgebra, AbstractSolver):
         ls = self.bound_linear_solver(g, t, v)
         mass = step_mass(ls, mass_of(f, args), hh)
         mass_sg = None if mass is None else sg(mass)
-        fac = lax.cond(refactor, lambda: ls.factor(state.fac.jac, sg(c), mass_sg),
-                       lambda: state.fac)
+        fac = member_cond(refactor, lambda: ls.factor(state.fac.jac, sg(c), mass_sg),
+                          lambda: state.fac)
 
         def apply_mass(x, m=mass):
             return mass_matvec(ls, state.fac.jac, m, x)
@@ -323,7 +324,7 @@ class BDF(LinearAlgebra, AbstractSolver):
             fac_ = ls.factor(J_, c_sg, mass_sg)
             return fac_, attempt(fac_)
 
-        fac, second = lax.cond(refreshed, refresh, lambda: (fac, first))
+        fac, second = member_cond(refreshed, refresh, lambda: (fac, first))
         converged = second.converged
         iterations = first.iterations + jnp.where(refreshed, second.iterations, 0)
 
