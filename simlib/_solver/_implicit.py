@@ -514,7 +514,8 @@ def member_cond(pred: jax.Array, true_fun: Callable[[], T],
     runs ``true_fun`` only when some member takes it (then for every member, each keeping
     its own branch's result), where ``lax.cond`` under ``vmap`` becomes a ``select`` that
     runs both branches at every call (``jax.custom_batching.custom_vmap``). For branches
-    on values cut from the autodiff graph (a factorisation, a Newton iteration)."""
+    on values cut from the autodiff graph (a factorisation, a Newton iteration): the
+    result carries no derivatives."""
     true_j, false_j = jax.make_jaxpr(true_fun)(), jax.make_jaxpr(false_fun)()
     example = jax.eval_shape(false_fun)
     treedef = jax.tree_util.tree_structure(example)
@@ -549,4 +550,6 @@ def member_cond(pred: jax.Array, true_fun: Callable[[], T],
             out = lax.cond(jnp.any(pred), both, lambda: v_false(*consts_f))
         return out, jax.tree_util.tree_map(lambda _: True, example)
 
-    return run(pred, list(consts), list(consts_f))
+    # the branches' values carry no derivatives (custom_vmap has no transpose rule)
+    sg = lax.stop_gradient
+    return run(sg(pred), [sg(c) for c in consts], [sg(c) for c in consts_f])
