@@ -423,6 +423,7 @@ def test_brusselator_against_scipy_bdf_with_sparse_jacobian():
     assert n_acc <= 1.5 * (sp.t.size - 1)
 
 
+@pytest.mark.slow  # two compilations of a BDF solve: about 15 s on 2 loaded cores
 def test_factorisations_kept_across_small_changes_of_c():
     # CVODE's rule (lu_reuse = 0.3): the LU of I - c J is kept while |c / c_lu - 1| < 0.3,
     # Newton's corrections scaled by 2 / (1 + c / c_lu). Factorisations are counted by a
