@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.extend
@@ -25,8 +25,8 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal
 
-from ._solver._base import register_static
-from ._util import checked_step, convert_closure, split_inexact
+from ._static import register_static
+from ._util import split_inexact
 
 
 class AbstractAdjoint:
@@ -46,7 +46,8 @@ class AbstractAdjoint:
       :meth:`with_closures` for a run whose values ``wrap`` cannot all see;
     - :meth:`scan`: the differentiated loop, ``lax.scan(body, carry0, None, length=n)``
       (``Checkpointed`` recomputes segments of it in the backward pass; ``Reversible`` runs
-      the driver's time-symmetric steps through :func:`reversible_loop`), with
+      the driver's :class:`Steps`, its time-symmetric step and that step's inverse, through
+      :func:`reversible_loop`), with
       :attr:`saves_as_outputs`, :meth:`nested` (frames of steps) and :meth:`times`;
       :meth:`remat`/:meth:`chunk_length` for loops that a driver builds itself (the
       adaptive replay's chunks) and :meth:`run_adaptive` for the adaptive run.
@@ -67,13 +68,13 @@ class AbstractAdjoint:
         return core(tree, self)
 
     def scan(self, body: Callable, carry0: Any, n_iter: int, *, padding: bool = False,
-             backwards: Callable | None = None) -> tuple[Any, Any]:
+             steps: Steps | None = None) -> tuple[Any, Any]:
         """``lax.scan(body, carry0, None, length=n_iter)``, differentiated this way.
 
         ``padding``: iterations past ``n_iter`` are no-ops (the fixed-step walk's zero steps
-        at ``t1``), so a strategy may run a few more. ``backwards(carry0, n_iter)``: the same
-        loop with a backward pass that integrates backwards (what :class:`Reversible` runs;
-        the driver builds it, since it needs the step itself)."""
+        at ``t1``), so a strategy may run a few more. ``steps``: the same loop described by
+        its step and that step's inverse (:class:`Steps`; ``None`` where the driver has
+        none), for a strategy that runs the steps its own way (:class:`Reversible`)."""
         return lax.scan(body, carry0, None, length=n_iter)
 
     def nested(self, n_outer: int, n_inner: int) -> tuple[AbstractAdjoint, AbstractAdjoint]:
@@ -154,7 +155,8 @@ class Checkpointed(AbstractAdjoint):
             return int(self.steps_per_segment)
         return max(1, math.ceil(math.sqrt(n_steps)))
 
-    def scan(self, body, carry0, n_iter: int, *, padding: bool = False, backwards=None):
+    def scan(self, body: Callable, carry0: Any, n_iter: int, *, padding: bool = False,
+             steps: Steps | None = None) -> tuple[Any, Any]:
         """Segments of :meth:`segment_length` iterations, recomputed in reverse; the last
         one padded with no-op iterations when ``padding``, else a shorter segment."""
         segment = min(self.segment_length(n_iter), max(n_iter, 1))
@@ -194,10 +196,18 @@ class Reversible(AbstractAdjoint):
     exponentially on chaotic problems); compare with :class:`Checkpointed` when in doubt.
     """
 
-    def scan(self, body, carry0, n_iter: int, *, padding: bool = False, backwards=None):
-        if backwards is None:  # a loop that is not differentiated (an eager chunk)
+    def scan(self, body: Callable, carry0: Any, n_iter: int, *, padding: bool = False,
+             steps: Steps | None = None) -> tuple[Any, Any]:
+        """The loop of ``steps`` with a backward pass that integrates backwards
+        (:func:`reversible_loop` over :meth:`Steps.loop`); a plain ``lax.scan`` of ``body``
+        without ``steps`` (a loop that is not differentiated: an eager chunk)."""
+        if steps is None:
             return lax.scan(body, carry0, None, length=n_iter)
-        return backwards(carry0, n_iter)
+        loop = steps.loop(carry0, n_iter)
+        return loop.finish(reversible_loop(
+            loop.forward, loop.step, loop.unstep, loop.split, loop.d0, loop.params, loop.consts,
+            blocks=loop.blocks, n_blocks=loop.n_blocks, n_inner=loop.n_inner, plan=loop.plan,
+            unpack=loop.unpack, inject_block=loop.inject_block, inject_step=loop.inject_step))
 
     def nested(self, n_outer: int, n_inner: int) -> tuple[AbstractAdjoint, AbstractAdjoint]:
         return self, Direct()  # the outer loop runs backwards, its inner loops with it
@@ -302,7 +312,7 @@ def checkpointed_scan(body, carry0, n_iter: int, segment: int):
     return carry, outs
 
 
-def _hoist_constants(fn, example):
+def hoist_constants(fn: Callable, example: Any) -> tuple[Callable, list]:
     """``(fn2, consts)`` with ``fn2(x, *consts) == fn(x)`` and every value ``fn`` closes
     over, integer tracers included (``jax.closure_convert`` hoists only float ones), in
     ``consts``, so that a custom VJP can take them as arguments."""
@@ -325,6 +335,53 @@ def _zero_cotangent(tree):
         lambda x: jnp.zeros(jnp.shape(x), jnp.result_type(x))
         if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
         else np.zeros(jnp.shape(x), jax.dtypes.float0), tree)
+
+
+class StepLoop(NamedTuple):
+    """A loop of time-symmetric steps in the terms of :func:`reversible_loop` (see there
+    for each field), and ``finish``, which turns the loop's outputs into what the driver's
+    ``lax.scan`` would return: ``(carry, outs)``."""
+
+    forward: Callable
+    step: Callable
+    unstep: Callable
+    split: Callable
+    d0: Any
+    params: Any
+    consts: Any
+    blocks: Callable
+    n_blocks: int
+    n_inner: int
+    plan: Callable
+    unpack: Callable
+    finish: Callable
+    inject_block: Callable | None = None
+    inject_step: Callable | None = None
+
+
+class Steps:
+    """A driver's loop described by its step, handed to :meth:`AbstractAdjoint.scan`
+    (``steps=``) for a strategy that runs the steps its own way.
+
+    A driver describes what its loop is made of and never chooses how it is differentiated:
+    :meth:`step` is one step, ``z1 = Phi_h(z)``, with plan item ``x`` (the step's time and
+    length), :meth:`unstep` its inverse (``Phi_{-h}``, the same step with ``-h``: exact for a
+    time-symmetric method) and :meth:`loop` the whole loop from a carry, in the terms of
+    :func:`reversible_loop`. :class:`Reversible` runs it with a backward pass that re-creates
+    each state with :meth:`unstep` (the fixed-step driver's walk, simlib/_fixed.py, and the
+    particle engine's frames, simlib/particles/_simulate.py)."""
+
+    def step(self, z: Any, params: Any, x: Any) -> Any:
+        """One step from the full state ``z`` with plan item ``x``."""
+        raise NotImplementedError
+
+    def unstep(self, z1: Any, params: Any, x: Any) -> Any:
+        """The state before the step ``x`` that ended at ``z1``: :meth:`step` with ``-h``."""
+        raise NotImplementedError
+
+    def loop(self, carry0: Any, n_iter: int) -> StepLoop:
+        """The loop of ``n_iter`` iterations from the driver's ``carry0``."""
+        raise NotImplementedError
 
 
 def reversible_loop(forward: Callable, step: Callable, unstep: Callable, split: Callable,
@@ -398,128 +455,6 @@ def reversible_loop(forward: Callable, step: Callable, unstep: Callable, split: 
     return run(d0, params, consts)
 
 
-def _whole(y):
-    return y, lambda d: d
-
-
-def _time_plan(advance: Callable, mode: str, n_save: int, start: tuple, n_iter: int,
-               segment: int) -> tuple:
-    """The fixed-step walk's plan without the state: ``(end, starts, full_plan, plan_fn,
-    walk_consts)``, the walker's state ``(t, k, i, count)`` at the end and at the start of
-    each segment of ``segment`` steps, every step's ``(t, h, slot, count)`` when ``mode``
-    is ``"steps"`` (else ``None``), and ``plan_fn(start, *walk_consts)``, which
-    regenerates one segment's plan; the values the walker closes over are hoisted into
-    ``walk_consts`` (explicit inputs of a custom VJP)."""
-    n_seg = -(-n_iter // segment)
-
-    def walk(c, _):
-        t, k, i, count = c
-        target, h, k, save = advance(t, k, i)
-        slot = jnp.where(save, i, n_save)
-        count = count + (h != 0).astype(count.dtype)
-        return (target, k, i + save.astype(i.dtype), count), (t, h, slot, count)
-
-    def segment_plan(start):
-        return lax.scan(walk, start, None, length=segment)
-
-    def walk_segment(c, _):
-        end, plan = segment_plan(c)
-        return end, (c, plan if mode == "steps" else None)
-
-    end, (starts, full_plan) = lax.scan(walk_segment, start, None, length=n_seg)
-    if mode == "steps":
-        full_plan = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:])[:n_iter],
-                                           full_plan)
-    plan_fn, walk_consts = _hoist_constants(
-        segment_plan, jax.tree_util.tree_map(lambda x: x[0], starts))
-    return end, starts, full_plan, plan_fn, walk_consts
-
-
-def reversible_scan(f: Callable, solver: Any, mode: str, n_save: int, advance: Callable,
-                    carry0: tuple, n_iter: int, args: Any) -> tuple[tuple, Any]:
-    """The fixed-step scan with a backward pass that integrates backwards
-    (:func:`reversible_loop`).
-
-    Returns what ``lax.scan(body, carry0, None, length=n_iter)`` would for the fixed-step
-    body: ``(carry, outs)``. Steps go from ``y_k`` to ``y_{k+1}`` with ``h``; the backward
-    pass steps from ``y_{k+1}`` back with ``-h`` and applies the step's VJP there,
-    injecting the cotangents of saved values.
-
-    The time plan (each step's ``t``, ``h``, save slot and count) depends on times only.
-    It is not stored: a walk-only pass keeps the walker's state at the start of every
-    segment of ``ceil(sqrt(n_iter))`` steps, and each segment's plan is regenerated from
-    there, in the forward and again in the backward pass. So memory holds
-    ``O(sqrt(n_iter))`` scalars besides a few states, independent of the step count in
-    practice. (``SaveAt(steps=True)`` returns every step anyway and keeps the full plan.)
-    """
-    t0, y0, _, k0, i0, buf0, result0, fail_t0, fail_step0, count0 = carry0
-    segment = max(1, math.ceil(math.sqrt(n_iter))) if mode != "steps" else n_iter
-    n_seg = -(-n_iter // segment)
-    (t_end, k_end, i_end, count_end), starts, full_plan, plan_fn, walk_consts = _time_plan(
-        advance, mode, n_save, (t0, k0, i0, count0), n_iter, segment)
-    # Values the vector field closes over become explicit inputs of the custom VJP (a
-    # backward pass that closed over them would leak tracers of an enclosing jit).
-    f, args = convert_closure(f, t0, y0, args)
-
-    def one_step(t, y, h, a):
-        return solver.step(f, t, y, h, a, solver.init(f, t, y, a))[0]
-
-    def forward(y0, a, consts):
-        starts, (buf0, result0, fail_t0, fail_step0), walk_consts = consts
-
-        def body(c, xs):
-            y, state, buf, result, fail_t, fail_step = c
-            t, h, slot, count = xs
-            y1, state1, (result, fail_t, fail_step) = checked_step(
-                f, solver, t, y, h, a, state, count, (result, fail_t, fail_step))
-            if buf is not None:
-                buf = jax.tree_util.tree_map(
-                    lambda b, x: lax.dynamic_update_index_in_dim(b, x, slot, 0), buf, y1)
-            return (y1, state1, buf, result, fail_t, fail_step), (y1 if mode == "steps" else None)
-
-        def run_segment(c, start):
-            _, plan = plan_fn(start, *walk_consts)
-            return lax.scan(body, c, plan)
-
-        c0 = (y0, solver.init(f, starts[0][0], y0, a), buf0, result0, fail_t0, fail_step0)
-        (y, _, buf, result, fail_t, fail_step), ys = lax.scan(run_segment, c0, starts)
-        if mode == "steps":
-            ys = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:])[:n_iter], ys)
-        return ((y, buf, ys), (result, fail_t, fail_step)), y
-
-    def unpack(cotangent):
-        (d_y, d_buf, d_ys), _ = cotangent
-        return d_y, None, (d_buf, d_ys)
-
-    def inject_step(g, xs, cts):
-        d_buf, d_ys = cts
-        _, _, slot, _, index = xs
-        if d_buf is not None:
-            g = jax.tree_util.tree_map(
-                lambda gl, db: gl + jnp.where(slot < n_save, db[jnp.minimum(slot, n_save)], 0.0),
-                g, d_buf)
-        if d_ys is not None:
-            g = jax.tree_util.tree_map(
-                lambda gl, dl: gl + jnp.where(index < n_iter, dl[jnp.minimum(index, n_iter - 1)],
-                                              0.0), g, d_ys)
-        return g
-
-    def plan(block, consts):
-        start, j = block
-        _, p = plan_fn(start, *consts[2])
-        return (*p, j * segment + jnp.arange(segment))
-
-    (y, buf, ys), (result, fail_t, fail_step) = reversible_loop(
-        forward, lambda y, a, x: one_step(x[0], y, x[1], a),
-        lambda y1, a, x: one_step(x[0] + x[1], y1, -x[1], a), _whole, y0, args,
-        (starts, (buf0, result0, fail_t0, fail_step0), walk_consts),
-        blocks=lambda consts: (consts[0], jnp.arange(n_seg)), n_blocks=n_seg,
-        n_inner=segment, plan=plan, unpack=unpack, inject_step=inject_step)
-    carry = (t_end, y, None, k_end, i_end, buf, result, fail_t, fail_step, count_end)
-    outs = (full_plan[0] + full_plan[1], ys) if mode == "steps" else None
-    return carry, outs
-
-
 # ---- save buffers outside the recomputed segments (issue 12)
 @jax.tree_util.register_pytree_node_class
 class SaveWrites:
@@ -552,7 +487,7 @@ def _checkpointed_writes(body, carry0, n_seg: int, segment: int, spec: SaveWrite
     is the segmented version's JVP, which reverse mode transposes (and ``jax.jvp`` still
     goes through).
     """
-    step, consts = _hoist_constants(lambda c: body(c, None), carry0)
+    step, consts = hoist_constants(lambda c: body(c, None), carry0)
 
     def buf0():  # made where it is used: a custom VJP must not close over a tracer
         return jax.tree_util.tree_map(

@@ -428,6 +428,7 @@ TINY = {  # settings that finish in seconds
     "kramers": ["--n", "10", "--steps", "100"],
     "lj_fluid": TINY_LJ,
     "lorenz": ["--members", "2", "--t1", "1"],
+    "molten_salt": ["--n-cells", "3", "--r-cut", "0.75", "--equil-steps", "40", "--steps", "80"],
     "nbody": ["--n", "8", "--steps", "20"],
     "neural_ode": ["--steps", "2", "--width", "2", "--t-train", "0.5", "--t-end", "1",
                    "--dt", "0.25", "--every", "1"],

@@ -9,16 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._static import Settings
+from .._static import register_static as register_static  # the solvers register from here
+
 PyTree = Any
 VectorField = Callable[[Any, PyTree, Any], PyTree]
-
-
-def register_static(cls):
-    """Register a solver class as a pytree with no leaves (all its fields are structure)."""
-    jax.tree_util.register_pytree_node(
-        cls, lambda s: ((), s), lambda s, _: s
-    )
-    return cls
 
 
 def axpy(y: PyTree, h, terms: list[tuple[float, PyTree]]) -> PyTree:
@@ -124,7 +119,7 @@ def mass_matrix(f: VectorField, args):
     return f.mass(args) if isinstance(f, Field) else None
 
 
-class AbstractSolver:
+class AbstractSolver(Settings):
     """A one-step method ``y_{n+1} = Phi(t_n, y_n, h)``: the base class of every solver.
 
     The drivers (fixed step and adaptive) see a solver only through this protocol; they
@@ -264,18 +259,3 @@ class AbstractSolver:
         added by the adaptive driver to :meth:`num_fevals`: for a solver whose evaluations
         per step vary (Newton iterations)."""
         return 0
-
-    def settings(self) -> tuple:
-        """``(name, value)`` pairs that, with the class, identify the solver: its instance
-        attributes, sorted by name (none for a method fixed by its class)."""
-        return tuple(sorted(vars(self).items()))
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v!r}" for k, v in self.settings())
-        return f"{type(self).__name__}({inner})"
-
-    def __eq__(self, other) -> bool:
-        return type(self) is type(other) and self.settings() == other.settings()
-
-    def __hash__(self) -> int:
-        return hash((type(self), self.settings()))

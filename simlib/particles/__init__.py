@@ -49,7 +49,16 @@ from ._observables import (
     temperature,
     total_momentum,
 )
-from ._potentials import coulomb, gravity, harmonic, lennard_jones, morse, wca
+from ._potentials import (
+    born_mayer_huggins,
+    coulomb,
+    gravity,
+    harmonic,
+    lennard_jones,
+    morse,
+    tosi_fumi_nacl,
+    wca,
+)
 from ._settle import Settle
 from ._sharded import ShardedEnergy, sharded
 from ._simulate import simulate
@@ -93,6 +102,7 @@ __all__ = [
     "angle_energy",
     "angular_momentum",
     "bond_angle",
+    "born_mayer_huggins",
     "bond_energy",
     "cell_list",
     "checkpoint_info",
@@ -136,5 +146,6 @@ __all__ = [
     "spce_water",
     "temperature",
     "total_momentum",
+    "tosi_fumi_nacl",
     "wca",
 ]

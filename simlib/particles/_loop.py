@@ -8,12 +8,10 @@ of :func:`simulate`, and its eager driver runs it chunk by chunk (:mod:`._chunke
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
 
-from .._adjoint import AbstractAdjoint
+from .._adjoint import AbstractAdjoint, Steps
 from ._dynamics import Carry, Integrator, State, kinetic
 from ._health import Failure, checked_status, initial_checks, merge, move_limit
 from ._model import Model
@@ -26,11 +24,11 @@ def start(model: Model, state: State, params, neighbors, integrator: Integrator)
 
 def frames(model: Model, integrator: Integrator, carry: Carry, masses, params, dt, key,
            n_frames: int, save_every: int, adjoint: AbstractAdjoint,
-           backwards: Callable | None = None):
+           steps: Steps | None = None):
     """Run ``n_frames * save_every`` steps; return ``(carry, code, Failure)`` and the
     per-frame records. Every step is checked (:func:`status`); the first failure sticks.
-    ``backwards(init, n_frames)``: the same run with a backward pass that integrates
-    backwards, for ``adjoint=Reversible()`` (its :meth:`~simlib.AbstractAdjoint.scan`)."""
+    ``steps``: the same run described by its step and that step's inverse, for a strategy
+    that runs the steps its own way (:meth:`~simlib.AbstractAdjoint.scan`)."""
     step = integrator.step
     outer, inner = adjoint.nested(n_frames, save_every)
     limit = move_limit(model, carry.neighbors, carry.positions.dtype)
@@ -53,7 +51,7 @@ def frames(model: Model, integrator: Integrator, carry: Carry, masses, params, d
         return state, record
 
     init = (carry, *checked(carry))
-    return outer.scan(one_frame, init, n_frames, backwards=backwards)
+    return outer.scan(one_frame, init, n_frames, steps=steps)
 
 
 def begin(model: Model, integrator: Integrator, state: State, params, neighbors, masses,

@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def lennard_jones(r: jax.Array, params: Mapping[str, Any]) -> jax.Array:
@@ -99,3 +100,61 @@ def is_long_range(potential) -> bool:
             return True
         potential = getattr(potential, "func", None) or getattr(potential, "__wrapped__", None)
     return False
+
+
+def born_mayer_huggins(r: jax.Array, params: Mapping[str, Any]) -> jax.Array:
+    r"""Born-Mayer-Huggins (the Tosi-Fumi form for alkali halides):
+    :math:`u = A\,e^{(\sigma - r)/\rho} - C/r^6 - D/r^8`.
+
+    An exponential (Born-Mayer) overlap repulsion of strength ``A`` and range ``rho``
+    centred on the sum of the ionic radii ``sigma``, and the dipole-dipole (``C``) and
+    dipole-quadrupole (``D``) dispersion attractions. Add the Coulomb energy of the ions
+    separately (:func:`~simlib.particles.pme` or :func:`~simlib.particles.ewald` in a
+    periodic box). Params: ``A``, ``rho``, ``sigma``, ``C``, ``D``: scalars or ``(S, S)``
+    tables indexed by ``params["species"]`` (the usual case: one value per pair of ion
+    species); :func:`tosi_fumi_nacl` gives NaCl's. Huggins & Mayer, J. Chem. Phys. 1, 643
+    (1933); Tosi & Fumi, J. Phys. Chem. Solids 25, 45 (1964).
+    """
+    r2 = r * r
+    r6 = r2 * r2 * r2
+    return (params["A"] * jnp.exp((params["sigma"] - r) / params["rho"])
+            - params["C"] / r6 - params["D"] / (r6 * r2))
+
+
+def tosi_fumi_nacl(dtype: jnp.dtype | None = None) -> dict[str, jax.Array | float]:
+    r"""The Tosi-Fumi parameters of :func:`born_mayer_huggins` for NaCl, species 0 = Na⁺
+    and 1 = Cl⁻, as ``(2, 2)`` tables ``A``, ``sigma``, ``C``, ``D`` and the scalar ``rho``,
+    in nm and kJ/mol (the units of :func:`spce_water`: nm, ps, amu, kJ/mol, e).
+
+    Tosi & Fumi, J. Phys. Chem. Solids 25, 45 (1964):
+    :math:`A_{ij} = c_{ij} b` with :math:`b = 0.338\times10^{-19}` J and the Pauling factors
+    :math:`c_{+-} = 1`, :math:`c_{++} = 1.25`, :math:`c_{--} = 0.75`;
+    :math:`\sigma_{ij} = \sigma_i + \sigma_j` with the radii 0.1170 nm (Na⁺) and 0.1585 nm
+    (Cl⁻); :math:`\rho` = 0.0317 nm; the dispersion coefficients of Mayer (J. Chem. Phys. 1,
+    270 (1933)) as Tosi and Fumi used them, :math:`C_{+-}, C_{++}, C_{--}` = 11.2, 1.68,
+    116 :math:`\times10^{-79}` J m⁶ and :math:`D_{+-}, D_{++}, D_{--}` = 13.9, 0.8, 233
+    :math:`\times10^{-99}` J m⁸ (per ion pair; times Avogadro's number for kJ/mol). These
+    are the values of LAMMPS's ``pair_style born`` example (its Na-Na line, in kcal/mol
+    and Å: 6.08 0.317 2.340 24.18 11.51) and of Anwar, Frenkel & Noro, J. Chem. Phys. 118,
+    728 (2003). The charges (+1, -1 e) and masses (22.98977, 35.453 amu) are not included.
+
+    Example:
+        >>> from simlib import particles as sp
+        >>> tf = sp.tosi_fumi_nacl()
+        >>> round(float(tf["A"][0, 1]), 3), float(tf["sigma"][0, 1]), tf["rho"]
+        (20.355, 0.2755, 0.0317)
+    """
+    per_mol = 6.02214076e23 * 1e-3 * 1e-19          # 1e-19 J per pair -> kJ/mol
+    b = 0.338 * per_mol
+    c = np.array([[1.25, 1.0], [1.0, 0.75]])
+    radii = np.array([0.1170, 0.1585])
+    tables = dict(
+        A=c * b,
+        sigma=radii[:, None] + radii[None, :],
+        C=np.array([[1.68, 11.2], [11.2, 116.0]]) * per_mol * 1e-6,   # 1e-79 J m^6
+        D=np.array([[0.8, 13.9], [13.9, 233.0]]) * per_mol * 1e-8,     # 1e-99 J m^8
+    )
+    dtype = dtype or jnp.result_type(float)
+    out = {name: jnp.asarray(value, dtype) for name, value in tables.items()}
+    out["rho"] = 0.0317
+    return out

@@ -27,13 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._adjoint import (
-    AbstractAdjoint,
-    Checkpointed,
-    Direct,
-    reject_time_gradients,
-    reversible_loop,
-)
+from .._adjoint import AbstractAdjoint, Checkpointed, Direct, StepLoop, Steps
 from .._auto import AUTOMATIC
 from .._errors import check_in_graph
 from .._util import inside_trace, split_inexact
@@ -55,7 +49,7 @@ from ._trajectory import Trajectory, assemble, concatenate
 from ._trajectory import assemble as _assemble
 from ._trajectory import builds as _builds
 
-# The traced path at the end of this module (_simulate_traced, _run_traced, _reversible) is
+# The traced path at the end of this module (_simulate_traced, _run_traced, FrameSteps) is
 # the adjoint's part; it reads the loop's pieces under the private names imported above.
 
 # The compiled pieces of an eager run (read at each call: tests wrap them).
@@ -325,68 +319,89 @@ def _run_traced(model, integrator, state, masses, params, dt, key, n_frames, sav
     carry0 = _start(model, state, params, neighbors, integrator)
     (carry, code, failure), records = _frames(
         model, integrator, carry0, masses, params, dt, key, n_frames, save_every, adjoint,
-        backwards=lambda init, n: _reversible(model, integrator, dt, key, save_every,
-                                              init[0], n, masses, params))
+        steps=FrameSteps(model, integrator, adjoint.times(dt), key, save_every, masses, params))
     code, failure = _merge(_initial(model, state.positions, neighbors), (code, failure))
     return _assemble(integrator, carry0, records, carry, masses, dt, save_every, code, failure,
                      _builds(carry.neighbors), jnp.int32(0))
 
 
-def _reversible(model, integrator, dt, key, save_every, carry0, n_frames, masses, params):
-    """:func:`_frames` from ``carry0`` with a backward pass that integrates backwards
-    (``Reversible``; :func:`~simlib._adjoint.reversible_loop`).
+class FrameSteps(Steps):
+    """The particle run's frames as :class:`~simlib._adjoint.Steps`: ``save_every`` steps
+    of the integrator per frame, ``n_frames`` frames, from the carry ``(Carry, code,
+    failure)`` of :func:`_frames`; the differentiated state is the carry's positions,
+    velocities, forces and energy (:func:`_split_carry`), the parameters ``(masses,
+    params, model)``.
 
-    Velocity Verlet with ``-dt`` undoes a step exactly in exact arithmetic, so the backward
-    pass re-creates each state from the next one instead of storing it, and applies the
-    step's VJP there: memory independent of the number of steps. The carry's forces are
-    part of the differentiated state, so each backward step costs one force evaluation to
-    go back and one force VJP. Round-off in the reconstruction grows with the steps, and
-    exponentially on chaotic systems (a liquid): compare with ``Checkpointed`` when in doubt.
+    Velocity Verlet with ``-dt`` undoes a step exactly in exact arithmetic (:meth:`unstep`).
+    The carry's forces are part of the differentiated state, so a step back costs one
+    force evaluation. Each frame's records (positions, velocities, energies) get their
+    cotangents at the frame's end (``inject_block``). ``dt`` is a constant of the loop.
     """
-    dt = lax.stop_gradient(reject_time_gradients(dt, "Reversible"))
-    # The model's floating-point leaves (the box) are explicit inputs of the custom VJP,
-    # so box gradients flow (a backward pass closing over them would leak tracers of an
-    # enclosing grad); so is the rest of the start (the list, the step count).
-    model_floats, model_others, merge_model = split_inexact(model)
-    masses = jnp.asarray(masses)
-    d0, merge0 = _split_carry(carry0)
 
-    def forward(d0, p, rest):
-        m, params, mf = p
-        out, records = _frames(merge_model(mf, model_others), integrator, merge0(d0, rest), m,
-                               params, dt, key, n_frames, save_every, Direct())
-        return (out, records), out[0]
+    def __init__(self, model: Model, integrator: Integrator, dt, key, save_every: int,
+                 masses, params):
+        self.model, self.integrator, self.dt, self.key = model, integrator, dt, key
+        self.save_every, self.masses, self.params = save_every, masses, params
 
-    def step(c, p, _):
-        m, params, mf = p
-        return integrator.step(merge_model(mf, model_others), c, m, params, dt, key)
+    def step(self, z: Carry, params: tuple, x: Any) -> Carry:
+        """One integrator step of ``dt``; ``params`` is ``(masses, params, model)``."""
+        m, p, model = params
+        return self.integrator.step(model, z, m, p, self.dt, self.key)
 
-    def unstep(c, p, _):
-        m, params, mf = p
-        prev = integrator.step(merge_model(mf, model_others), c, m, params, -dt, key)
-        return prev._replace(step=c.step - 1)
+    def unstep(self, z1: Carry, params: tuple, x: Any) -> Carry:
+        """The integrator step with ``-dt``, the step count put back."""
+        m, p, model = params
+        prev = self.integrator.step(model, z1, m, p, -self.dt, self.key)
+        return prev._replace(step=z1.step - 1)
 
-    def unpack(cotangent):
-        (ct_final, _, _), (ct_x, ct_v, ct_e, ct_k, ct_extras) = cotangent
-        # NVE's conserved quantity is K + U: its cotangent joins theirs.
-        ct_e, ct_k = ct_e + ct_extras["conserved"], ct_k + ct_extras["conserved"]
-        return _split_carry(ct_final)[0], (ct_x, ct_v, ct_e, ct_k), None
+    def loop(self, carry0: tuple, n_iter: int) -> StepLoop:
+        integrator, key, save_every, n_frames = self.integrator, self.key, self.save_every, n_iter
+        dt = lax.stop_gradient(self.dt)
+        this = FrameSteps(self.model, integrator, dt, key, save_every, self.masses, self.params)
+        carry0 = carry0[0]
+        # The model's floating-point leaves (the box) are explicit inputs of the custom VJP,
+        # so box gradients flow (a backward pass closing over them would leak tracers of an
+        # enclosing grad); so is the rest of the start (the list, the step count).
+        model_floats, model_others, merge_model = split_inexact(self.model)
+        masses = jnp.asarray(self.masses)
+        d0, merge0 = _split_carry(carry0)
 
-    def inject_frame(c, g, g_params, cts, p):
-        cx, cv, ce, ck = cts
-        v = c.velocities
-        m_col = p[0][:, None] if jnp.ndim(p[0]) == 1 else p[0]
-        g = (g[0] + cx, g[1] + cv + ck * m_col * v, g[2], g[3] + ce)
-        m_bar, p_bar, mf_bar = g_params
-        m_bar = (m_bar + _kinetic_mass_grad(v, p[0], ck)).astype(m_bar.dtype)
-        return g, (m_bar, p_bar, mf_bar)
+        def full(p):  # (masses, params, model floats) -> (masses, params, model)
+            return p[0], p[1], merge_model(p[2], model_others)
 
-    rest0 = (carry0.neighbors, carry0.step, carry0.extra)
-    return reversible_loop(
-        forward, step, unstep, lambda c: (_split_carry(c)[0],
-                                          lambda d: merge0(d, (c.neighbors, c.step, c.extra))),
-        d0, (masses, params, model_floats), rest0, blocks=lambda _: None, n_blocks=n_frames,
-        n_inner=save_every, plan=lambda *_: None, unpack=unpack, inject_block=inject_frame)
+        def forward(d0, p, rest):
+            m, params, model = full(p)
+            out, records = _frames(model, integrator, merge0(d0, rest), m, params, dt, key,
+                                   n_frames, save_every, Direct())
+            return (out, records), out[0]
+
+        rest0 = (carry0.neighbors, carry0.step, carry0.extra)
+        return StepLoop(
+            forward, lambda c, p, x: this.step(c, full(p), x),
+            lambda c, p, x: this.unstep(c, full(p), x),
+            lambda c: (_split_carry(c)[0], lambda d: merge0(d, (c.neighbors, c.step, c.extra))),
+            d0, (masses, self.params, model_floats), rest0, blocks=lambda _: None,
+            n_blocks=n_frames, n_inner=save_every, plan=lambda *_: None, unpack=_unpack_frames,
+            finish=lambda out: out, inject_block=_inject_frame)
+
+
+def _unpack_frames(cotangent):
+    (ct_final, _, _), (ct_x, ct_v, ct_e, ct_k, ct_extras) = cotangent
+    # NVE's conserved quantity is K + U: its cotangent joins theirs.
+    ct_e, ct_k = ct_e + ct_extras["conserved"], ct_k + ct_extras["conserved"]
+    return _split_carry(ct_final)[0], (ct_x, ct_v, ct_e, ct_k), None
+
+
+def _inject_frame(c, g, g_params, cts, p):
+    """A frame's records' cotangents added at its end (kinetic energy: through ``v`` and
+    the masses)."""
+    cx, cv, ce, ck = cts
+    v = c.velocities
+    m_col = p[0][:, None] if jnp.ndim(p[0]) == 1 else p[0]
+    g = (g[0] + cx, g[1] + cv + ck * m_col * v, g[2], g[3] + ce)
+    m_bar, p_bar, mf_bar = g_params
+    m_bar = (m_bar + _kinetic_mass_grad(v, p[0], ck)).astype(m_bar.dtype)
+    return g, (m_bar, p_bar, mf_bar)
 
 
 def _split_carry(c):
