@@ -244,7 +244,7 @@ class PIDController:
             state_next = tree_where(accept, state1, state)
         else:
             factor, state_next = solver.propose_step(h, ratio, accept, err, state, state1,
-                                                     rtol, atol)
+                                                     rtol, atol, self)
             # a select, not jnp.clip: at a bound the solver's own min/max (BDF's
             # min(10, ...)) keeps its whole derivative
             factor = jnp.where(factor > self.factor_max, self.factor_max,

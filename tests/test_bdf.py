@@ -421,3 +421,70 @@ def test_brusselator_against_scipy_bdf_with_sparse_jacobian():
           f"{err_sp:.2f} ({sp.t.size - 1} steps)")
     assert err <= 10.0
     assert n_acc <= 1.5 * (sp.t.size - 1)
+
+
+@pytest.mark.slow  # two compilations of a BDF solve: about 15 s on 2 loaded cores
+def test_factorisations_kept_across_small_changes_of_c():
+    # CVODE's rule (lu_reuse = 0.3): the LU of I - c J is kept while |c / c_lu - 1| < 0.3,
+    # Newton's corrections scaled by 2 / (1 + c / c_lu). Factorisations are counted by a
+    # host callback in the linear solver's factor (it runs only when lax.cond takes that
+    # branch); lu_reuse = 0 refactors at every change of c, as scipy's BDF.
+    rtol, atol = 1e-6, 1e-12
+    count = [0]
+
+    def bump():
+        count[0] += 1
+
+    class CountingLU(sl.DenseLU):
+        def _factor(self, jac, c, mass):
+            jax.debug.callback(bump)
+            return super()._factor(jac, c, mass)
+
+    ref = solve_ivp(robertson_np, (0.0, 40.0), [1.0, 0.0, 0.0], method="Radau", rtol=1e-12,
+                    atol=1e-20, args=(ROB_K,), jac=robertson_jac).y[:, -1]
+    out = {}
+    for reuse in (0.0, 0.3):
+        count[0] = 0
+        sol = sl.solve(robertson, jnp.array([1.0, 0.0, 0.0]), 0.0, 40.0,
+                       solver=sl.BDF(linear_solver=CountingLU(), lu_reuse=reuse), rtol=rtol,
+                       atol=atol, args=ROB_K)
+        err = np.max(np.abs(np.asarray(sol.ys[-1]) - ref) / (atol + rtol * np.abs(ref)))
+        assert err <= 10.0, (reuse, err)
+        out[reuse] = count[0], int(sol.stats["num_steps"])
+    print(f"\n(factorisations, steps): lu_reuse 0 {out[0.0]}, 0.3 {out[0.3]}")
+    (lu0, steps0), (lu3, steps3) = out[0.0], out[0.3]
+    assert lu3 <= 0.8 * lu0  # measured 44 -> 32
+    assert steps3 <= 1.1 * steps0
+    assert sl.BDF() == sl.BDF(lu_reuse=0.3) != sl.BDF(lu_reuse=0.0)
+    with pytest.raises(ValueError, match="lu_reuse"):
+        sl.BDF(lu_reuse=1.0)
+
+
+def test_member_cond_under_vmap_runs_the_branch_only_when_a_member_takes_it():
+    # BDF's refactorisation and Newton-retry decisions: lax.cond under vmap with a batched
+    # predicate runs both branches; member_cond runs the taken-by-someone branch only
+    # (counted by a host callback), each member keeping its own branch's result
+    from simlib._solver._implicit import member_cond
+
+    calls = [0]
+
+    def bump():
+        calls[0] += 1
+
+    def f(p, x):
+        def expensive():
+            jax.debug.callback(bump)
+            return 2.0 * x, jnp.sum(x)
+
+        return member_cond(p, expensive, lambda: (x, jnp.zeros((), x.dtype)))
+
+    run = jax.jit(jax.vmap(f))
+    x = jnp.arange(6.0).reshape(2, 3)
+    a, s = run(jnp.array([True, False]), x)
+    np.testing.assert_array_equal(a, np.array([[0.0, 2.0, 4.0], [3.0, 4.0, 5.0]]))
+    np.testing.assert_array_equal(s, np.array([3.0, 0.0]))
+    before = calls[0]
+    a, s = run(jnp.array([False, False]), x)
+    np.testing.assert_array_equal(a, x)
+    assert calls[0] == before  # the expensive branch did not run
+    assert f(True, x[0])[1] == 3.0 and f(False, x[0])[1] == 0.0  # unbatched: lax.cond

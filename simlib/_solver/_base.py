@@ -182,12 +182,15 @@ class AbstractSolver(Settings):
 
     Optional step control (a solver that picks its own step size and order, as
     :class:`BDF`; every other solver keeps the :class:`PIDController`'s formula):
-        propose_step(h, ratio, accept, err, state, state1, rtol, atol): ``None`` by default
+        propose_step(h, ratio, accept, err, state, state1, rtol, atol, controller):
+            ``None`` by default
             (the controller's PID factor, the carried state becoming ``state1`` if the
             step is accepted and staying ``state`` if not). A solver that defines it
             returns ``(factor, state_next)``: the next step is ``factor * h`` and the
             solver itself chooses the state carried on (``state`` before the attempt,
-            ``state1`` from it; e.g. a new order, or a Jacobian kept after a rejection).
+            ``state1`` from it; e.g. a new order, or a Jacobian kept after a rejection);
+            ``controller`` is the :class:`PIDController` calling it (its ``safety``,
+            ``factor_min`` and ``factor_max``).
             ``ratio`` is the driver's error ratio (``inf`` for a failed or non-finite step).
             The controller (:meth:`PIDController.propose`) clips the factor to its
             ``[factor_min, factor_max]`` and applies its ``dtmin``/``dtmax``.

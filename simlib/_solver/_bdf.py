@@ -21,6 +21,15 @@ simplified Newton with the matrix ``I - c J``. The local error is ``(kappa_k gam
 ``D <- (R U)^T D`` (Shampine and Reichelt, section 2.2), and ``J`` and the LU factors
 of ``I - c J`` are kept from step to step while Newton converges.
 
+The factors are also kept when ``c`` changes (with the step size or the order) by less
+than ``lu_reuse`` relative to the ``c_lu`` they were built for, as CVODE does (A. C.
+Hindmarsh et al., SUNDIALS, ACM TOMS 31 (2005) 363-396, section 2.1: ``|gamma /
+gamma_old - 1| < 0.3``). Newton then solves with ``I - c_lu J`` and scales each
+correction by ``2 / (1 + c / c_lu)``, which makes the stale iteration exact for
+eigenvalues of ``c J`` near zero and near infinity; a Newton failure with stale factors
+refactors for the current ``c`` (and ``J``, if it is not fresh) before the step is
+rejected.
+
 The step rule is the solver's own: :meth:`BDF.propose_step` (the solver protocol's hook,
 which :meth:`simlib.PIDController.propose` hands the attempt to in place of its PID
 formula) picks the order (among ``k - 1``, ``k``, ``k + 1``, after ``k + 1`` steps of
@@ -31,7 +40,7 @@ equal size) and the step factor; the controller clips the factor to its
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +59,7 @@ from ._implicit import (
     initial_derivative,
     mass_matvec,
     mass_of,
+    member_cond,
     newton,
     rms_norm,
     step_mass,
@@ -61,9 +71,6 @@ _ROWS = MAX_ORDER + 3  # D_0 .. D_{k+2}
 # Shampine and Reichelt (1997), Table 1: the NDF's kappa (zero for order 5, as in ode15s)
 _KAPPA = np.array([0.0, -0.1850, -1.0 / 9.0, -0.0823, -0.0415, 0.0])
 _GAMMA = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, MAX_ORDER + 1))])
-_SAFETY = 0.9
-_MIN_FACTOR = 0.2
-_MAX_FACTOR = 10.0
 
 
 class BDFState(NamedTuple):
@@ -78,6 +85,9 @@ class BDFState(NamedTuple):
             the last one evaluated, in the linear solver's format); ``c_lu`` the ``c`` it
             was built for (``nan`` before the first).
         jac_current: Whether ``J`` was evaluated at this step (no refresh on failure).
+        jac_age, lu_age: Steps attempted since ``J`` was evaluated and since the
+            factorisation.
+        c_ratio: ``c / c_lu`` of the last step (``1``: factors built for it).
         n_jac, n_lu, n_newton: Counters (Jacobians, factorisations, Newton iterations).
         rtol, atol: Tolerances (set by the adaptive driver, :meth:`BDF.set_tolerances`).
     """
@@ -89,6 +99,9 @@ class BDFState(NamedTuple):
     fac: Factorisation
     c_lu: jax.Array
     jac_current: jax.Array
+    jac_age: jax.Array
+    lu_age: jax.Array
+    c_ratio: jax.Array
     n_jac: jax.Array
     n_lu: jax.Array
     n_newton: jax.Array
@@ -138,9 +151,12 @@ class BDF(LinearAlgebra, AbstractSolver):
     ``BDF``), for stiff problems, large ones especially.
 
     One Jacobian (``jac``: ``"fwd"``, ``"rev"`` or a callable ``jac(t, y, args)``) and one
-    LU factorisation of ``I - c J`` are reused across steps: ``J`` is re-evaluated only when
-    Newton fails or converges too slowly, the LU when the step size or the order changes.
-    A step whose Newton iteration fails with a fresh ``J`` is rejected and the step halved.
+    LU factorisation of ``I - c J`` (``c = h / alpha_k``) are reused across steps: ``J`` is
+    re-evaluated only when Newton fails or converges too slowly, the LU when ``c`` (the
+    step size or the order) changes by ``lu_reuse`` or more relative to the ``c`` it was
+    built for, Newton's corrections being scaled by ``2 / (1 + c / c_lu)`` meanwhile
+    (CVODE's rule). A step whose Newton iteration fails with a fresh ``J`` and factors is
+    rejected and the step halved.
 
     Args:
         max_order: The highest order used (1 to 5); ``max_order = 1`` is an NDF(1), a
@@ -154,6 +170,8 @@ class BDF(LinearAlgebra, AbstractSolver):
             ``simlib.SparseLU(jac_sparsity)`` or ``simlib.NewtonKrylov(...)``; usually
             set through ``solve``'s ``jac_sparsity``/``jac_bandwidth``/``linear_solver``
             (docs/pde.md).
+        lu_reuse: Keep the factors while ``|c / c_lu - 1| < lu_reuse`` (CVODE: 0.3); ``0``
+            refactors at every change of ``c``, as scipy's ``BDF`` and ``ode15s`` do.
     """
 
     order = 1  # the order it starts at (and the first step's size is chosen for)
@@ -167,12 +185,15 @@ class BDF(LinearAlgebra, AbstractSolver):
 
     def __init__(self, max_order: int = MAX_ORDER, jac: str | Callable = "fwd",
                  ndf: bool = True, newton_max_iters: int = 4,
-                 linear_solver: LinearSolver | None = None) -> None:
+                 linear_solver: LinearSolver | None = None, lu_reuse: float = 0.3) -> None:
         if not isinstance(max_order, int) or not 1 <= max_order <= MAX_ORDER:
             raise ValueError(f"max_order must be an int from 1 to {MAX_ORDER}; got {max_order!r}")
         if not isinstance(newton_max_iters, int) or newton_max_iters < 1:
             raise ValueError(f"newton_max_iters must be a positive int; got {newton_max_iters!r}")
+        if not 0.0 <= float(lu_reuse) < 1.0:
+            raise ValueError(f"lu_reuse must be in [0, 1); got {lu_reuse!r}")
         self.max_order = max_order
+        self.lu_reuse = float(lu_reuse)
         self.jac = check_jac(jac)
         self.ndf = bool(ndf)
         self.newton_max_iters = newton_max_iters
@@ -204,7 +225,8 @@ class BDF(LinearAlgebra, AbstractSolver):
         zero = jnp.asarray(0, jnp.int32)
         return BDFState(D=D, order=jnp.asarray(1, jnp.int32), h=jnp.asarray(1.0, dtype),
                         n_equal=zero, fac=fac, c_lu=nan,
-                        jac_current=jnp.asarray(True), n_jac=jnp.asarray(1, jnp.int32),
+                        jac_current=jnp.asarray(True), jac_age=zero, lu_age=zero,
+                        c_ratio=jnp.asarray(1.0, dtype), n_jac=jnp.asarray(1, jnp.int32),
                         n_lu=zero, n_newton=zero, rtol=jnp.asarray(1e-3, dtype),
                         atol=jnp.asarray(1e-6, dtype))
 
@@ -241,13 +263,16 @@ class BDF(LinearAlgebra, AbstractSolver):
         eps = jnp.finfo(dtype).eps
         newton_tol = jnp.maximum(10 * eps / state.rtol, jnp.minimum(0.03, jnp.sqrt(state.rtol)))
 
-        refactor = c != state.c_lu
         sg = lax.stop_gradient
+        # CVODE's rule: keep the factors while c / c_lu is within lu_reuse of 1 (never
+        # when c_lu is nan, before the first factorisation)
+        c_ratio = sg(c / state.c_lu)
+        refactor = (c != state.c_lu) & ~(jnp.abs(c_ratio - 1) < self.lu_reuse)
         ls = self.bound_linear_solver(g, t, v)
         mass = step_mass(ls, mass_of(f, args), hh)
         mass_sg = None if mass is None else sg(mass)
-        fac = lax.cond(refactor, lambda: ls.factor(state.fac.jac, sg(c), mass_sg),
-                       lambda: state.fac)
+        fac = member_cond(refactor, lambda: ls.factor(state.fac.jac, sg(c), mass_sg),
+                          lambda: state.fac)
 
         def apply_mass(x, m=mass):
             return mass_matvec(ls, state.fac.jac, m, x)
@@ -263,27 +288,43 @@ class BDF(LinearAlgebra, AbstractSolver):
         scale_sg = sg(scale)
 
         def attempt(fac_):
+            if ls.exact:  # direct: solve with M - c_lu J, scale by 2 / (1 + c / c_lu)
+                gain = jnp.where(fac_.c == c_sg, 1.0, 2.0 / (1.0 + c_sg / fac_.c))
+
+                def solve(b):
+                    x = ls.solve(fac_, b, field=g_sg)
+                    return jnp.where(gain == 1.0, x, gain.astype(x.dtype) * x)
+            else:  # iterative: the operator with the current c, the stale preconditioner
+                fac_c = fac_._replace(c=c_sg)
+
+                def solve(b):
+                    return ls.solve(fac_c, b, field=g_sg)
             if mass is None:
                 def rhs(y_, d_):
                     return c_sg * g_sg(t_sg, y_) - psi_sg - d_
             else:
                 def rhs(y_, d_):
                     return c_sg * g_sg(t_sg, y_) - apply_mass(psi_sg + d_, mass_sg)
-            return newton(rhs,
-                          lambda b: ls.solve(fac_, b, field=g_sg), y_pred_sg, scale_sg,
+            return newton(rhs, solve, y_pred_sg, scale_sg,
                           tol=sg(newton_tol), max_iters=self.newton_max_iters,
                           accept_first=False)
 
         first = attempt(fac)
-        refreshed = ~first.converged & ~state.jac_current
+        stale = fac.c != c_sg  # factors kept for another c
+        refreshed = ~first.converged & (~state.jac_current | stale)
+        # stale factors: refactor with the J kept; fresh ones: a new J as well
+        new_jac = refreshed & ~state.jac_current & ~stale
 
         def refresh():
-            J_ = sg(self.linearise(ls, g_sg, f, t_sg, y_pred_sg, unravel,
-                                   jax.tree_util.tree_map(sg, args)))
+            def linearise():
+                return sg(self.linearise(ls, g_sg, f, t_sg, y_pred_sg, unravel,
+                                         jax.tree_util.tree_map(sg, args)))
+
+            J_ = lax.cond(new_jac, linearise, lambda: fac.jac)
             fac_ = ls.factor(J_, c_sg, mass_sg)
             return fac_, attempt(fac_)
 
-        fac, second = lax.cond(refreshed, refresh, lambda: (fac, first))
+        fac, second = member_cond(refreshed, refresh, lambda: (fac, first))
         converged = second.converged
         iterations = first.iterations + jnp.where(refreshed, second.iterations, 0)
 
@@ -300,10 +341,14 @@ class BDF(LinearAlgebra, AbstractSolver):
         tail = jnp.flip(jnp.cumsum(jnp.flip(below, 0), axis=0), 0)
         D1 = jnp.where(rows <= k, tail, D1)
 
+        one = jnp.asarray(1, jnp.int32)
         state1 = BDFState(
-            D=D1, order=k, h=hh, n_equal=n_equal + 1, fac=fac, c_lu=c,
+            D=D1, order=k, h=hh, n_equal=n_equal + 1, fac=fac, c_lu=fac.c.astype(dtype),
             jac_current=refreshed | state.jac_current,
-            n_jac=state.n_jac + refreshed.astype(jnp.int32),
+            jac_age=jnp.where(new_jac, 0, state.jac_age + one),
+            lu_age=jnp.where(refactor | refreshed, 0, state.lu_age + one),
+            c_ratio=sg(c / fac.c).astype(dtype),
+            n_jac=state.n_jac + new_jac.astype(jnp.int32),
             n_lu=state.n_lu + refactor.astype(jnp.int32) + refreshed.astype(jnp.int32),
             n_newton=state.n_newton + iterations, rtol=state.rtol, atol=state.atol)
         err = BDFError(error=error, newton_failed=~converged, iterations=iterations,
@@ -323,21 +368,25 @@ class BDF(LinearAlgebra, AbstractSolver):
         return err.newton_failed
 
     def propose_step(self, h, ratio, accept, err: BDFError, state: BDFState,
-                     state1: BDFState, rtol, atol):
+                     state1: BDFState, rtol, atol, controller: Any) -> tuple[jax.Array, BDFState]:
         """The next step's factor and carried state (Shampine and Reichelt 1997, 2.3): the
         solver's own step rule, called by :meth:`simlib.PIDController.propose` (which
         then clips the factor to its bounds and applies ``dtmin``/``dtmax``).
 
         Rejected: the old differences with the newest ``J``/LU, and the factor
-        ``max(0.2, s r^(-1/(k+1)))`` (``0.5`` after a Newton failure) with the safety
-        ``s = 0.9 (2 m + 1) / (2 m + iterations)``, ``m`` the Newton iteration limit.
+        ``max(factor_min, s r^(-1/(k+1)))`` (``0.5`` after a Newton failure) with the safety
+        ``s = safety (2 m + 1) / (2 m + iterations)``, ``m`` the Newton iteration limit.
         Accepted: the step is kept for ``k + 1`` steps; then the orders ``k - 1``, ``k``,
-        ``k + 1`` are compared by ``r_j^(-1/(j+1))`` and the largest wins (factor at most 10).
+        ``k + 1`` are compared by ``r_j^(-1/(j+1))`` and the largest wins (factor at most
+        ``factor_max``). ``safety``, ``factor_min`` and ``factor_max`` are the
+        ``controller``'s (:class:`simlib.PIDController`: 0.9, 0.2 and 10, scipy's numbers).
         """
+        safety_, min_factor = controller.safety, controller.factor_min
+        max_factor = controller.factor_max
         dtype = state1.D.dtype
         _, _, error_const = self._coefficients(dtype)
         m = self.newton_max_iters
-        safety = _SAFETY * (2 * m + 1) / (2 * m + err.last_iterations.astype(dtype))
+        safety = safety_ * (2 * m + 1) / (2 * m + err.last_iterations.astype(dtype))
         k = state1.order
         ratio = jnp.asarray(ratio, dtype)
         kf = k.astype(dtype)
@@ -345,8 +394,8 @@ class BDF(LinearAlgebra, AbstractSolver):
         r = jnp.where(finite, jnp.maximum(ratio, 1e-10), 1.0)
         rejected_factor = jnp.where(
             err.newton_failed, 0.5,
-            jnp.where(finite, jnp.maximum(_MIN_FACTOR, safety * r ** (-1 / (kf + 1))),
-                      _MIN_FACTOR))
+            jnp.where(finite, jnp.maximum(min_factor, safety * r ** (-1 / (kf + 1))),
+                      min_factor))
 
         rows = jnp.arange(_ROWS)[:, None]
         scale = jnp.asarray(atol, dtype) + jnp.asarray(rtol, dtype) * jnp.abs(state1.D[0])
@@ -363,12 +412,14 @@ class BDF(LinearAlgebra, AbstractSolver):
         factors = jnp.where(usable, factors, 0.0)
         best = jnp.argmax(factors)
         change = state1.n_equal >= k + 1
-        accepted_factor = jnp.where(change, jnp.minimum(_MAX_FACTOR, safety * factors[best]),
+        accepted_factor = jnp.where(change, jnp.minimum(max_factor, safety * factors[best]),
                                     1.0)
         new_order = jnp.where(change, k + best.astype(jnp.int32) - 1, k)
 
         kept = state._replace(fac=state1.fac, c_lu=state1.c_lu,
-                              jac_current=state1.jac_current, n_jac=state1.n_jac,
+                              jac_current=state1.jac_current, jac_age=state1.jac_age,
+                              lu_age=state1.lu_age, c_ratio=state1.c_ratio,
+                              n_jac=state1.n_jac,
                               n_lu=state1.n_lu, n_newton=state1.n_newton)
         accepted = state1._replace(order=new_order, jac_current=jnp.asarray(False))
         new_state = jax.tree_util.tree_map(lambda a, b: jnp.where(accept, a, b), accepted,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -503,3 +503,53 @@ def _sparse_or_banded(pattern) -> LinearSolver:
     if lower + upper + 1 <= AUTO_BAND_MAX_WIDTH:
         return Banded(lower, upper)
     return Sparse(pattern)
+
+
+T = TypeVar("T")
+
+
+def member_cond(pred: jax.Array, true_fun: Callable[[], T],
+                false_fun: Callable[[], T]) -> T:
+    """``lax.cond(pred, true_fun, false_fun)``, whose ``vmap`` with a batched ``pred``
+    runs ``true_fun`` only when some member takes it (then for every member, each keeping
+    its own branch's result), where ``lax.cond`` under ``vmap`` becomes a ``select`` that
+    runs both branches at every call (``jax.custom_batching.custom_vmap``). For branches
+    on values cut from the autodiff graph (a factorisation, a Newton iteration): the
+    result carries no derivatives."""
+    true_j, false_j = jax.make_jaxpr(true_fun)(), jax.make_jaxpr(false_fun)()
+    example = jax.eval_shape(false_fun)
+    treedef = jax.tree_util.tree_structure(example)
+    consts, consts_f = true_j.consts, false_j.consts
+
+    def true_c(*c):
+        return jax.tree_util.tree_unflatten(treedef, jax.core.eval_jaxpr(true_j.jaxpr, c))
+
+    def false_c(*c):
+        return jax.tree_util.tree_unflatten(treedef, jax.core.eval_jaxpr(false_j.jaxpr, c))
+
+    @jax.custom_batching.custom_vmap
+    def run(pred, consts, consts_f):
+        return lax.cond(pred, lambda: true_c(*consts), lambda: false_c(*consts_f))
+
+    @run.def_vmap
+    def rule(axis_size, in_batched, pred, consts, consts_f):
+        pred_b, consts_b, consts_f_b = in_batched
+        axes = [0 if b else None for b in consts_b]
+        axes_f = [0 if b else None for b in consts_f_b]
+        v_true = jax.vmap(lambda *c: true_c(*c), in_axes=axes, axis_size=axis_size)
+        v_false = jax.vmap(lambda *c: false_c(*c), in_axes=axes_f, axis_size=axis_size)
+        if not pred_b:
+            out = lax.cond(pred, lambda: v_true(*consts), lambda: v_false(*consts_f))
+        else:
+            def both():
+                a, b = v_true(*consts), v_false(*consts_f)
+                return jax.tree_util.tree_map(
+                    lambda x, y: jnp.where(pred.reshape((-1,) + (1,) * (x.ndim - 1)), x, y),
+                    a, b)
+
+            out = lax.cond(jnp.any(pred), both, lambda: v_false(*consts_f))
+        return out, jax.tree_util.tree_map(lambda _: True, example)
+
+    # the branches' values carry no derivatives (custom_vmap has no transpose rule)
+    sg = lax.stop_gradient
+    return run(sg(pred), [sg(c) for c in consts], [sg(c) for c in consts_f])
