@@ -285,7 +285,7 @@ class PairEnergy(Energy):
             return u, f[neighbors.atom_slot]
         if self._direct_gravity(positions, params, neighbors):
             if _native.load() is not None or jax.default_backend() == "tpu":
-                return _gravity_native(positions, params, self)
+                return _gravity_by_backend(positions, params, self)
             return _gravity_direct(self, positions, *_gravity_arguments(positions, params))
         if self._native_lj(positions, params, neighbors):
             return _lj_native(positions, params, neighbors, self)
@@ -411,7 +411,7 @@ def _gravity_arguments(positions, params):
     return masses, constants
 
 
-def _gravity_native(positions, params, energy: PairEnergy):
+def _gravity_by_backend(positions, params, energy: PairEnergy):
     """Direct-sum gravity from the kernel for the backend, with a pure-JAX VJP: native
     (``_native/gravity.cc``) on the CPU where it is built, Pallas tiles on TPUs
     (:mod:`._gravity_pallas`), :func:`_gravity_direct` elsewhere."""
