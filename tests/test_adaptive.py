@@ -270,7 +270,7 @@ class _ITsit5(sl.Tsit5):
     """Tsit5 under the elementary (I) controller ``0.9 r^(-1/5)``, clipped to [0.2, 10]
     (at most 1 after a rejection), through the solver's step-control hook."""
 
-    def propose_step(self, h, ratio, accept, err, state, state1, rtol, atol):
+    def propose_step(self, h, ratio, accept, err, state, state1, rtol, atol, controller):
         factor = jnp.clip(0.9 * jnp.maximum(ratio, 1e-10) ** (-1 / 5), 0.2, 10.0)
         factor = jnp.where(jnp.isfinite(ratio), factor, 0.2)
         factor = jnp.where(accept, factor, jnp.minimum(factor, 1.0))
