@@ -83,6 +83,7 @@ KEYWORDS: Mapping[str, tuple[str, ...]] = {
     "mass_matrix": _BOTH, "initialize": _BOTH,
     # the ensemble's members and chunks
     "args_axes": (ENSEMBLE,), "chunk_steps": (ENSEMBLE,), "min_bucket": (ENSEMBLE,),
+    "mass_axes": (ENSEMBLE,),
 }
 """Every keyword of the entry points, with the entry points that take it (in the order
 their error messages list them)."""

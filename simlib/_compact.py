@@ -72,7 +72,8 @@ class _Plan(NamedTuple):
     args_tree: Any       # treedef of ``args``
     args_batched: tuple  # per leaf of ``args``: batched over members?
     has_dt0: bool
-    mass: bool = False   # a DAE: ``f`` a MassField, M (shared) the last of the shared leaves
+    mass: bool = False   # a DAE: ``f`` a MassField, M the last of the shared leaves ...
+    mass_batched: bool = False  # ... or, one M per member, the last of the batched leaves
     controller: PIDController = DEFAULT_CONTROLLER
 
 
@@ -80,7 +81,9 @@ def _merge_args(plan: _Plan, batched, shared):
     it_b, it_s = iter(batched), iter(shared)
     leaves = [next(it_b) if b else next(it_s) for b in plan.args_batched]
     args = jax.tree_util.tree_unflatten(plan.args_tree, leaves)
-    return (args, next(it_s)) if plan.mass else args  # MassField's (args, M)
+    if not plan.mass:
+        return args
+    return args, next(it_b) if plan.mass_batched else next(it_s)  # MassField's (args, M)
 
 
 # ---- per member (vmapped below)
@@ -187,8 +190,8 @@ def _finish(plan, save_t0, max_steps, out, y0s, t0s, t1s, ts, codes):
     return jax.vmap(one)(out, y0s, t0s, t1s, codes)
 
 
-def _initialise_one(plan: _Plan, initialize: str, recorded: list, shared, m, rtol, atol,
-                    y0, t0, batched):
+def _initialise_one(plan: _Plan, initialize: str, recorded: list, shared, rtol, atol,
+                    y0, t0, batched, m):
     checks = Checks("solve_ensemble")
     y = initialise(plan.f, y0, t0, _merge_args(plan, batched, shared), m, rtol, atol,
                    initialize, checks)
@@ -202,16 +205,18 @@ def _initialise_members(plan: _Plan, initialize: str, y0s, t0s, batched, shared,
     """``solve``'s ``initialize=`` (:func:`simlib._dae.initialise`) for every member, under
     ``vmap``: the members' ``y0`` (consistent ones for ``"consistent"``) and the first
     failing check of each, ``(code, which, index, value)`` (code 0: none)."""
-    one = functools.partial(_initialise_one, plan, initialize, [], shared, m, rtol, atol)
-    return jax.vmap(one)(y0s, t0s, batched)
+    one = functools.partial(_initialise_one, plan, initialize, [], shared, rtol, atol)
+    return jax.vmap(one, in_axes=(0, 0, 0, 0 if plan.mass_batched else None))(
+        y0s, t0s, batched, m)
 
 
 def _initialise_checks(plan: _Plan, initialize: str, *operands) -> Checks:
     """The checks :func:`_initialise_members` makes (their messages), traced anew."""
     recorded: list = []
     y0s, t0s, batched, shared, m, rtol, atol = operands
-    one = functools.partial(_initialise_one, plan, initialize, recorded, shared, m, rtol, atol)
-    jax.eval_shape(jax.vmap(one), y0s, t0s, batched)
+    one = functools.partial(_initialise_one, plan, initialize, recorded, shared, rtol, atol)
+    jax.eval_shape(jax.vmap(one, in_axes=(0, 0, 0, 0 if plan.mass_batched else None)),
+                   y0s, t0s, batched, m)
     return recorded[0]
 
 
@@ -243,6 +248,7 @@ def solve_ensemble(
     min_bucket: int = 64,
     progress: bool = False,
     mass_matrix: Any = None,
+    mass_axes: int | None = None,
     initialize: str = "check",
     **unknown: Any,
 ) -> Solution:
@@ -295,7 +301,11 @@ def solve_ensemble(
         mass_matrix: A constant ``M`` of a DAE ``M y' = f(t, y, args)``, shared by all
             members: an ``(n,)`` diagonal or an ``(n, n)`` matrix on one member's
             flattened state, with the same solvers and checks as :func:`solve`
-            (docs/dae.md). A bad ``M`` raises ``ValueError`` at once.
+            (docs/dae.md); with ``mass_axes=0``, one per member stacked on a leading
+            member axis, ``(members, n)`` or ``(members, n, n)``. A bad ``M`` raises
+            ``ValueError`` at once.
+        mass_axes: ``None`` (default: ``mass_matrix`` shared) or ``0`` (its leading axis
+            is the members', like ``args_axes``).
         initialize: With a singular ``mass_matrix``, as for :func:`solve`, per member:
             ``"check"`` (default), ``"consistent"`` or ``"none"``. A member whose start
             is refused (inconsistent ``y0``, Newton not converged, not index 1) never
@@ -323,14 +333,16 @@ def solve_ensemble(
     p = _normalise(f, y0s, t0, t1, solver=solver, rtol=rtol, atol=atol, dt=dt, args=args,
                    saveat=saveat, max_steps=max_steps, throw=throw, controller=controller,
                    progress=progress, mass_matrix=mass_matrix, initialize=initialize)
+    _check_mass_axes(mass_axes, mass_matrix)
     plan, batched, shared = _plan(p, args_axes)
     n, max_steps, tdtype, ts, y0s = p.members, p.max_steps, p.tdtype, p.ts, p.y0
     t0s, t1s = jnp.asarray(p.t0, tdtype), jnp.asarray(p.t1, tdtype)
     rtol_a, atol_a = jnp.asarray(p.rtol, tdtype), jnp.asarray(p.atol, tdtype)
     codes = jnp.zeros((n,), jnp.int32)
     if mass_matrix is not None:  # a DAE: solve's checks and initialisation, per member
-        plan, y0s, shared, codes = _start_dae(p, plan, mass_matrix, initialize, t0s, batched,
-                                              shared, rtol_a, atol_a)
+        plan, y0s, batched, shared, codes = _start_dae(p, plan, mass_matrix, mass_axes == 0,
+                                                       initialize, t0s, batched, shared,
+                                                       rtol_a, atol_a)
     dt0 = None if dt is None else jnp.asarray(dt, tdtype)
     # traced: changing the chunk length or the step budget compiles nothing
     budget, limit = jnp.asarray(chunk_steps, jnp.int32), jnp.asarray(max_steps, jnp.int32)
@@ -434,15 +446,28 @@ def _one_member(y0s: PyTree) -> PyTree:
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), y0s)
 
 
-def _start_dae(p: Problem, plan: _Plan, mass_matrix: Any, initialize: str, t0s, batched,
-               shared, rtol, atol) -> tuple[_Plan, PyTree, list, jax.Array]:
+def _check_mass_axes(mass_axes: Any, mass_matrix: Any) -> None:
+    if mass_axes is not None and (isinstance(mass_axes, bool) or mass_axes != 0):
+        raise ValueError(f"mass_axes must be None (mass_matrix shared by the members) or 0 "
+                         f"(one mass_matrix per member on its leading axis), got "
+                         f"{mass_axes!r}")
+    if mass_axes is not None and mass_matrix is None:
+        raise ValueError("mass_axes=0 applies to a DAE: give mass_matrix")
+
+
+def _start_dae(p: Problem, plan: _Plan, mass_matrix: Any, per_member: bool,
+               initialize: str, t0s, batched, shared, rtol,
+               atol) -> tuple[_Plan, PyTree, list, list, jax.Array]:
     """``solve``'s mass-matrix checks and ``initialize=`` for every member:
-    ``(plan, y0s, shared, codes)`` with ``f`` a :class:`MassField`, ``M`` the last shared
-    leaf and each member's refusal code (0: none); with ``throw`` a refused member raises
-    :class:`SolverError` naming it."""
+    ``(plan, y0s, batched, shared, codes)`` with ``f`` a :class:`MassField`, ``M`` the
+    last shared leaf (``per_member``: the last batched one, ``M`` stacked on a leading
+    member axis) and each member's refusal code (0: none); with ``throw`` a refused member
+    raises :class:`SolverError` naming it."""
     flat = jax.eval_shape(lambda y: jax.flatten_util.ravel_pytree(y)[0], _one_member(p.y0))
-    m, m_fmt = prepare_mass(mass_matrix, p.solver, flat.size, flat.dtype, p.checks)
+    m, m_fmt = prepare_mass(mass_matrix, p.solver, flat.size, flat.dtype, p.checks,
+                            members=p.members if per_member else None)
     operands = (p.y0, t0s, batched, shared, m, rtol, atol)
+    plan = plan._replace(mass_batched=per_member)
     key = plan._replace(solver=None, mode=None, n_save=0)  # compiled once per f
     y0s, (codes, which, index, value) = _initialise_members(key, initialize, *operands)
     if p.throw and bool(jnp.any(codes != 0)):
@@ -452,7 +477,10 @@ def _start_dae(p: Problem, plan: _Plan, mass_matrix: Any, initialize: str, t0s, 
             int(which[i]), int(index[i]), float(value[i]))
         raise SolverError(f"solve_ensemble: member {i} (of {bad.size} refused of "
                           f"{p.members}): " + message, Result(int(codes[i])), member=i)
-    return plan._replace(f=MassField(plan.f), mass=True), y0s, [*shared, m_fmt], codes
+    plan = plan._replace(f=MassField(plan.f), mass=True)
+    if per_member:
+        return plan, y0s, [*batched, m_fmt], shared, codes
+    return plan, y0s, batched, [*shared, m_fmt], codes
 
 
 def _raise_first_failure(sol: Solution, t1s: np.ndarray, max_steps: int) -> None:

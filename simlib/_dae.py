@@ -120,12 +120,15 @@ def _not_converged(xp, ok, norm):
     return ~ok, norm
 
 
-def prepare_mass(mass_matrix, solver, n: int, dtype, checks) -> tuple[Any, Any]:
+def prepare_mass(mass_matrix, solver, n: int, dtype, checks,
+                 members: int | None = None) -> tuple[Any, Any]:
     """``(M as given, as an array of the state's dtype; M in the linear solver's format)``
     after the checks: shape ``(n,)`` (a diagonal) or ``(n, n)`` (eager ``ValueError``
     naming ``mass_matrix``), finite and, for a banded or sparse linear solver, zero
     outside the Jacobian's band or pattern (eager ``ValueError``, traced
-    ``Result.INVALID_MASS_MATRIX``). A matrix-free Krylov solver takes a diagonal only."""
+    ``Result.INVALID_MASS_MATRIX``). A matrix-free Krylov solver takes a diagonal only.
+    ``members``: one ``M`` per member of an ensemble, stacked on a leading axis of that
+    length (``(members, n)`` or ``(members, n, n)``; both outputs keep the axis)."""
     from ._linalg._banded import Banded
     from ._linalg._krylov import Krylov
     from ._linalg._sparse import Sparse
@@ -138,10 +141,18 @@ def prepare_mass(mass_matrix, solver, n: int, dtype, checks) -> tuple[Any, Any]:
             f"not (explicit, symplectic and SDE solvers, and ImplicitMidpoint, whose "
             f"y1 = 2 Z - y breaks the algebraic equations)")
     shape = tuple(np.shape(mass_matrix))
-    if shape not in ((n,), (n, n)):
+    lead = () if members is None else (members,)
+    if shape not in (lead + (n,), lead + (n, n)):
+        if members is None:
+            raise ValueError(
+                f"mass_matrix must be an ({n},) diagonal or an ({n}, {n}) matrix for a "
+                f"state of {n} components (flattened, ravel_pytree order); got shape "
+                f"{shape}")
         raise ValueError(
-            f"mass_matrix must be an ({n},) diagonal or an ({n}, {n}) matrix for a state of "
-            f"{n} components (flattened, ravel_pytree order); got shape {shape}")
+            f"mass_matrix with mass_axes=0 (one M per member) must be a ({members}, {n}) "
+            f"stack of diagonals or a ({members}, {n}, {n}) stack of matrices for "
+            f"{members} members of {n} state components (flattened, ravel_pytree order); "
+            f"got shape {shape}")
     if not is_tracer(mass_matrix):
         arr = np.asarray(mass_matrix)
         if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
@@ -152,7 +163,8 @@ def prepare_mass(mass_matrix, solver, n: int, dtype, checks) -> tuple[Any, Any]:
            "index {index}",
            _nonfinite, mass_matrix)
     ls = solver.linear_solver
-    if ls is None or m.ndim == 1:
+    diagonal = m.ndim == 1 + len(lead)
+    if ls is None or diagonal:
         return m, m
     if isinstance(ls, Krylov):
         raise ValueError(
@@ -173,14 +185,15 @@ def prepare_mass(mass_matrix, solver, n: int, dtype, checks) -> tuple[Any, Any]:
     checks(Result.INVALID_MASS_MATRIX,
            f"invalid mass_matrix: mass_matrix must be zero outside {where}, which the "
            "linear solver stores M in; it holds {value} at flat index {index}: widen "
-           "jac_bandwidth/jac_sparsity to cover M's pattern", _outside, mass_matrix, inside)
+           "jac_bandwidth/jac_sparsity to cover M's pattern", _outside, mass_matrix,
+           np.broadcast_to(inside, shape))
     if isinstance(ls, Banded):
         w = ls.lower + ls.upper + 1
         col = np.arange(n)[:, None] - ls.lower + np.arange(w)[None, :]
         ok = (col >= 0) & (col < n)
-        band = jnp.where(jnp.asarray(ok), m[rows, np.clip(col, 0, n - 1)], 0.0)
+        band = jnp.where(jnp.asarray(ok), m[..., rows, np.clip(col, 0, n - 1)], 0.0)
         return m, band.astype(dtype)
-    return m, m[np.asarray(ls.pattern.rows), np.asarray(ls.pattern.cols)]
+    return m, m[..., np.asarray(ls.pattern.rows), np.asarray(ls.pattern.cols)]
 
 
 # ---------------------------------------------------------------------------- projectors
