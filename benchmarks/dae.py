@@ -48,6 +48,7 @@ single_thread_if_asked(sys.argv)  # before numpy/jax load their thread pools
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import logging  # noqa: E402
 import platform  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -60,15 +61,27 @@ sys.path.insert(0, str(ROOT))  # this checkout's simlib (and validation.dae_refe
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _format import finish, fmt_r, fmt_s, simlib_commit  # noqa: E402
-from _timing import Timer, best_of, compile_jit, fmt_load, load_average, timed  # noqa: E402
+from _timing import (  # noqa: E402
+    Timer,
+    best_of,
+    compile_jit,
+    fmt_load,
+    load_average,
+    round_robin,
+    timed,
+)
 
 import simlib as sl  # noqa: E402
+
+if "--fast-cpu-loops" in sys.argv:  # before JAX starts its CPU backend (docs/gradients.md)
+    sl.fast_cpu_loops()
+
 from simlib.systems import AKZO_NOBEL, TRANSISTOR_AMPLIFIER, scd  # noqa: E402
 from validation import dae_reference as ida  # noqa: E402
 from validation.dae import ATOL_PER_RTOL  # noqa: E402
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "dae.json"
-PARTS = ("single", "ensemble", "gradient")
+PARTS = ("single", "ensemble", "gradient", "profile")
 RTOL = 1e-6
 SOLVERS = ("Rodas5P", "BDF")
 IDA_TIGHTER = {"akzo_nobel": 1e-8}  # IDA again at this rtol (matching simlib's digits)
@@ -87,7 +100,7 @@ def _solve_fn(problem, solver: str, rtol: float):
         sol = sl.solve(problem.vector_field, y0, problem.t0, problem.t1, solver=method,
                        rtol=rtol, atol=atol, args=args, max_steps=MAX_STEPS, throw=False,
                        mass_matrix=problem.mass_matrix(args))
-        return sol.ys[-1], sol.result, sol.stats["num_accepted"]
+        return sol.ys[-1], sol.result, sol.stats["num_accepted"], sol.stats["num_steps"]
 
     return run
 
@@ -99,7 +112,7 @@ def bench_single(repeats: int) -> list[dict]:
         for solver in SOLVERS:
             fn, compile_s = compile_jit(_solve_fn(prob, solver, RTOL), args)
             t = best_of(lambda fn=fn, args=args: fn(args), repeats)
-            y, result, steps = t.out
+            y, result, steps, _ = t.out
             rows.append(dict(problem=prob.name, contender=f"simlib {solver}", rtol=RTOL,
                              seconds=t.best, compile_s=compile_s, steps=int(steps),
                              result=int(result),
@@ -142,7 +155,8 @@ def _ensemble_fn(problem, solver: str, rtol: float):
         sol = sl.solve_ensemble(problem.vector_field, y0s, problem.t0, problem.t1,
                                 solver=method, rtol=rtol, atol=atol, args=args, args_axes=0,
                                 max_steps=MAX_STEPS, throw=False, mass_matrix=mass)
-        return jax.block_until_ready((sol.ys[:, -1], sol.result, sol.stats["num_accepted"]))
+        return jax.block_until_ready((sol.ys[:, -1], sol.result, sol.stats["num_accepted"],
+                                      sol.stats["num_steps"]))
 
     return run
 
@@ -160,7 +174,7 @@ def bench_ensemble(repeats: int, ida_members: int, driver: str = "vmap") -> dict
     t = best_of(lambda: fn(pj), repeats)
     if driver != "vmap":
         compile_s = max(compile_s - t.best, 0.0)
-    ys, results, steps = (np.asarray(x) for x in t.out)
+    ys, results, steps = (np.asarray(x) for x in t.out[:3])
     out = dict(members=N_ENSEMBLE, rtol=RTOL, driver=driver, simlib_seconds=t.best,
                compile_s=compile_s, simlib_failed=int(np.sum(results != 0)),
                max_steps=int(steps.max()), mean_steps=float(steps.mean()))
@@ -181,40 +195,187 @@ def bench_ensemble(repeats: int, ida_members: int, driver: str = "vmap") -> dict
     return out
 
 
-def bench_gradient(repeats: int) -> dict:
+def _akzo_batch(n: int):
+    """``(f, params, states, args_of)``: Akzo Nobel's field, ``n`` parameter sets, ``n``
+    states near ``y0`` (as the ensemble meets them) and the tuple of one member's args."""
+    params = jnp.asarray(akzo_parameter_sets(n))
+    y0 = jnp.asarray(AKZO_NOBEL.y0)
+    states = y0 * (1 + 0.01 * jnp.arange(n)[:, None] / n) + 1e-4
+
+    def args_of(p):
+        return tuple(p[i] for i in range(p.shape[0]))
+
+    return AKZO_NOBEL.vector_field, params, states, args_of
+
+
+def bench_profile(repeats: int) -> dict:
+    """Where the 1,000-member Akzo Nobel ensemble's time goes under ``vmap``: each piece of
+    a Rodas5P step batched over the members (one evaluation of ``f``, the Jacobian, LAPACK's
+    LU, one stage solve by LAPACK's ``trsm`` and by written-out substitution, a whole
+    step), the whole ``jax.jit(jax.vmap(solve))`` with each triangular solve and each stiff
+    solver, per loop iteration (the batched loop runs the slowest member's attempts)."""
+    from jax.lax.linalg import lu_pivots_to_permutation
+    from jax.scipy.linalg import lu_factor
+
+    from simlib._linalg import _dense  # the triangular-solve switch (UNROLL_MAX)
+
+    f, params, states, args_of = _akzo_batch(N_ENSEMBLE)
+    mass = AKZO_NOBEL.mass_matrix()
+    n = states.shape[1]
+
+    def jac(y, p):
+        return jax.jacfwd(lambda v: f(0.0, v, args_of(p)))(y)
+
+    def factor(a):
+        lu, piv = lu_factor(a)
+        return lu, lu_pivots_to_permutation(piv, n)
+
+    jacs = jax.jit(jax.vmap(jac))(states, params)
+    mats = jnp.diag(mass)[None] - 1e-3 * jacs
+    lus, perms = jax.jit(jax.vmap(factor))(mats)
+    unroll = _dense.UNROLL_MAX
+
+    def stage_solve(lu, perm, b):
+        return _dense.exact_lu_solve(lu, perm, b)
+
+    def step_fn(solver):
+        method = getattr(sl, solver)()
+
+        def step(y, p):
+            sol = sl.solve(f, y, 0.0, 1e-3, solver=method, dt=1e-3, args=args_of(p),
+                           mass_matrix=mass, initialize="none")
+            return sol.ys[-1]
+        return step
+
+    pieces = {"f": (jax.vmap(lambda y, p: f(0.0, y, args_of(p))), (states, params)),
+              "Jacobian (jacfwd)": (jax.vmap(jac), (states, params)),
+              "LU factor (LAPACK getrf)": (jax.vmap(factor), (mats,))}
+    compiled = {}
+    for key, (fn, args) in pieces.items():
+        compiled[key] = (compile_jit(fn, *args)[0], args)
+    ensembles = {}
+    for tri, limit in (("substitution", unroll), ("LAPACK trsm", 0)):
+        _dense.UNROLL_MAX = limit
+        jax.clear_caches()
+        compiled[f"stage solve ({tri})"] = (compile_jit(jax.vmap(stage_solve), lus, perms,
+                                                        states)[0], (lus, perms, states))
+        compiled[f"Rodas5P fixed step ({tri})"] = (
+            compile_jit(jax.vmap(step_fn("Rodas5P")), states, params)[0], (states, params))
+        solvers = ("Rodas5P", "Rodas5", "BDF", "Kvaerno5") if limit else ("Rodas5P",)
+        for solver in solvers:
+            one = _solve_fn(AKZO_NOBEL, solver, RTOL)
+            batched = jax.vmap(lambda p, one=one: one(args_of(p)))
+            fn, compile_s = compile_jit(batched, params)
+            ensembles[f"{solver} ({tri})"] = (fn, compile_s)
+    _dense.UNROLL_MAX = unroll
+    jax.clear_caches()
+    calls = {k: (lambda c=c, a=a: c(*a)) for k, (c, a) in compiled.items()}
+    calls.update({k: (lambda fn=fn: fn(params)) for k, (fn, _) in ensembles.items()})
+    times = round_robin(calls, repeats)
+    rows = []
+    for key, t in times.items():
+        row = dict(piece=key, seconds=t.best)
+        if key in ensembles:
+            _, result, steps, attempts = (np.asarray(x) for x in t.out)
+            row.update(compile_s=ensembles[key][1], max_steps=int(steps.max()),
+                       mean_steps=float(steps.mean()), max_attempts=int(attempts.max()),
+                       mean_attempts=float(attempts.mean()),
+                       per_iteration_s=t.best / int(attempts.max()),
+                       failed=int(np.sum(result != 0)))
+        rows.append(row)
+        print(f"[dae] profile {key}: {fmt_s(t.best)}", flush=True)
+    return dict(members=N_ENSEMBLE, rows=rows)
+
+
+GRAD_ADJOINTS = ("ForwardMode", "default", "Checkpointed")
+GRAD_PARAMS = [f"r{i}" for i in range(10)] + [f"c{i}" for i in range(1, 6)]
+FD_STEP = 1e-4  # central differences: relative step
+
+
+class _Choice(logging.Handler):
+    """Records the ``simlib`` logger's report of the default adjoint's choice."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def bench_gradient(repeats: int, adjoints: tuple[str, ...] = GRAD_ADJOINTS,
+                   solver: str = "Rodas5P") -> dict:
+    """``jax.grad`` of the amplifier loss with each adjoint in ``adjoints`` (``default``:
+    ``adjoint=None``; ``Checkpointed<k>``: ``steps_per_segment=k``), timed round-robin with
+    the forward solve; every gradient against central differences of the same loss (all
+    15 parameters, relative step 1e-4)."""
     prob = TRANSISTOR_AMPLIFIER
     ts = jnp.linspace(prob.t1 / GRAD_TIMES, prob.t1, GRAD_TIMES)
     y0 = jnp.asarray(prob.y0)
     fixed = jnp.asarray(prob.args[:4])
-    method = sl.Rodas5P()
+    method = getattr(sl, solver)()
     atol = RTOL * ATOL_PER_RTOL[prob.name]
 
-    def loss(rc):  # rc: r0..r9, c1..c5
-        args = tuple(fixed) + tuple(rc[i] for i in range(15))
-        sol = sl.solve(prob.vector_field, y0, prob.t0, prob.t1, solver=method, rtol=RTOL,
-                       atol=atol, args=args, mass_matrix=prob.mass_matrix(args),
-                       saveat=sl.SaveAt(ts=ts), max_steps=MAX_STEPS)
-        return jnp.mean(sol.ys[:, 7] ** 2)
+    def make_loss(adjoint):
+        def loss(rc):  # rc: r0..r9, c1..c5
+            args = tuple(fixed) + tuple(rc[i] for i in range(15))
+            sol = sl.solve(prob.vector_field, y0, prob.t0, prob.t1, solver=method,
+                           rtol=RTOL, atol=atol, args=args,
+                           mass_matrix=prob.mass_matrix(args), saveat=sl.SaveAt(ts=ts),
+                           max_steps=MAX_STEPS, adjoint=adjoint)
+            return jnp.mean(sol.ys[:, 7] ** 2)
+        return loss
+
+    def adjoint_of(name):
+        if name == "default":
+            return None
+        if name.startswith("Checkpointed") and name != "Checkpointed":
+            return sl.Checkpointed(int(name[len("Checkpointed"):]))
+        return getattr(sl, name)()
 
     rc = jnp.asarray(prob.args[4:])
-    fwd, fwd_compile = compile_jit(loss, rc)
-    grad, grad_compile = compile_jit(jax.grad(loss), rc)
-    tf = best_of(lambda: fwd(rc), repeats)
-    tg = best_of(lambda: grad(rc), repeats)
-    g = np.asarray(tg.out)
-    # a central difference on one resistance and one capacitance (a sanity figure)
-    fd = {}
-    for i in (9, 14):  # r9 (output resistor), c5 (output capacitor)
-        h = 1e-4 * float(rc[i])
+    fwd, fwd_compile = compile_jit(make_loss(None), rc)
+    grads, compile_s, chose = {}, {}, {}
+    log = logging.getLogger("simlib")
+    for name in adjoints:
+        handler = _Choice()
+        log.addHandler(handler)
+        level = log.level
+        log.setLevel(logging.INFO)
+        try:
+            grads[name], compile_s[name] = compile_jit(jax.grad(make_loss(adjoint_of(name))),
+                                                       rc)
+        finally:
+            log.removeHandler(handler)
+            log.setLevel(level)
+        chose[name] = handler.messages[-1] if handler.messages else None
+        print(f"[dae] gradient {name}: compiled in {compile_s[name]:.1f} s"
+              + (f" ({chose[name]})" if chose[name] else ""), flush=True)
+    calls = {"forward": lambda: fwd(rc)}
+    calls.update({name: (lambda g=g: g(rc)) for name, g in grads.items()})
+    times = round_robin(calls, repeats)
+    fd = np.empty(15)
+    for i in range(15):
+        h = FD_STEP * float(rc[i])
         fd[i] = float((fwd(rc.at[i].add(h)) - fwd(rc.at[i].add(-h))) / (2 * h))
-    out = dict(params=15, times=GRAD_TIMES, rtol=RTOL, forward_seconds=tf.best,
-               grad_seconds=tg.best, ratio=tg.best / tf.best, forward_compile_s=fwd_compile,
-               grad_compile_s=grad_compile, loss=float(tf.out),
-               grad_vs_central_difference={
-                   "r9": [float(g[9]), fd[9]], "c5": [float(g[14]), fd[14]]})
-    print(f"[dae] gradient: forward {fmt_s(tf.best)}, grad {fmt_s(tg.best)} "
-          f"({out['ratio']:.1f}x)", flush=True)
-    return out
+    big = np.abs(fd) > 1e-6 * np.abs(fd).max()
+    tf = times["forward"].best
+    rows = []
+    for name in adjoints:
+        g = np.asarray(times[name].out)
+        rel = np.abs(g - fd) / np.abs(fd)
+        rows.append(dict(adjoint=name, seconds=times[name].best, ratio=times[name].best / tf,
+                         compile_s=compile_s[name], default_chose=chose[name],
+                         grad=g.tolist(), max_rel_vs_central_difference=float(rel[big].max()),
+                         finite=bool(np.all(np.isfinite(g)))))
+        print(f"[dae] gradient {name}: {fmt_s(times[name].best)} = {rows[-1]['ratio']:.1f}x "
+              "the forward; vs central differences "
+              f"{rows[-1]['max_rel_vs_central_difference']:.1e}", flush=True)
+    return dict(params=15, times=GRAD_TIMES, rtol=RTOL, solver=solver, forward_seconds=tf,
+                forward_compile_s=fwd_compile, loss=float(times["forward"].out),
+                central_difference=fd.tolist(), rows=rows,
+                fast_cpu_loops="xla_cpu_small_while_loop_byte_threshold"
+                in os.environ.get("XLA_FLAGS", ""))
 
 
 def report(res: dict) -> str:
@@ -253,12 +414,25 @@ def report(res: dict) -> str:
     if "gradient" in res:
         g = res["gradient"]
         lines.append(f"Gradient of mean U8(t_i)^2 ({g['times']} times) w.r.t. 10 resistances "
-                     f"and 5 capacitances, Rodas5P rtol {RTOL:g}: forward "
-                     f"{fmt_s(g['forward_seconds'])}, gradient {fmt_s(g['grad_seconds'])} = "
-                     f"{g['ratio']:.1f}x (target <= 10x); compile {g['forward_compile_s']:.1f}"
-                     f" s / {g['grad_compile_s']:.1f} s")
-        for k, (ad, fd) in g["grad_vs_central_difference"].items():
-            lines.append(f"  dL/d{k}: grad {ad:.6e}, central difference {fd:.6e}")
+                     f"and 5 capacitances (in M), {g['solver']} rtol {RTOL:g}"
+                     f"{', fast_cpu_loops' if g['fast_cpu_loops'] else ''}: forward "
+                     f"{fmt_s(g['forward_seconds'])} (compile {g['forward_compile_s']:.1f} s)")
+        for r in g["rows"]:
+            note = f"; {r['default_chose']}" if r["default_chose"] else ""
+            lines.append(f"  {r['adjoint']:16s} {fmt_s(r['seconds']):>10s} = {r['ratio']:5.1f}x"
+                         f" (target <= 10x), compile {r['compile_s']:.1f} s, max rel. diff. to "
+                         f"central differences {r['max_rel_vs_central_difference']:.1e}{note}")
+        lines.append("")
+    if "profile" in res:
+        lines.append(f"Profile: {res['profile']['members']} Akzo Nobel members under "
+                     "jax.jit(jax.vmap(...)), each piece batched over them")
+        for r in res["profile"]["rows"]:
+            extra = ""
+            if "max_attempts" in r:
+                extra = (f"  attempts max {r['max_attempts']} mean {r['mean_attempts']:.1f}"
+                         f", {fmt_s(r['per_iteration_s'])} per iteration, compile "
+                         f"{r['compile_s']:.1f} s, {r['failed']} failed")
+            lines.append(f"  {r['piece']:34s} {fmt_s(r['seconds']):>10s}{extra}")
     return "\n".join(lines)
 
 
@@ -271,6 +445,12 @@ def main() -> int:
     parser.add_argument("--ensemble-driver", choices=("vmap", "solve_ensemble"),
                         default="vmap", help="simlib's ensemble: jax.jit(jax.vmap(solve)) "
                         "or solve_ensemble (finished members dropped)")
+    parser.add_argument("--adjoints", default=",".join(GRAD_ADJOINTS),
+                        help="gradient part: adjoints to time (default = adjoint=None; "
+                        "CheckpointedK: steps_per_segment=K)")
+    parser.add_argument("--grad-solver", default="Rodas5P", help="gradient part: solver")
+    parser.add_argument("--fast-cpu-loops", action="store_true",
+                        help="sl.fast_cpu_loops() before JAX starts (docs/gradients.md)")
     parser.add_argument("--single-thread", action="store_true",
                         help="XLA, OpenBLAS and OpenMP on one thread each")
     parser.add_argument("--json", type=Path, default=RESULTS_PATH)
@@ -298,7 +478,10 @@ def main() -> int:
         res["ensemble"] = bench_ensemble(opts.repeats, opts.ida_members,
                                          opts.ensemble_driver)
     if "gradient" in parts:
-        res["gradient"] = bench_gradient(opts.repeats)
+        res["gradient"] = bench_gradient(opts.repeats, tuple(opts.adjoints.split(",")),
+                                         opts.grad_solver)
+    if "profile" in parts:
+        res["profile"] = bench_profile(opts.repeats)
     res["wall_s"] = clock.stop()
     res["load_end"] = load_average()
     return finish(res, report(res), opts.json)
