@@ -28,7 +28,7 @@ def _system(n, seed=0):
     return a, rng.standard_normal((n, 3))
 
 
-@pytest.mark.parametrize("n", [1, 2, 6, UNROLL_MAX, UNROLL_MAX + 1])
+@pytest.mark.parametrize("n", [1, 7, UNROLL_MAX + 1])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_lu_solve_matches_numpy(n, transpose):
     a, b = _system(n)
