@@ -99,19 +99,21 @@ def lammps_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
 
 # --------------------------------------------------------------------------- jax-md
 def _lammps_input(n_cells: int, dt: float, seed: int, pair: str = "lj/cut",
-                  fix: str = "nve", tail: bool = False) -> str:
+                  fix: str = "nve", tail: bool = False, restart: str | None = None) -> str:
     """The LJ input; ``fix`` is the integrator's fix style and arguments (``nve``, or
     e.g. ``npt temp 1.44 1.44 0.5 iso 4.1 4.1 5.0``); ``tail`` adds ``pair_modify tail
-    yes`` (the long-range corrections to the energy and pressure)."""
-    return f"""
-        units lj
-        atom_style atomic
+    yes`` (the long-range corrections to the energy and pressure); ``restart``: start from
+    that restart file (atoms, box, velocities) instead of the lattice."""
+    start = f"read_restart {restart}" if restart else f"""atom_style atomic
         lattice fcc {RHO_LJ}
         region box block 0 {n_cells} 0 {n_cells} 0 {n_cells}
         create_box 1 box
         create_atoms 1 box
         mass 1 1.0
-        velocity all create {LJ_KT} {seed} loop geom
+        velocity all create {LJ_KT} {seed} loop geom"""
+    return f"""
+        units lj
+        {start}
         pair_style {pair} {LJ_CUTOFF}
         pair_coeff 1 1 1.0 1.0 {LJ_CUTOFF}
         {"pair_modify tail yes" if tail else ""}
@@ -155,9 +157,11 @@ def _parse_runs(text: str) -> list[dict]:
 
 def lammps_mpi_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
                   warmup: int = 100, seed: int = 87287, ranks: int = 2,
-                  timeout_s: float = 1800.0, fix: str = "nve", tail: bool = False):
+                  timeout_s: float = 1800.0, fix: str = "nve", tail: bool = False,
+                  restart: str | None = None, write_restart: str | None = None):
     """LAMMPS LJ fluid under ``mpiexec -n ranks lmp`` (OMP_NUM_THREADS=1 per rank).
-    ``fix`` and ``tail`` as in :func:`_lammps_input` (NPT: ``fix="npt ..."``, ``tail=True``).
+    ``fix``, ``tail`` and ``restart`` as in :func:`_lammps_input` (NPT: ``fix="npt ..."``,
+    ``tail=True``); ``write_restart``: write the final state there (a path).
 
     The same input as :func:`lammps_lj`: a ``warmup`` run, then ``repeats`` runs of
     ``steps`` continuing the trajectory. Time per run: LAMMPS's "Loop time" (MPI_Wtime
@@ -169,10 +173,12 @@ def lammps_mpi_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
     if lmp is None or mpiexec is None:
         raise ImportError(f"lammps MPI peer unavailable: lmp={lmp}, mpiexec={mpiexec} "
                           "(bash benchmarks/install_peers.sh)")
-    script = _lammps_input(n_cells, dt, seed, fix=fix, tail=tail)
+    script = _lammps_input(n_cells, dt, seed, fix=fix, tail=tail, restart=restart)
     if fix != "nve":    # the state at the start and end of every run: step T P density
         script += "variable rho equal density\nthermo_style custom step temp press v_rho\n"
     script += (f"run {warmup}\n" if warmup else "") + f"run {steps}\n" * repeats
+    if write_restart:
+        script += f"write_restart {write_restart}\n"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "in.lj")

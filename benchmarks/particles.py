@@ -491,6 +491,19 @@ class SimlibNPT:
         return rec
 
 
+    def nve_call(self) -> dict:
+        """The same system and state, ``steps`` of plain NVE (velocity Verlet) in the
+        current box: what the barostat adds to a step. The NPT trajectory is not advanced."""
+        with CompileWatch() as cw, Timer() as t:
+            traj = sp.simulate(self.energy(), self.state, self.params,
+                               space=sp.periodic(self.box), dt=DT, n_steps=self.steps,
+                               save_every=self.steps, neighbors=self.nbrs)
+            jax.block_until_ready(traj.final.positions)
+        return dict(wall_s=t.wall, compiles=cw.compiles, run_s=t.wall - cw.total,
+                    builds=int(traj.stats["n_builds"]) - int(self.nbrs.n_builds),
+                    reallocations=int(traj.stats["n_reallocations"]), load=t.load)
+
+
 def part_npt(opts, log=print) -> dict:
     """LJ NPT, simlib against LAMMPS ``fix npt`` on ``--lammps-ranks`` MPI ranks, in
     alternating rounds: one timed simlib call, then one LAMMPS process (its warm-up run
@@ -506,19 +519,44 @@ def part_npt(opts, log=print) -> dict:
     row.update(compile_s=first["compile_s"], first_call_s=first["wall_s"])
     warm = [first] + [sim.call() for _ in range(max(1, math.ceil(opts.melt_steps / steps)))]
     steady = warm[-1]["compiles"]
+    nve_first = sim.nve_call()
+    row["nve_compile_s"] = nve_first["wall_s"] - nve_first["run_s"]
     fix = (f"npt temp {KT} {KT} {NPT_TDAMP:g} iso {NPT_PRESSURE} {NPT_PRESSURE} "
            f"{NPT_PDAMP:g}")
+    # LAMMPS is equilibrated once (untimed, tighter coupling: fix npt from the lattice takes
+    # many Pdamp periods to settle), and every timed round starts from that restart file.
+    tmp = tempfile.TemporaryDirectory()
+    restart = os.path.join(tmp.name, "npt.restart")
+    equil_fix = (f"npt temp {KT} {KT} {10 * DT:g} iso {NPT_PRESSURE} {NPT_PRESSURE} "
+                 f"{100 * DT:g}")
+    for ranks in opts.lammps_ranks[:1]:
+        try:
+            r = peers.lammps_mpi_lj(cells, opts.npt_lammps_equil, dt=DT, repeats=1, warmup=0,
+                                    ranks=ranks, fix=equil_fix, tail=True,
+                                    write_restart=restart)
+            row["lammps_equilibration"] = dict(steps=opts.npt_lammps_equil, fix=equil_fix,
+                                               final_thermo=r["final_thermo"])
+            log(f"    LAMMPS equilibration ({opts.npt_lammps_equil} steps, fix {equil_fix}): "
+                f"final {r['final_thermo']}")
+        except Exception as err:  # noqa: BLE001 - reported; the rounds then skip or fail
+            row["lammps_equilibration"] = dict(error=error_text(err))
+            log(f"    LAMMPS equilibration FAILED: {error_text(err)}")
     simlib_runs, discarded, lammps_runs = [], [], {r: [] for r in opts.lammps_ranks}
+    nve_runs = []
     for _ in range(opts.repeats):
         rec = sim.call()
         ok = rec["reallocations"] == 0 and rec["compiles"] <= steady and rec["result"] == 0
         (simlib_runs if ok else discarded).append(rec)
+        nve = sim.nve_call()
+        nve_runs.append(nve)
+        log(f"    simlib NVE N={n} (same state): {fmt_s(nve['wall_s'])}, compiles "
+            f"{nve['compiles']}, builds {nve['builds']}, realloc {nve['reallocations']}")
         for ranks in opts.lammps_ranks:
             try:
                 with Timer() as t:
                     r = peers.lammps_mpi_lj(cells, steps, dt=DT, repeats=1,
-                                            warmup=opts.melt_steps, ranks=ranks, fix=fix,
-                                            tail=True)
+                                            warmup=opts.npt_lammps_warmup, ranks=ranks,
+                                            fix=fix, tail=True, restart=restart)
                 r.update(load=t.load, wall_s=t.wall)
                 lammps_runs[ranks].append(r)
                 log(f"    LAMMPS fix npt {ranks} ranks N={n}: {fmt_s(r['seconds'])}, builds/step "
@@ -529,6 +567,7 @@ def part_npt(opts, log=print) -> dict:
             except Exception as err:  # noqa: BLE001
                 lammps_runs[ranks] = dict(error=error_text(err))
                 log(f"    LAMMPS {ranks} ranks FAILED: {error_text(err)}")
+    tmp.cleanup()
     row["simlib"] = s = dict(timed=simlib_runs, discarded=discarded, warmup=warm,
                              compiles_per_call_steady=steady)
     if simlib_runs:
@@ -538,6 +577,14 @@ def part_npt(opts, log=print) -> dict:
                  builds_per_step=sum(r["builds"] for r in simlib_runs)
                  / (steps * len(simlib_runs)),
                  density_end=simlib_runs[-1]["density"])
+        nve_ok = [r["run_s"] for r in nve_runs if not r["compiles"] and not r["reallocations"]]
+        if nve_ok:
+            s.update(nve_time_per_step_s=min(nve_ok) / steps, nve_times=nve_ok,
+                     nve_builds_per_step=sum(r["builds"] for r in nve_runs)
+                     / (steps * len(nve_runs)),
+                     npt_over_nve=best / min(nve_ok))
+            log(f"    simlib NVE (same system): {min(nve_ok) / steps * 1e3:.2f} ms/step; NPT "
+                f"costs {s['npt_over_nve']:.2f}x NVE")
         prof = simlib_npt_profile(sim.energy(), sim.params, sim.state.positions, sim.nbrs)
         prof["builds_per_step_s"] = prof["build_s"] * s["builds_per_step"]
         prof["rest_s"] = (s["time_per_step_s"] - prof["forces_s"] - prof["virial_s"]
@@ -1435,6 +1482,10 @@ def report(results) -> str:
               f"ms/step (times {[round(t, 3) for t in s['times']]} s), compile "
               f"{fmt_s(row['compile_s'])}, builds/step {s['builds_per_step']:.3f}, density "
               f"{s['density_end']:.4f}, discarded {len(s['discarded'])}")
+            if "nve_time_per_step_s" in s:
+                p(f"  simlib NVE on the same system and state, in the same rounds: "
+                  f"{s['nve_time_per_step_s'] * 1e3:.2f} ms/step (builds/step "
+                  f"{s['nve_builds_per_step']:.3f}): NPT/NVE = {s['npt_over_nve']:.2f}")
             p(f"  simlib per step: force {pr['forces_s'] * 1e3:.2f} ms, virial "
               f"{pr['virial_s'] * 1e3:.2f} ms, builds {pr['builds_per_step_s'] * 1e3:.2f} ms "
               f"({pr['build_s'] * 1e3:.2f} ms x {s['builds_per_step']:.3f}), rest "
@@ -1490,6 +1541,10 @@ def parse(argv=None):
                     help="npt: fcc cells per side (default 20: 32,000 atoms)")
     ap.add_argument("--npt-steps", type=int, default=200,
                     help="npt: steps per timed run (simlib and LAMMPS)")
+    ap.add_argument("--npt-lammps-equil", type=int, default=1000,
+                    help="npt: LAMMPS equilibration steps (once, untimed, to a restart file)")
+    ap.add_argument("--npt-lammps-warmup", type=int, default=50,
+                    help="npt: LAMMPS warm-up steps from the restart before each timed run")
     ap.add_argument("--grav-n", type=int, default=4096)
     ap.add_argument("--grav-repeats", type=int, default=30,
                     help="timed single force evaluations, best taken")
