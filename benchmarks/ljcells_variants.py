@@ -12,7 +12,9 @@ the mean). One force evaluation (energy and forces) per contender, warm-up first
   ``r^2`` (one reciprocal a pair; no square root, no division by ``r``, no ``jvp``);
 * ``full shell, r2 kernel``: all 27 neighbour blocks, each pair twice, forces only on the
   home cell (no rolling of the partner forces back);
-* ``sort``: the cell build alone.
+* ``sort``: the cell build alone;
+* ``simulate``: NVE steps through ``sp.simulate`` at each capacity, and at each
+  ``--configs CAPACITY:SKIN:SHELL`` (``cell_list(capacity=, skin=, shell=)``).
 
 The capacity rows repeat the library at capacities set by hand. All contenders are checked
 against the library's forces (the largest relative difference is printed).
@@ -97,6 +99,8 @@ def main() -> None:
     ap.add_argument("--capacities", type=int, nargs="*", default=[])
     ap.add_argument("--simulate", type=int, default=0,
                     help="also time simulate for this many NVE steps at each capacity")
+    ap.add_argument("--configs", nargs="*", default=[],
+                    help="more simulate rows, each CAPACITY:SKIN:SHELL (e.g. 32:0.3:full)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -141,6 +145,11 @@ def main() -> None:
 
         for c in {cl.capacity: cl, **{c2.capacity: c2 for _, c2 in contenders.values()}}.values():
             contenders[f"simulate {a.simulate} steps (capacity {c.capacity})"] = (run, c)
+        for config in a.configs:
+            cap, skin, shell = config.split(":")
+            c = sp.cell_list(space, x, r_cut=2.5, capacity=int(cap), skin=float(skin),
+                             shell=shell)
+            contenders[f"simulate {a.simulate} steps ({config}, grid {c.grid[0]})"] = (run, c)
     ref = np.asarray(lib(x, params, cl)[1], np.float64)
     rows = []
     for name, (fn, c) in contenders.items():
