@@ -233,3 +233,32 @@ def test_pair_search_picks_cells_on_accelerators_and_the_list_on_cpu(fluid):
     assert isinstance(sp.pair_search(sp.free(), x, R_CUT, backend="tpu"), sp.NeighborList)
     with pytest.raises(ValueError, match="method"):
         sp.pair_search(space, x, R_CUT, method="dense")
+
+
+@pytest.mark.slow  # two simulate compilations (~8 s idle)
+def test_simulate_auto_picks_the_pair_structure_by_backend(fluid, monkeypatch):
+    """``neighbors="auto"``: a neighbour list on the CPU, cells when the backend is an
+    accelerator (the backend faked here), and clear errors where it cannot serve."""
+    x, box, space, *_ = fluid
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
+    params = dict(sigma=1.0, epsilon=1.0)
+    state = sp.State(x, jnp.zeros_like(x), 1.0)
+    run = dict(space=space, dt=0.002, n_steps=2, save_every=2, neighbors="auto")
+    on_cpu = sp.simulate(energy, state, params, **run)
+    assert isinstance(on_cpu.neighbors, sp.NeighborList)
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    on_chip = sp.simulate(energy, state, params, **run)
+    assert isinstance(on_chip.neighbors, sp.CellList)
+    assert np.max(np.abs(np.asarray(on_chip.positions - on_cpu.positions))) < 1e-12
+
+
+def test_simulate_auto_refuses_what_it_cannot_serve(fluid):
+    x, box, space, *_ = fluid
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
+    params = dict(sigma=1.0, epsilon=1.0)
+    state = sp.State(x, jnp.zeros_like(x), 1.0)
+    run = dict(space=space, dt=0.002, n_steps=2, save_every=2, neighbors="auto")
+    with pytest.raises(ValueError, match="neighbors"):
+        sp.simulate(energy, state, params, **{**run, "neighbors": "cells please"})
+    with pytest.raises(ValueError, match="r_cut"):
+        sp.simulate(sp.pair_energy(sp.lennard_jones, space), state, params, **run)
