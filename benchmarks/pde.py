@@ -384,10 +384,10 @@ def ensemble_worker(spec: dict) -> dict:
         compiled, compile_s = compile_jit(jax.vmap(member), jnp.asarray(params))
         jax.block_until_ready(compiled(jnp.asarray(params)))  # warm-up
         with Timer() as clock:
-            timing = best_of(lambda: compiled(jnp.asarray(params)), repeats=1, warmup=False)
-        y, steps, result = (np.asarray(x) for x in timing.out)
+            value, secs = timed(lambda: compiled(jnp.asarray(params)))
+        y, steps, result = (np.asarray(x) for x in value)
         finals = list(y[:ENSEMBLE_KEPT])
-        out.update(seconds_64=timing.best, cpu_64=clock.cpu, compile=compile_s,
+        out.update(seconds_64=secs, cpu_64=clock.cpu, compile=compile_s,
                    steps=steps.tolist(),
                    ok=bool(np.all(result == 0)), failed=int(np.sum(result != 0)))
     out.update(finals=[np.asarray(f).tolist() for f in finals[:ENSEMBLE_KEPT]],
