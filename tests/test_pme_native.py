@@ -39,7 +39,7 @@ def native(test):
     return wrapper
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _system(n=512, seed=0):
     """Random +-charges of unequal size at water's atom density (100 per nm^3)."""
     L = (n / 100.0) ** (1 / 3)
