@@ -50,9 +50,12 @@ def _system(n=512, seed=0):
     return x, q, L
 
 
-def _energy(L, dtype=jnp.float64):
+def _energy(L, dtype=jnp.float64, r_cut=R_CUT):
     box = jnp.full(3, L, dtype)
-    return sp.pme(sp.periodic(box), R_CUT, alpha=3.5, grid=16)     # small grid: fast tests
+    return sp.pme(sp.periodic(box), r_cut, alpha=3.5, grid=16)     # small grid: fast tests
+
+
+SMALL, SMALL_CUT = 216, 0.5            # the default tests' system: box 1.29, r_c + skin 0.6
 
 
 def _rel(a, b):
@@ -66,12 +69,12 @@ def test_native_real_space_matches_pure_jax(dtype):
     """Energy, forces, dU/dq, the box derivative and dU/dalpha of the kernel against the
     pure-JAX pair sum over the same list (float64 to 1e-13, float32 to its rounding)."""
     from simlib.particles._electrostatics import _ewald_real_ffi, _ewald_real_pure
-    x, q, L = _system()
+    x, q, L = _system(SMALL)
     xs, qs = jnp.asarray(x, dtype), jnp.asarray(q, dtype)
-    nbrs = sp.neighbor_list(sp.periodic(L), xs, r_cut=R_CUT, skin=0.1)
-    args = (xs, nbrs.idx, qs, jnp.full(3, L, dtype), jnp.asarray(3.1, dtype))
-    nat = jax.jit(functools.partial(_ewald_real_ffi, R_CUT))(*args)
-    ref = jax.jit(functools.partial(_ewald_real_pure, R_CUT))(*args)
+    nbrs = sp.neighbor_list(sp.periodic(L), xs, r_cut=SMALL_CUT, skin=0.1)
+    args = (xs, nbrs.idx, qs, jnp.full(3, L, dtype), jnp.asarray(4.5, dtype))
+    nat = _ewald_real_ffi(SMALL_CUT, *args)
+    ref = jax.jit(functools.partial(_ewald_real_pure, SMALL_CUT))(*args)
     tol = 1e-13 if dtype == jnp.float64 else 3e-6
     for name, a, b in zip(("energy", "forces", "dU/dq", "dU/dL", "dU/dalpha"), nat, ref,
                           strict=True):
@@ -166,10 +169,10 @@ def test_gradient_of_the_native_energy_is_one_kernel_call():
     """The mechanism: reverse mode through the energy and the virial uses the kernel's own
     derivatives, so the compiled gradient holds no (n, capacity) pair array (the pure-JAX
     pass would)."""
-    x, q, L = _system()
-    energy = _energy(L)
+    x, q, L = _system(SMALL)
+    energy = _energy(L, r_cut=SMALL_CUT)
     xs, qs = jnp.asarray(x), jnp.asarray(q)
-    nbrs = sp.neighbor_list(sp.periodic(L), xs, r_cut=R_CUT, skin=0.1)
+    nbrs = sp.neighbor_list(sp.periodic(L), xs, r_cut=SMALL_CUT, skin=0.1)
     pair_shape = f"f64[{xs.shape[0]},{nbrs.idx.shape[1]}]"
 
     def grad_text(fn):
