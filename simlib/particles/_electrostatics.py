@@ -343,7 +343,7 @@ def _native_real(positions, q, neighbors) -> bool:
 
 def _ewald_real_pure(r_cut, positions, idx, q, box, alpha):
     r"""The real-space sum over the rows ``idx`` in pure JAX: ``(U, F, dU/dq, dU/dL,
-    dU/dlpha)``, the box derivative at fixed positions (the reference of the kernel)."""
+    dU/d\alpha)``, the box derivative at fixed positions (the reference of the kernel)."""
 
     def energy(q, box, alpha):
         pairs = PairEnergy(_erfc_coulomb, Space(box, True), r_cut, False, None, 256)
