@@ -69,6 +69,8 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
     for (int64_t i = 0; i < n; ++i) {
       xs[i] = x[3 * i]; ys[i] = x[3 * i + 1]; zs[i] = x[3 * i + 2];
     }
+    std::vector<int32_t> inside(Mixed && cap > 0 ? cap : 1);   // per thread
+    std::vector<unsigned char> flag(Mixed && cap > 0 ? cap : 1);
 #pragma omp for schedule(dynamic, 64)
     for (int64_t i = 0; i < n; ++i) {
       const int32_t* row = idx + i * cap;
@@ -76,40 +78,92 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
       const T xi = xs[i], yi = ys[i], zi = zs[i];
       const T si = Mixed ? sig[i] : sig0, ei = Mixed ? eps[i] : eps0;
       T fx = 0, fy = 0, fz = 0, u = 0, bad = 0;
-#pragma omp simd reduction(+ : fx, fy, fz, u, bad)
-      for (int64_t s = 0; s < cap; ++s) {
-        const int32_t j = row[s];
-        const bool valid = static_cast<uint32_t>(j) < static_cast<uint32_t>(n32);
-        const int32_t jj = valid ? j : self;     // never an index from outside [0, n)
-        T dx = xi - xs[jj], dy = yi - ys[jj], dz = zi - zs[jj];
-        if (Periodic) {
-          dx -= bx * std::rint(dx * ibx);
-          dy -= by * std::rint(dy * iby);
-          dz -= bz * std::rint(dz * ibz);
+      if constexpr (Mixed) {
+        // Per-particle parameters: the mixing (a square root) makes a slot dear, so the
+        // row's neighbours within the cutoff are found first (a SIMD loop of distances),
+        // compacted, and the pair terms evaluated for them only: the same pairs, selects
+        // and NaN rule as below, in two passes.
+        unsigned char* fl = flag.data();
+#pragma omp simd reduction(+ : bad)
+        for (int64_t s = 0; s < cap; ++s) {
+          const int32_t j = row[s];
+          const bool valid = static_cast<uint32_t>(j) < static_cast<uint32_t>(n32);
+          const int32_t jj = valid ? j : self;   // never an index from outside [0, n)
+          T dx = xi - xs[jj], dy = yi - ys[jj], dz = zi - zs[jj];
+          if (Periodic) {
+            dx -= bx * std::rint(dx * ibx);
+            dy -= by * std::rint(dy * iby);
+            dz -= bz * std::rint(dz * ibz);
+          }
+          const T r2 = dx * dx + dy * dy + dz * dz;
+          fl[s] = valid & (r2 < rc2);            // false for NaN distances
+          bad += (std::isfinite(dx) & std::isfinite(dy) & std::isfinite(dz)) ? T(0) : T(1);
         }
-        const T r2 = dx * dx + dy * dy + dz * dz;
-        const bool in = valid & (r2 < rc2);      // false for NaN distances
-        T sg = sig0, ep = eps0, sh = shift0;
-        if (Mixed) {
-          sg = T(0.5) * (si + sig[jj]);
-          ep = std::sqrt(ei * eps[jj]);
+        int64_t m = 0;
+        int32_t* in = inside.data();
+        for (int64_t s = 0; s < cap; ++s) {      // branch-free compaction
+          in[m] = row[s];
+          m += fl[s];
+        }
+#pragma omp simd reduction(+ : fx, fy, fz, u)
+        for (int64_t t = 0; t < m; ++t) {
+          const int32_t j = in[t];               // in [0, n): checked above
+          T dx = xi - xs[j], dy = yi - ys[j], dz = zi - zs[j];
+          if (Periodic) {
+            dx -= bx * std::rint(dx * ibx);
+            dy -= by * std::rint(dy * iby);
+            dz -= bz * std::rint(dz * ibz);
+          }
+          const T r2 = dx * dx + dy * dy + dz * dz;
+          const T sg = T(0.5) * (si + sig[j]);
+          const T ep = std::sqrt(ei * eps[j]);
           const T c2 = sg * sg * inv_rc2, c6 = c2 * c2 * c2;
-          sh = shift ? T(4) * ep * (c6 * c6 - c6) : T(0);
+          const T sh = shift ? T(4) * ep * (c6 * c6 - c6) : T(0);
+          const T inv2 = T(1) / r2;
+          const T s2 = sg * sg * inv2;
+          const T s6 = s2 * s2 * s2;
+          const T c = T(24) * ep * (T(2) * s6 * s6 - s6) * inv2;
+          fx += c * dx;
+          fy += c * dy;
+          fz += c * dz;
+          u += T(4) * ep * (s6 * s6 - s6) - sh;
         }
-        const T inv2 = T(1) / r2;                // r = 0: inf, then NaN (selected out
-                                                 // for padding slots, which read i)
-        const T s2 = sg * sg * inv2;
-        const T s6 = s2 * s2 * s2;
-        const T pu = T(4) * ep * (s6 * s6 - s6) - sh;
-        const T c = T(24) * ep * (T(2) * s6 * s6 - s6) * inv2;
-        fx += in ? c * dx : T(0);
-        fy += in ? c * dy : T(0);
-        fz += in ? c * dz : T(0);
-        u += in ? pu : T(0);
-        // A neighbour at a non-finite displacement is outside the cutoff (r2 is NaN or
-        // inf), so the selects drop it, where JAX's where(mask, c, 0) * dx is NaN: count
-        // them, and the row's force is NaN (its pair energy stays masked to 0, as in JAX).
-        bad += (std::isfinite(dx) & std::isfinite(dy) & std::isfinite(dz)) ? T(0) : T(1);
+      } else {
+#pragma omp simd reduction(+ : fx, fy, fz, u, bad)
+        for (int64_t s = 0; s < cap; ++s) {
+          const int32_t j = row[s];
+          const bool valid = static_cast<uint32_t>(j) < static_cast<uint32_t>(n32);
+          const int32_t jj = valid ? j : self;     // never an index from outside [0, n)
+          T dx = xi - xs[jj], dy = yi - ys[jj], dz = zi - zs[jj];
+          if (Periodic) {
+            dx -= bx * std::rint(dx * ibx);
+            dy -= by * std::rint(dy * iby);
+            dz -= bz * std::rint(dz * ibz);
+          }
+          const T r2 = dx * dx + dy * dy + dz * dz;
+          const bool in = valid & (r2 < rc2);      // false for NaN distances
+          T sg = sig0, ep = eps0, sh = shift0;
+          if (Mixed) {
+            sg = T(0.5) * (si + sig[jj]);
+            ep = std::sqrt(ei * eps[jj]);
+            const T c2 = sg * sg * inv_rc2, c6 = c2 * c2 * c2;
+            sh = shift ? T(4) * ep * (c6 * c6 - c6) : T(0);
+          }
+          const T inv2 = T(1) / r2;                // r = 0: inf, then NaN (selected out
+                                                   // for padding slots, which read i)
+          const T s2 = sg * sg * inv2;
+          const T s6 = s2 * s2 * s2;
+          const T pu = T(4) * ep * (s6 * s6 - s6) - sh;
+          const T c = T(24) * ep * (T(2) * s6 * s6 - s6) * inv2;
+          fx += in ? c * dx : T(0);
+          fy += in ? c * dy : T(0);
+          fz += in ? c * dz : T(0);
+          u += in ? pu : T(0);
+          // A neighbour at a non-finite displacement is outside the cutoff (r2 is NaN or
+          // inf), so the selects drop it, where JAX's where(mask, c, 0) * dx is NaN: count
+          // them, and the row's force is NaN (its pair energy stays masked to 0, as in JAX).
+          bad += (std::isfinite(dx) & std::isfinite(dy) & std::isfinite(dz)) ? T(0) : T(1);
+        }
       }
       constexpr T nan = std::numeric_limits<T>::quiet_NaN();
       f[3 * i] = bad == T(0) ? fx : nan;
