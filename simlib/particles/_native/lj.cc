@@ -4,7 +4,10 @@
 //   u(r) = 4 eps [(sigma/r)^12 - (sigma/r)^6] - s u_c,   u_c = u(r_c) without the shift
 //   F_i  = sum_j 24 eps [2 (sigma/r)^12 - (sigma/r)^6] (x_i - x_j) / r^2       (r < r_c)
 //   U    = 1/2 sum_i sum_j u(r_ij)
+//   W    = 1/2 sum_i sum_j r_ij . f_ij = 1/2 sum_i sum_j 24 eps [2 (sigma/r)^12 - (sigma/r)^6]
 //
+// (W, the pair virial, is the pressure's share of the forces, P = (2K + W) / (3V); it
+// comes out of the same pass over the pairs.)
 // (Lennard-Jones, Proc. R. Soc. A 106, 463 (1924); truncation and shift as in Allen &
 // Tildesley, Computer Simulation of Liquids, 2nd ed. (2017), section 1.6.) The list is the
 // full one simlib builds (`neighbor_list`: both (i, j) and (j, i), rows padded with n), so
@@ -44,7 +47,7 @@ namespace {
 
 template <typename T, bool Periodic, bool Mixed>
 void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, const T* eps,
-          const T* box, T rc2, bool shift, T* f, double& energy_out) {
+          const T* box, T rc2, bool shift, T* f, double& energy_out, double& virial_out) {
   const T bx = Periodic ? box[0] : T(1), by = Periodic ? box[1] : T(1),
           bz = Periodic ? box[2] : T(1);
   const T ibx = T(1) / bx, iby = T(1) / by, ibz = T(1) / bz;
@@ -62,7 +65,7 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
   // Row energies, summed in row order afterwards: the same bits whatever thread ran which
   // rows (an OpenMP reduction adds the threads' partial sums in an unspecified order, and
   // a checkpointed run must resume bit-identically).
-  std::vector<double> row_energy(n);
+  std::vector<double> row_energy(n), row_virial(n);
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
@@ -77,7 +80,7 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
       const int32_t self = static_cast<int32_t>(i);
       const T xi = xs[i], yi = ys[i], zi = zs[i];
       const T si = Mixed ? sig[i] : sig0, ei = Mixed ? eps[i] : eps0;
-      T fx = 0, fy = 0, fz = 0, u = 0, bad = 0;
+      T fx = 0, fy = 0, fz = 0, u = 0, w = 0, bad = 0;
       if constexpr (Mixed) {
         // Per-particle parameters: the mixing (a square root) makes a slot dear, so the
         // row's neighbours within the cutoff are found first (a SIMD loop of distances),
@@ -105,7 +108,7 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
           in[m] = row[s];
           m += fl[s];
         }
-#pragma omp simd reduction(+ : fx, fy, fz, u)
+#pragma omp simd reduction(+ : fx, fy, fz, u, w)
         for (int64_t t = 0; t < m; ++t) {
           const int32_t j = in[t];               // in [0, n): checked above
           T dx = xi - xs[j], dy = yi - ys[j], dz = zi - zs[j];
@@ -127,9 +130,10 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
           fy += c * dy;
           fz += c * dz;
           u += T(4) * ep * (s6 * s6 - s6) - sh;
+          w += c * r2;
         }
       } else {
-#pragma omp simd reduction(+ : fx, fy, fz, u, bad)
+#pragma omp simd reduction(+ : fx, fy, fz, u, w, bad)
         for (int64_t s = 0; s < cap; ++s) {
           const int32_t j = row[s];
           const bool valid = static_cast<uint32_t>(j) < static_cast<uint32_t>(n32);
@@ -159,6 +163,7 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
           fy += in ? c * dy : T(0);
           fz += in ? c * dz : T(0);
           u += in ? pu : T(0);
+          w += in ? c * r2 : T(0);
           // A neighbour at a non-finite displacement is outside the cutoff (r2 is NaN or
           // inf), so the selects drop it, where JAX's where(mask, c, 0) * dx is NaN: count
           // them, and the row's force is NaN (its pair energy stays masked to 0, as in JAX).
@@ -170,11 +175,14 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
       f[3 * i + 1] = bad == T(0) ? fy : nan;
       f[3 * i + 2] = bad == T(0) ? fz : nan;
       row_energy[i] = static_cast<double>(u);
+      row_virial[i] = static_cast<double>(w);
     }
   }
-  double total = 0.0;
+  double total = 0.0, virial = 0.0;
   for (int64_t i = 0; i < n; ++i) total += row_energy[i];
+  for (int64_t i = 0; i < n; ++i) virial += row_virial[i];
   energy_out = 0.5 * total;
+  virial_out = 0.5 * virial;
 }
 
 }  // namespace
@@ -183,7 +191,8 @@ template <typename T, ffi::DataType DT>
 static ffi::Error LennardJones(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> neighbors,
                                ffi::Buffer<DT> sigma, ffi::Buffer<DT> epsilon,
                                ffi::Buffer<DT> box, ffi::ResultBuffer<DT> forces,
-                               ffi::ResultBuffer<DT> energy, double r_cut, int64_t shift,
+                               ffi::ResultBuffer<DT> energy, ffi::ResultBuffer<DT> virial,
+                               double r_cut, int64_t shift,
                                int64_t periodic) {
   const auto dims = positions.dimensions();
   if (dims.size() != 2 || dims[1] != 3) {
@@ -198,20 +207,23 @@ static ffi::Error LennardJones(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> 
   const size_t ns = sigma.element_count(), ne = epsilon.element_count();
   const bool mixed = ns == static_cast<size_t>(n) && n > 1;
   if (ns != ne || !(ns == 1 || ns == static_cast<size_t>(n)) || box.element_count() < 3 ||
-      forces->element_count() != static_cast<size_t>(3 * n) || energy->element_count() < 1) {
+      forces->element_count() != static_cast<size_t>(3 * n) || energy->element_count() < 1 ||
+      virial->element_count() < 1) {
     return ffi::Error::InvalidArgument("simlib_lj: need sigma and epsilon both (1,) or both "
-                                       "(n,), box (3,), forces (n, 3) and a scalar energy");
+                                       "(n,), box (3,), forces (n, 3), a scalar energy and "
+                                       "a scalar virial");
   }
   if (!(r_cut > 0.0) || !std::isfinite(r_cut)) {
     return ffi::Error::InvalidArgument("simlib_lj: r_cut must be positive and finite");
   }
   if (n == 0) {
     energy->typed_data()[0] = T(0);
+    virial->typed_data()[0] = T(0);
     return ffi::Error::Success();
   }
   const T rc2 = static_cast<T>(r_cut * r_cut);
   const int64_t cap = ndims[1];
-  double e = 0.0;
+  double e = 0.0, vir = 0.0;
   try {
     const T* x = positions.typed_data();
     const int32_t* nb = neighbors.typed_data();
@@ -221,16 +233,17 @@ static ffi::Error LennardJones(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> 
     T* out = forces->typed_data();
     const bool sh = shift != 0;
     if (periodic != 0) {
-      if (mixed) Rows<T, true, true>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e);
-      else Rows<T, true, false>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e);
+      if (mixed) Rows<T, true, true>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e, vir);
+      else Rows<T, true, false>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e, vir);
     } else {
-      if (mixed) Rows<T, false, true>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e);
-      else Rows<T, false, false>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e);
+      if (mixed) Rows<T, false, true>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e, vir);
+      else Rows<T, false, false>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e, vir);
     }
   } catch (const std::exception& err) {     // never let an exception cross the FFI
     return ffi::Error(ffi::ErrorCode::kResourceExhausted, std::string("simlib_lj: ") + err.what());
   }
   energy->typed_data()[0] = static_cast<T>(e);
+  virial->typed_data()[0] = static_cast<T>(vir);
   return ffi::Error::Success();
 }
 
@@ -242,6 +255,7 @@ static ffi::Error LennardJones(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> 
                                     .Arg<ffi::Buffer<DT>>()                     \
                                     .Arg<ffi::Buffer<DT>>()                     \
                                     .Arg<ffi::Buffer<DT>>()                     \
+                                    .Ret<ffi::Buffer<DT>>()                     \
                                     .Ret<ffi::Buffer<DT>>()                     \
                                     .Ret<ffi::Buffer<DT>>()                     \
                                     .Attr<double>("r_cut")                      \
