@@ -72,28 +72,30 @@ def follow_box(nbrs, positions, box, build_box):
 
 # -- molecules ---------------------------------------------------------------------------
 
-def molecule_index(molecules: ArrayLike | None, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per atom, its molecule's number and its molecule's first atom (the reference for
-    minimum images), from ``molecules`` (``(w, k)`` atom indices, one molecule a row);
-    atoms in no row are molecules of their own. Topology: concrete, not traced."""
-    ids = np.arange(n)
-    ref = np.arange(n)
+def molecule_index(molecules, n: int) -> tuple[jax.Array, jax.Array]:
+    """Per atom, its molecule's number (in ``[0, n + w)``) and its molecule's first atom
+    (the reference for minimum images), from ``molecules`` (``(w, k)`` atom indices, one
+    molecule a row); atoms in no row are molecules of their own. Traceable."""
+    ids = jnp.arange(n, dtype=jnp.int32)
     if molecules is None:
-        return ids, ref
-    mol = np.asarray(molecules)
-    if mol.ndim != 2 or not np.issubdtype(mol.dtype, np.integer):
-        raise ValueError(f"molecules must be a (w, k) integer array, got shape {mol.shape} "
-                         f"and dtype {mol.dtype}")
-    flat = mol.ravel()
-    if flat.size and (flat.min() < 0 or flat.max() >= n):
-        raise ValueError(f"molecules: atom indices must lie in [0, {n}), got "
-                         f"[{flat.min()}, {flat.max()}]")
-    if len(np.unique(flat)) != len(flat):
-        raise ValueError("molecules: an atom appears in two molecules (or twice in one)")
-    ids[mol] = n + np.arange(len(mol))[:, None]      # numbers above any lone atom's
-    ref[mol] = mol[:, :1]
-    _, ids = np.unique(ids, return_inverse=True)
-    return ids.astype(np.int32), ref.astype(np.int32)
+        return ids, ids
+    mol = jnp.asarray(molecules)
+    if not isinstance(mol, jax.core.Tracer):
+        flat = np.asarray(mol)
+        if flat.ndim != 2 or not np.issubdtype(flat.dtype, np.integer):
+            raise ValueError(f"molecules must be a (w, k) integer array, got shape "
+                             f"{flat.shape} and dtype {flat.dtype}")
+        flat = flat.ravel()
+        if flat.size and (flat.min() < 0 or flat.max() >= n):
+            raise ValueError(f"molecules: atom indices must lie in [0, {n}), got "
+                             f"[{flat.min()}, {flat.max()}]")
+        if len(np.unique(flat)) != len(flat):
+            raise ValueError("molecules: an atom appears in two molecules (or twice in one)")
+    w = mol.shape[0]
+    ref = ids.at[mol].set(jnp.broadcast_to(mol[:, :1], mol.shape).astype(jnp.int32))
+    ids = ids.at[mol].set(jnp.broadcast_to(n + jnp.arange(w, dtype=jnp.int32)[:, None],
+                                           mol.shape))
+    return ids, ref
 
 
 def _molecular_parts(space, x, v, masses, ids, ref):
@@ -101,14 +103,15 @@ def _molecular_parts(space, x, v, masses, ids, ref):
     (a minimum image from the molecule's first atom) and, if ``v`` is given, its velocity
     relative to the molecule's, :math:`u_i = v_i - V_{I(i)}`; zero for lone atoms."""
     n = x.shape[0]
+    segments = 2 * n                        # numbers below n + w <= 2n
     m = jnp.broadcast_to(jnp.asarray(masses, x.dtype), (n,))[:, None]
-    total = jax.ops.segment_sum(m, ids, num_segments=n)
+    total = jax.ops.segment_sum(m, ids, num_segments=segments)
     safe = jnp.where(total > 0, total, 1.0)
     r = space.displacement(x, x[ref])
-    d = r - (jax.ops.segment_sum(m * r, ids, num_segments=n) / safe)[ids]
+    d = r - (jax.ops.segment_sum(m * r, ids, num_segments=segments) / safe)[ids]
     if v is None:
         return d, None
-    return d, v - (jax.ops.segment_sum(m * v, ids, num_segments=n) / safe)[ids]
+    return d, v - (jax.ops.segment_sum(m * v, ids, num_segments=segments) / safe)[ids]
 
 
 def virial_diagonal(energy: Energy, positions, params, neighbors=None) -> jax.Array:
@@ -154,7 +157,7 @@ def molecular_pressure(energy: Energy, positions: ArrayLike, velocities: ArrayLi
     v = jnp.asarray(velocities, x.dtype)
     ids, ref = molecule_index(molecules, x.shape[0])
     _, f = energy.energy_and_forces(x, params, neighbors)
-    d, u = _molecular_parts(space, x, v, masses, jnp.asarray(ids), jnp.asarray(ref))
+    d, u = _molecular_parts(space, x, v, masses, ids, ref)
     w = _molecular_virial(energy, space, x, f, params, neighbors, d, diagonal)
     m = inverse_mass(masses, x) ** -1.0
     vc = v - u                                                 # each atom's molecule's
@@ -287,11 +290,8 @@ class StochasticCellRescaling(Integrator):
 
     # -- helpers ------------------------------------------------------------------------
     def _index(self, n):
-        mol = None if self.constraints is None else self.constraints.molecules
-        if isinstance(mol, jax.core.Tracer):
-            raise ValueError("StochasticCellRescaling: the molecules must be concrete")
-        ids, ref = molecule_index(mol, n)
-        return jnp.asarray(ids), jnp.asarray(ref)
+        return molecule_index(None if self.constraints is None
+                              else self.constraints.molecules, n)
 
     def _dof(self, positions):
         if self.dof is not None or self.constraints is None:
