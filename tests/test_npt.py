@@ -144,8 +144,8 @@ def test_bad_molecules_and_cells_are_refused():
         sp.StochasticCellRescaling(1.0, 1.0, 0.1, 1.0, 0.1, constraints=settle)
     aniso = sp.StochasticCellRescaling(1.0, 1.0, 0.1, 1.0, 0.1, anisotropic=True)
     with pytest.raises(ValueError, match="three sides"):
-        sp.simulate(energy, sp.State(x, v, masses), LJ, dt=0.001, n_steps=1,
-                    integrator=aniso, key=jax.random.key(0))
+        sp.simulate(energy, sp.State(x, v, masses), LJ, space=energy.space, dt=0.001,
+                    n_steps=1, integrator=aniso, key=jax.random.key(0))
 
 
 # -- rigid water under the barostat --------------------------------------------------------

@@ -2,7 +2,7 @@
 
     python validation/spce_npt.py [--molecules 216] [--equil-ps 20] [--ps 100] [--x64]
 
-216 rigid SPC/E molecules (SETTLE), PME (tolerance 1e-5) and Lennard-Jones cut at 0.85 nm
+216 rigid SPC/E molecules (SETTLE), PME (tolerance 1e-5) and Lennard-Jones cut at 0.75 nm
 with the dispersion tail correction (as the published values), Bussi's thermostat (0.1 ps)
 and the isotropic stochastic cell rescaling barostat (tau_p 1 ps, compressibility
 4.5e-5 /bar), dt 2 fs. It prints the mean density over the production with the standard
@@ -34,7 +34,7 @@ def main(argv=None) -> dict:
     p.add_argument("--equil-ps", type=float, default=20.0)
     p.add_argument("--ps", type=float, default=100.0, help="production, ps")
     p.add_argument("--dt", type=float, default=0.002)
-    p.add_argument("--r-cut", type=float, default=0.85)
+    p.add_argument("--r-cut", type=float, default=0.75)
     p.add_argument("--tolerance", type=float, default=1e-5)
     p.add_argument("--tau-p", type=float, default=1.0)
     p.add_argument("--skin", type=float, default=0.1)

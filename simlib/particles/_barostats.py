@@ -154,12 +154,19 @@ def molecular_pressure(energy: Energy, positions: ArrayLike, velocities: ArrayLi
     """
     space = energy.space if space is None else space
     x = jnp.asarray(positions)
-    v = jnp.asarray(velocities, x.dtype)
     ids, ref = molecule_index(molecules, x.shape[0])
+    return _molecular_pressure_jit(energy, space, x, jnp.asarray(velocities, x.dtype),
+                                   jnp.asarray(masses, x.dtype), params, ids, ref, neighbors,
+                                   diagonal)
+
+
+@jax.jit(static_argnames="diagonal")
+def _molecular_pressure_jit(energy, space, x, v, masses, params, ids, ref, neighbors,
+                            diagonal):
     _, f = energy.energy_and_forces(x, params, neighbors)
     d, u = _molecular_parts(space, x, v, masses, ids, ref)
     w = _molecular_virial(energy, space, x, f, params, neighbors, d, diagonal)
-    m = inverse_mass(masses, x) ** -1.0
+    m = 1.0 / inverse_mass(masses, x)
     vc = v - u                                                 # each atom's molecule's
     dim = x.shape[1]
     if diagonal:
