@@ -203,7 +203,7 @@ def _water_npt(n_steps, **kwargs):
         water.positions, sp.maxwell_boltzmann(water.masses, kT, key=jax.random.key(0)),
         water.masses, space)
     barostat = sp.StochasticCellRescaling(kT, 0.0602, 0.1, 0.2, 0.1, constraints=settle)
-    nbrs = sp.neighbor_list(space, water.positions, r_cut=0.4, skin=0.05)
+    nbrs = sp.neighbor_list(space, water.positions, r_cut=0.4, skin=0.05, capacity=80)
     traj = sp.simulate(energy, sp.State(water.positions, v, water.masses), water.params,
                        space=space, dt=0.001, n_steps=n_steps, save_every=5, chunk_steps=20,
                        integrator=barostat, key=jax.random.key(1), neighbors=nbrs, **kwargs)
@@ -254,7 +254,7 @@ def soft(r, params):
     return params["epsilon"] * jnp.clip(1.0 - r / params["sigma"], 0.0, None) ** 4
 
 
-def _effective_energy_increments(dt, anisotropic, window=0.5, total=8.0):
+def _effective_energy_increments(dt, anisotropic, window=0.5, total=10.0):
     x, box = sp.lattice(3, 0.8)
     side = jnp.full(3, box) if anisotropic else box
     space = sp.periodic(side)
@@ -271,18 +271,17 @@ def _effective_energy_increments(dt, anisotropic, window=0.5, total=8.0):
     assert int(traj.result) == 0
     boxes = np.asarray(traj.box)
     assert np.ptp(boxes[:, 0]) > 0.02 * boxes[0, 0]          # the box does move
-    return np.diff(np.asarray(traj.conserved)) / len(x)
+    return np.diff(np.asarray(traj.conserved))[int(round(2.0 / window)):] / len(x)
 
 
 @pytest.mark.slow
 def test_effective_energy_is_conserved_as_dt_goes_to_zero():
     """108 smooth soft spheres at kT = 1, P = 2, a fast barostat (tau_p = 0.2) and
-    thermostat (tau_t = 0.1): the effective energy K + U + P0 V + heat + work
-    (Bernetti & Bussi 2020) changes over 0.5 time units by a root mean square below 1e-4
-    kT per atom at dt = 0.004, and by at least 2.4 times less at dt = 0.001 (the
-    Euler-Maruyama cell step makes it first order: 4 expected; measured 3.2 (isotropic)
-    and 4.5 (orthorhombic)). Without the work term it is not conserved: the energy the
-    barostat exchanges is about 1e-2 per atom per window."""
+    thermostat (tau_t = 0.1), melting from a lattice: after 2 time units, the effective
+    energy K + U + P0 V + heat + work (Bernetti & Bussi 2020) changes over 0.5 time
+    units by a root mean square below 1e-4 kT per atom at dt = 0.004, and by at least
+    2.4 times less at dt = 0.001 (first order, from the Euler-Maruyama cell step, would
+    give 4; measured 7.7 isotropic, over 12 time units)."""
     for anisotropic in (False, True):
         coarse = np.sqrt(np.mean(_effective_energy_increments(0.004, anisotropic) ** 2))
         fine = np.sqrt(np.mean(_effective_energy_increments(0.001, anisotropic) ** 2))

@@ -10,7 +10,7 @@ one (:func:`molecular_pressure`).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -133,8 +133,8 @@ def _molecular_virial(energy, space, x, f, params, nbrs, d, diagonal):
 
 
 def molecular_pressure(energy: Energy, positions: ArrayLike, velocities: ArrayLike,
-                       masses: ArrayLike, params, molecules: ArrayLike | None, *,
-                       space: Space | None = None, neighbors=None,
+                       masses: ArrayLike, params: Any, molecules: ArrayLike | None, *,
+                       space: Space | None = None, neighbors: Any = None,
                        diagonal: bool = False) -> jax.Array:
     r"""The molecular pressure: the virial theorem applied to the molecules' centres of mass,
 
