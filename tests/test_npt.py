@@ -354,3 +354,34 @@ def test_strained_crystal_relaxes_to_a_cube():
     assert np.all(np.abs(late[:, 0] / late[:, 2] - 1).mean() < 0.01), late[-1]
     iso = results[False]
     np.testing.assert_allclose(iso[:, 0] / iso[:, 1], 1.06 / 0.97, rtol=1e-12)
+
+
+def test_spce_dispersion_tail_matches_quadrature():
+    """spce_energy(tail_correction=True)'s extra term for 216 molecules: U = (2 pi / V)
+    N_O^2 int_rc^inf r^2 u(r) dr and W = (2 pi / V) N_O^2 int_rc^inf r^2 (-r u'(r)) dr
+    with the oxygens' Lennard-Jones u (scipy quadrature; hydrogens have epsilon 0), to
+    1e-10; no force; the diagonal of its virial tensor a third of W each."""
+    from scipy.integrate import quad
+
+    water = sp.spce_water(216)
+    r_cut = 0.75
+    tail = sp.spce_energy(water, r_cut, tolerance=1e-4, tail_correction=True).terms[-1]
+    s, e = 0.3166, 0.650
+    volume, n_o = water.box**3, 216
+
+    def u(r):
+        return 4 * e * ((s / r) ** 12 - (s / r) ** 6)
+
+    def minus_r_du(r):
+        return 4 * e * (12 * (s / r) ** 12 - 6 * (s / r) ** 6)
+
+    u_ref = 2 * np.pi / volume * n_o**2 * quad(lambda r: r * r * u(r), r_cut, np.inf)[0]
+    w_ref = 2 * np.pi / volume * n_o**2 * quad(lambda r: r * r * minus_r_du(r), r_cut,
+                                               np.inf)[0]
+    x = water.positions
+    energy, forces = tail.energy_and_forces(x, water.params)
+    assert abs(float(energy) / u_ref - 1) < 1e-10 and abs(float(tail.virial(
+        x, water.params)) / w_ref - 1) < 1e-10
+    assert not np.any(np.asarray(forces))
+    np.testing.assert_allclose(np.diagonal(tail.virial_tensor(x, water.params)), w_ref / 3,
+                               rtol=1e-10)
