@@ -19,6 +19,7 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from .._errors import Result
+from ._constraints import Rattle
 from ._dynamics import Carry, Integrator, inverse_mass, kinetic
 from ._energy import Energy, SumEnergy
 from ._neighbors import NeighborList, missing_pairs
@@ -75,7 +76,8 @@ def follow_box(nbrs, positions, box, build_box):
 def molecule_index(molecules, n: int) -> tuple[jax.Array, jax.Array]:
     """Per atom, its molecule's number (in ``[0, n + w)``) and its molecule's first atom
     (the reference for minimum images), from ``molecules`` (``(w, k)`` atom indices, one
-    molecule a row); atoms in no row are molecules of their own. Traceable."""
+    molecule a row, padded with -1); atoms in no row are molecules of their own.
+    Traceable."""
     ids = jnp.arange(n, dtype=jnp.int32)
     if molecules is None:
         return ids, ids
@@ -86,15 +88,18 @@ def molecule_index(molecules, n: int) -> tuple[jax.Array, jax.Array]:
             raise ValueError(f"molecules must be a (w, k) integer array, got shape "
                              f"{flat.shape} and dtype {flat.dtype}")
         flat = flat.ravel()
+        flat = flat[flat != -1]
         if flat.size and (flat.min() < 0 or flat.max() >= n):
             raise ValueError(f"molecules: atom indices must lie in [0, {n}), got "
                              f"[{flat.min()}, {flat.max()}]")
         if len(np.unique(flat)) != len(flat):
             raise ValueError("molecules: an atom appears in two molecules (or twice in one)")
     w = mol.shape[0]
-    ref = ids.at[mol].set(jnp.broadcast_to(mol[:, :1], mol.shape).astype(jnp.int32))
-    ids = ids.at[mol].set(jnp.broadcast_to(n + jnp.arange(w, dtype=jnp.int32)[:, None],
-                                           mol.shape))
+    rows = jnp.where(mol >= 0, mol, n)                  # padding: out of range, dropped
+    ref = ids.at[rows].set(jnp.broadcast_to(mol[:, :1], mol.shape).astype(jnp.int32),
+                           mode="drop")
+    ids = ids.at[rows].set(jnp.broadcast_to(n + jnp.arange(w, dtype=jnp.int32)[:, None],
+                                            mol.shape), mode="drop")
     return ids, ref
 
 
@@ -224,13 +229,15 @@ class StochasticCellRescaling(Integrator):
     diagonal when anisotropic), a periodic 3D space (a ``(3,)`` box when anisotropic) and
     an explicit ``key``.
 
-    **Rigid water.** With ``constraints=Settle(...)`` (without a thermostat of its own)
+    **Rigid molecules.** With ``constraints=Settle(...)`` (without a thermostat of its own)
     the molecules are held rigid by SETTLE after the drift and after the second kick, the
     cell move scales each molecule's centre of mass, :math:`X_I \to \mu X_I` (and its
     centre-of-mass velocity by :math:`1/\mu`), so the constraints stay exact, the pressure
     is the molecular one (:func:`molecular_pressure`: centre-of-mass kinetic energy and
     :math:`W^{mol} = W - \sum_i d_i\cdot f_i`), and the thermostat has
-    :math:`3(n-1) - 3w` degrees of freedom.
+    :math:`3(n-1) - 3w` degrees of freedom. ``constraints=Rattle(...)`` does the same for
+    any rigid molecules (the connected clusters of its bonds), with SHAKE and RATTLE in
+    place of SETTLE and :math:`3(n-1) - m` degrees of freedom for ``m`` bonds.
 
     **Effective energy.** ``Trajectory.conserved`` is
     :math:`\tilde H = K + U + P_0 V + Q + \mathcal{W}`: the thermostat's heat :math:`Q`
@@ -253,23 +260,27 @@ class StochasticCellRescaling(Integrator):
         dof: Degrees of freedom of the thermostat; ``d (n - 1)`` by default, less
             ``3w`` with ``w`` rigid molecules.
         anisotropic: Each side of an orthorhombic box on its own.
-        constraints: ``None``, or a :class:`Settle` (with ``thermostat=None``) for rigid
-            water.
+        constraints: ``None``, a :class:`Settle` (with ``thermostat=None``) for rigid
+            water, or a :class:`Rattle` for rigid bonds.
     """
 
     stochastic = True
 
     def __init__(self, kT: float, pressure: float, tau_t: float, tau_p: float,
                  compressibility: float, dof: int | None = None, *,
-                 anisotropic: bool = False, constraints: Settle | None = None) -> None:
+                 anisotropic: bool = False, constraints: Settle | Rattle | None = None) -> None:
         self.kT, self.pressure = kT, pressure
         self.tau_t, self.tau_p, self.compressibility = tau_t, tau_p, compressibility
         self.dof = None if dof is None else int(dof)
         self.anisotropic = bool(anisotropic)
-        if constraints is not None:
+        self.molecules = None
+        if isinstance(constraints, Rattle):
+            self.molecules = jnp.asarray(constraints.molecules())
+        elif constraints is not None:
             if not isinstance(constraints, Settle):
-                raise TypeError(f"StochasticCellRescaling: constraints must be a Settle, got "
-                                f"{type(constraints).__name__}")
+                raise TypeError(f"StochasticCellRescaling: constraints must be a Settle or a "
+                                f"Rattle, got {type(constraints).__name__}")
+            self.molecules = constraints.molecules
             if constraints.thermostat is not None:
                 raise ValueError("StochasticCellRescaling: give the Settle no thermostat of "
                                  "its own (the barostat's Bussi thermostat holds the "
@@ -278,13 +289,13 @@ class StochasticCellRescaling(Integrator):
 
     def tree_flatten(self):
         return ((self.kT, self.pressure, self.tau_t, self.tau_p, self.compressibility,
-                 self.constraints), (self.dof, self.anisotropic))
+                 self.constraints, self.molecules), (self.dof, self.anisotropic))
 
     @classmethod
     def tree_unflatten(cls, static, children):
         out = object.__new__(cls)
         (out.kT, out.pressure, out.tau_t, out.tau_p, out.compressibility,
-         out.constraints) = children
+         out.constraints, out.molecules) = children
         out.dof, out.anisotropic = static
         return out
 
@@ -297,13 +308,14 @@ class StochasticCellRescaling(Integrator):
 
     # -- helpers ------------------------------------------------------------------------
     def _index(self, n):
-        return molecule_index(None if self.constraints is None
-                              else self.constraints.molecules, n)
+        return molecule_index(self.molecules, n)
 
     def _dof(self, positions):
         if self.dof is not None or self.constraints is None:
             return degrees_of_freedom(self.dof, positions)
         n, d = positions.shape
+        if isinstance(self.constraints, Rattle):
+            return d * (n - 1) - self.constraints.bonds.shape[0]
         return d * (n - 1) - 3 * self.constraints.molecules.shape[0]
 
     def _virial(self, model, x, f, masses, params, nbrs, index):
@@ -372,6 +384,9 @@ class StochasticCellRescaling(Integrator):
         solved = cell.solved
         if settle is None:
             x = x1
+        elif isinstance(settle, Rattle):
+            x, v, ok = settle.constrain_positions(old_space, x0, x1, v, masses, dt)
+            solved = solved & ok
         else:
             x, ok = settle_positions(old_space, x0, x1, settle.molecules, masses, settle.d_oh,
                                      settle.d_hh)
@@ -415,7 +430,10 @@ class StochasticCellRescaling(Integrator):
             builds = nbrs.n_builds
         e, f = here.energy_and_forces(x, params, nbrs)
         v = v + half * f * inv_m
-        if settle is not None:
+        if isinstance(settle, Rattle):
+            v, ok = settle.constrain_velocities_on(here.space, x, v, masses)
+            solved = solved & ok
+        elif settle is not None:
             v = settle_velocities(here.space, x, v, settle.molecules, masses)
         v, heat = self._thermostat(v, masses, nf, half, k2, heat)
         virial = self._virial(here, x, f, masses, params, nbrs, index)
@@ -440,6 +458,7 @@ class StochasticCellRescaling(Integrator):
         box = cell.box
         bad = (~jnp.all(jnp.isfinite(box)) | (jnp.min(box) < cell.smallest)
                | jnp.any(box > cell.largest))
+        failed = (Result.CONSTRAINTS_NOT_CONVERGED if isinstance(self.constraints, Rattle)
+                  else Result.SETTLE_FAILED)
         return jnp.where(bad, jnp.int32(Result.UNSTABLE_DYNAMICS),
-                         jnp.where(cell.solved, jnp.int32(0),
-                                   jnp.int32(Result.SETTLE_FAILED)))
+                         jnp.where(cell.solved, jnp.int32(0), jnp.int32(failed)))
