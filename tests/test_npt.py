@@ -220,9 +220,10 @@ def _water_npt(n_steps, rattle=False, **kwargs):
 @pytest.mark.slow
 def test_water_stays_rigid_as_the_box_moves_and_resumes_bit_for_bit(tmp_path, monkeypatch):
     """27 SPC/E molecules, PME, a fast barostat (compressibility 0.01 nm^3 mol/kJ, 13
-    times water's) from the lattice: the box changes by over 1% (5%) while every O-H and H-H distance stays
-    exact to 1e-12 nm at every frame, and a run stopped after its first chunk and resumed
-    from the checkpoint ends bit for bit where an uninterrupted one does."""
+    times water's) from the lattice: the box changes by over 1% (5%) while every O-H and
+    H-H distance stays exact to 1e-12 nm at every frame, and a run stopped after its
+    first chunk and resumed from the checkpoint ends bit for bit where an uninterrupted
+    one does."""
     water, reference = _water_npt(40)
     assert int(reference.result) == 0
     boxes = np.asarray(reference.box)[:, 0]
