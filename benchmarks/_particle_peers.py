@@ -98,21 +98,28 @@ def lammps_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
 
 
 # --------------------------------------------------------------------------- jax-md
-def _lammps_input(n_cells: int, dt: float, seed: int, pair: str = "lj/cut") -> str:
-    return f"""
-        units lj
-        atom_style atomic
+def _lammps_input(n_cells: int, dt: float, seed: int, pair: str = "lj/cut",
+                  fix: str = "nve", tail: bool = False, restart: str | None = None) -> str:
+    """The LJ input; ``fix`` is the integrator's fix style and arguments (``nve``, or
+    e.g. ``npt temp 1.44 1.44 0.5 iso 4.1 4.1 5.0``); ``tail`` adds ``pair_modify tail
+    yes`` (the long-range corrections to the energy and pressure); ``restart``: start from
+    that restart file (atoms, box, velocities) instead of the lattice."""
+    start = f"read_restart {restart}" if restart else f"""atom_style atomic
         lattice fcc {RHO_LJ}
         region box block 0 {n_cells} 0 {n_cells} 0 {n_cells}
         create_box 1 box
         create_atoms 1 box
         mass 1 1.0
-        velocity all create {LJ_KT} {seed} loop geom
+        velocity all create {LJ_KT} {seed} loop geom"""
+    return f"""
+        units lj
+        {start}
         pair_style {pair} {LJ_CUTOFF}
         pair_coeff 1 1 1.0 1.0 {LJ_CUTOFF}
+        {"pair_modify tail yes" if tail else ""}
         neighbor {LJ_SKIN} bin
         neigh_modify every 1 delay 0 check yes
-        fix 1 all nve
+        fix 1 all {fix}
         timestep {dt}
         thermo 0
     """
@@ -150,8 +157,11 @@ def _parse_runs(text: str) -> list[dict]:
 
 def lammps_mpi_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
                   warmup: int = 100, seed: int = 87287, ranks: int = 2,
-                  timeout_s: float = 1800.0):
+                  timeout_s: float = 1800.0, fix: str = "nve", tail: bool = False,
+                  restart: str | None = None, write_restart: str | None = None):
     """LAMMPS LJ fluid under ``mpiexec -n ranks lmp`` (OMP_NUM_THREADS=1 per rank).
+    ``fix``, ``tail`` and ``restart`` as in :func:`_lammps_input` (NPT: ``fix="npt ..."``,
+    ``tail=True``); ``write_restart``: write the final state there (a path).
 
     The same input as :func:`lammps_lj`: a ``warmup`` run, then ``repeats`` runs of
     ``steps`` continuing the trajectory. Time per run: LAMMPS's "Loop time" (MPI_Wtime
@@ -163,8 +173,12 @@ def lammps_mpi_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
     if lmp is None or mpiexec is None:
         raise ImportError(f"lammps MPI peer unavailable: lmp={lmp}, mpiexec={mpiexec} "
                           "(bash benchmarks/install_peers.sh)")
-    script = _lammps_input(n_cells, dt, seed)
+    script = _lammps_input(n_cells, dt, seed, fix=fix, tail=tail, restart=restart)
+    if fix != "nve":    # the state at the start and end of every run: step T P density
+        script += "variable rho equal density\nthermo_style custom step temp press v_rho\n"
     script += (f"run {warmup}\n" if warmup else "") + f"run {steps}\n" * repeats
+    if write_restart:
+        script += f"write_restart {write_restart}\n"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "in.lj")
@@ -187,14 +201,22 @@ def lammps_mpi_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
     best = min(measured, key=lambda r: r["loop_s"])
     natoms = best["atoms"]
     version = re.search(r"LAMMPS \(([^)]*)\)", run.stdout)
+    thermo = re.findall(r"^\s*(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$", run.stdout, re.M)
+    final = None
+    if fix != "nve" and thermo:
+        step, temp, press, rho = thermo[-1]
+        final = dict(step=int(step), temp=float(temp), press=float(press), density=float(rho))
     return {
-        "name": f"lammps_mpi_lj(lj/cut, {ranks} ranks)", "n": natoms, "steps": steps,
+        "name": f"lammps_mpi_lj(lj/cut, {ranks} ranks"
+                + ("" if fix == "nve" else f", fix {fix.split()[0]}") + ")",
+        "n": natoms, "steps": steps,
         "ranks": ranks, "seconds": best["loop_s"], "rate": natoms * steps / best["loop_s"],
         "unit": "atom-steps/s", "times": [r["loop_s"] for r in measured],
         "breakdown_best": best["sections"], "runs": runs,
         "builds_per_step": sum(r["nbuild"] or 0 for r in measured) / (steps * len(measured)),
         "dangerous_builds": sum(r["ndanger"] or 0 for r in runs),
         "process_wall_s": wall, "version": version.group(1) if version else None,
+        "final_thermo": final,
     }
 
 

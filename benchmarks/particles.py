@@ -16,6 +16,15 @@ Parts (``--parts``; the default is ``lj gravity big-gravity``: 3-5 minutes on 2 
   (Pair/Neigh/Comm/Modify/Other) against simlib's step split into one force evaluation,
   the neighbour builds per step and the rest (``simlib_lj_breakdown``); target
   simlib/LAMMPS(2 ranks) >= 1. 256,000 atoms: ``--lj-cells 10 20 40``.
+* ``npt`` (not in the default): Lennard-Jones NPT, 32,000 atoms (``--npt-cells 20``), kT
+  1.44, P 4.1334 (about the JZG equation of state's pressure at rho 0.8442), r_cut 2.5 with
+  tail corrections, skin 0.3, dt 0.005, ``--npt-steps`` per timed run: simlib's
+  ``StochasticCellRescaling`` against LAMMPS ``fix npt`` (Nose-Hoover/MTK, ``pair_modify
+  tail yes``) under ``mpiexec -n 2 lmp``, in alternating rounds (one simlib call, one LAMMPS
+  process with its warm-up and one timed run), best of ``--repeats`` each; target
+  simlib/LAMMPS(2 ranks) >= 1. simlib's step is split into a force evaluation, a virial
+  evaluation, neighbour builds per step and the rest. Results:
+  ``benchmarks/results/particles_npt.json``.
 * ``gravity``: direct-sum gravity, 4,096 bodies (``--grav-n``), float32 and float64:
   ordered pair interactions per second, n(n-1) per force evaluation, of simlib (one
   jitted ``energy.forces`` call, and per step inside ``sp.simulate``), the numpy
@@ -113,7 +122,7 @@ SOFTENING = 1e-2
 G = 1.0
 CHILD_MARK = "@@particles-child@@ "
 DEFAULT_PARTS = ("lj", "gravity", "big-gravity")
-ALL_PARTS = ("lj", "gravity", "gravity-ceiling", "big-gravity", "scaling")
+ALL_PARTS = ("lj", "npt", "gravity", "gravity-ceiling", "big-gravity", "scaling")
 
 sp = None      # simlib.particles, imported once float64 is switched on or off
 jnp = None
@@ -409,6 +418,197 @@ def simlib_lj_breakdown(energy, params, positions, nbrs, per_step_s, builds_per_
     return dict(forces_s=f_s, build_s=b_s, builds_per_step_s=b_s * builds_per_step,
                 rest_s=per_step_s - f_s - b_s * builds_per_step,
                 native_lj=bool(energy._native_lj(positions, params, nbrs)))
+
+
+# NPT: the pressure at which the fluid stays near RHO at kT = KT (about the Johnson-Zollweg-
+# Gubbins equation of state's P(0.8442, 1.44) = 4.1334, validation/lj_reference.py).
+NPT_PRESSURE = 4.1334
+NPT_TAU_T, NPT_TAU_P, NPT_COMPRESSIBILITY = 0.1, 1.0, 0.1     # simlib
+NPT_TDAMP, NPT_PDAMP = 100 * DT, 1000 * DT                    # LAMMPS fix npt
+
+
+def simlib_npt_profile(energy, params, positions, nbrs, repeats=10) -> dict:
+    """Per-call costs of the pieces of a ``StochasticCellRescaling`` step at the final
+    state (best of ``repeats``, separate jitted calls): the force, the virial (the
+    integrator evaluates it apart from the force), and one neighbour build."""
+    forces = jax.jit(energy.energy_and_forces)
+    virial = jax.jit(energy.virial)
+    build = jax.jit(lambda nb, x: nb.build(x).idx)
+
+    def best(fn, *a):
+        return best_of(lambda: fn(*a), repeats, slow_s=math.inf).best
+
+    return dict(forces_s=best(forces, positions, params, nbrs),
+                virial_s=best(virial, positions, params, nbrs),
+                build_s=best(build, nbrs, positions),
+                native_lj=bool(energy._native_lj(positions, params, nbrs)))
+
+
+class SimlibNPT:
+    """simlib's LJ NPT run (``sp.StochasticCellRescaling``, ``tail_correction=True``, a
+    neighbour list that follows the box), one ``simulate`` call of ``steps`` steps per
+    :meth:`call`, each continuing the trajectory in the box where the last one ended."""
+
+    def __init__(self, n_cells: int, steps: int, dtype: str, log=print):
+        jax.clear_caches()
+        self.dt_, self.steps, self.log = jnp.dtype(dtype), steps, log
+        x, box = sp.lattice(n_cells, RHO, dtype=self.dt_)
+        self.n = int(x.shape[0])
+        self.box = jnp.asarray(box, self.dt_)
+        space = sp.periodic(self.box)
+        self.params = dict(sigma=1.0, epsilon=1.0)
+        self.nbrs = sp.neighbor_list(space, x, r_cut=R_CUT, skin=SKIN)
+        v = sp.maxwell_boltzmann(1.0, KT, key=jax.random.key(0), n=self.n, dtype=self.dt_)
+        self.state = sp.State(x, v - jnp.mean(v, axis=0), 1.0)
+        self.integrator = sp.StochasticCellRescaling(KT, NPT_PRESSURE, NPT_TAU_T, NPT_TAU_P,
+                                                     NPT_COMPRESSIBILITY)
+        self.k = 0
+
+    def energy(self):
+        return sp.pair_energy(sp.lennard_jones, sp.periodic(self.box), r_cut=R_CUT,
+                              tail_correction=True)
+
+    def call(self) -> dict:
+        b0 = int(self.nbrs.n_builds)
+        self.k += 1
+        with CompileWatch() as cw, Timer() as t:
+            traj = sp.simulate(self.energy(), self.state, self.params,
+                               space=sp.periodic(self.box), dt=DT, n_steps=self.steps,
+                               save_every=self.steps, neighbors=self.nbrs,
+                               integrator=self.integrator, key=jax.random.key(self.k))
+            jax.block_until_ready((traj.final.positions, traj.box))
+        self.state, self.nbrs = traj.final, traj.neighbors
+        self.box = jnp.asarray(traj.box[-1, 0], self.dt_)
+        rec = dict(wall_s=t.wall, load=t.load, compiles=cw.compiles, compile_s=cw.total,
+                   run_s=t.wall - cw.total, reallocations=int(traj.stats["n_reallocations"]),
+                   builds=int(traj.stats["n_builds"]) - b0, result=int(traj.result),
+                   density=float(self.n / self.box**3),
+                   kT=float(2 * traj.kinetic_energy[-1] / (3 * (self.n - 1))))
+        self.log(f"    simlib NPT N={self.n}: {fmt_s(rec['wall_s']):>9s}  compiles "
+                 f"{rec['compiles']} ({fmt_s(rec['compile_s'])})  realloc "
+                 f"{rec['reallocations']}  builds {rec['builds']}  density "
+                 f"{rec['density']:.4f}  kT {rec['kT']:.3f}  load {rec['load']}")
+        return rec
+
+
+    def nve_call(self) -> dict:
+        """The same system and state, ``steps`` of plain NVE (velocity Verlet) in the
+        current box: what the barostat adds to a step. The NPT trajectory is not advanced."""
+        with CompileWatch() as cw, Timer() as t:
+            traj = sp.simulate(self.energy(), self.state, self.params,
+                               space=sp.periodic(self.box), dt=DT, n_steps=self.steps,
+                               save_every=self.steps, neighbors=self.nbrs)
+            jax.block_until_ready(traj.final.positions)
+        return dict(wall_s=t.wall, compiles=cw.compiles, run_s=t.wall - cw.total,
+                    builds=int(traj.stats["n_builds"]) - int(self.nbrs.n_builds),
+                    reallocations=int(traj.stats["n_reallocations"]), load=t.load)
+
+
+def part_npt(opts, log=print) -> dict:
+    """LJ NPT, simlib against LAMMPS ``fix npt`` on ``--lammps-ranks`` MPI ranks, in
+    alternating rounds: one timed simlib call, then one LAMMPS process (its warm-up run
+    and one timed run); best of each over the rounds."""
+    dtype = "float64" if opts.x64 else "float32"
+    cells, steps = opts.npt_cells, opts.npt_steps
+    n = 4 * cells**3
+    row = dict(n=n, n_cells=cells, steps=steps, dtype=dtype, pressure=NPT_PRESSURE, kT=KT)
+    log(f"\n  LJ NPT N={n} ({cells}^3 fcc cells), {dtype}, kT {KT}, P {NPT_PRESSURE}, "
+        f"{steps} steps per timed run")
+    sim = SimlibNPT(cells, steps, dtype, log)
+    first = sim.call()
+    row.update(compile_s=first["compile_s"], first_call_s=first["wall_s"])
+    warm = [first] + [sim.call() for _ in range(max(1, math.ceil(opts.melt_steps / steps)))]
+    steady = warm[-1]["compiles"]
+    nve_first = sim.nve_call()
+    row["nve_compile_s"] = nve_first["wall_s"] - nve_first["run_s"]
+    fix = (f"npt temp {KT} {KT} {NPT_TDAMP:g} iso {NPT_PRESSURE} {NPT_PRESSURE} "
+           f"{NPT_PDAMP:g}")
+    # LAMMPS is equilibrated once (untimed, tighter coupling: fix npt from the lattice takes
+    # many Pdamp periods to settle), and every timed round starts from that restart file.
+    tmp = tempfile.TemporaryDirectory()
+    restart = os.path.join(tmp.name, "npt.restart")
+    equil_fix = (f"npt temp {KT} {KT} {10 * DT:g} iso {NPT_PRESSURE} {NPT_PRESSURE} "
+                 f"{100 * DT:g}")
+    for ranks in opts.lammps_ranks[:1]:
+        try:
+            r = peers.lammps_mpi_lj(cells, opts.npt_lammps_equil, dt=DT, repeats=1, warmup=0,
+                                    ranks=ranks, fix=equil_fix, tail=True,
+                                    write_restart=restart)
+            row["lammps_equilibration"] = dict(steps=opts.npt_lammps_equil, fix=equil_fix,
+                                               final_thermo=r["final_thermo"])
+            log(f"    LAMMPS equilibration ({opts.npt_lammps_equil} steps, fix {equil_fix}): "
+                f"final {r['final_thermo']}")
+        except Exception as err:  # noqa: BLE001 - reported; the rounds then skip or fail
+            row["lammps_equilibration"] = dict(error=error_text(err))
+            log(f"    LAMMPS equilibration FAILED: {error_text(err)}")
+    simlib_runs, discarded, lammps_runs = [], [], {r: [] for r in opts.lammps_ranks}
+    nve_runs = []
+    for _ in range(opts.repeats):
+        rec = sim.call()
+        ok = rec["reallocations"] == 0 and rec["compiles"] <= steady and rec["result"] == 0
+        (simlib_runs if ok else discarded).append(rec)
+        nve = sim.nve_call()
+        nve_runs.append(nve)
+        log(f"    simlib NVE N={n} (same state): {fmt_s(nve['wall_s'])}, compiles "
+            f"{nve['compiles']}, builds {nve['builds']}, realloc {nve['reallocations']}")
+        for ranks in opts.lammps_ranks:
+            try:
+                with Timer() as t:
+                    r = peers.lammps_mpi_lj(cells, steps, dt=DT, repeats=1,
+                                            warmup=opts.npt_lammps_warmup, ranks=ranks,
+                                            fix=fix, tail=True, restart=restart)
+                r.update(load=t.load, wall_s=t.wall)
+                lammps_runs[ranks].append(r)
+                log(f"    LAMMPS fix npt {ranks} ranks N={n}: {fmt_s(r['seconds'])}, builds/step "
+                    f"{r['builds_per_step']:.3f}, final {r['final_thermo']}")
+            except ImportError as err:
+                lammps_runs[ranks] = dict(skipped=str(err))
+                log(f"    LAMMPS skipped: {err}")
+            except Exception as err:  # noqa: BLE001
+                lammps_runs[ranks] = dict(error=error_text(err))
+                log(f"    LAMMPS {ranks} ranks FAILED: {error_text(err)}")
+    tmp.cleanup()
+    row["simlib"] = s = dict(timed=simlib_runs, discarded=discarded, warmup=warm,
+                             compiles_per_call_steady=steady)
+    if simlib_runs:
+        best = min(r["run_s"] for r in simlib_runs)
+        s.update(seconds=best, rate=n * steps / best, time_per_step_s=best / steps,
+                 times=[r["run_s"] for r in simlib_runs],
+                 builds_per_step=sum(r["builds"] for r in simlib_runs)
+                 / (steps * len(simlib_runs)),
+                 density_end=simlib_runs[-1]["density"])
+        nve_ok = [r["run_s"] for r in nve_runs if not r["compiles"] and not r["reallocations"]]
+        if nve_ok:
+            s.update(nve_time_per_step_s=min(nve_ok) / steps, nve_times=nve_ok,
+                     nve_builds_per_step=sum(r["builds"] for r in nve_runs)
+                     / (steps * len(nve_runs)),
+                     npt_over_nve=best / min(nve_ok))
+            log(f"    simlib NVE (same system): {min(nve_ok) / steps * 1e3:.2f} ms/step; NPT "
+                f"costs {s['npt_over_nve']:.2f}x NVE")
+        prof = simlib_npt_profile(sim.energy(), sim.params, sim.state.positions, sim.nbrs)
+        prof["builds_per_step_s"] = prof["build_s"] * s["builds_per_step"]
+        prof["rest_s"] = (s["time_per_step_s"] - prof["forces_s"] - prof["virial_s"]
+                          - prof["builds_per_step_s"])
+        s["profile"] = prof
+        log(f"    simlib NPT per step {s['time_per_step_s'] * 1e3:.2f} ms: force "
+            f"{prof['forces_s'] * 1e3:.2f} ms, virial {prof['virial_s'] * 1e3:.2f} ms, builds "
+            f"{prof['builds_per_step_s'] * 1e3:.2f} ms ({prof['build_s'] * 1e3:.2f} ms x "
+            f"{s['builds_per_step']:.3f}), rest {prof['rest_s'] * 1e3:.2f} ms")
+    else:
+        s["error"] = "every timed call reallocated, compiled or failed"
+    for ranks, runs in lammps_runs.items():
+        key = f"lammps_mpi{ranks}"
+        if isinstance(runs, dict) or not runs:
+            row[key] = runs or dict(error="no run")
+        else:
+            best = min(runs, key=lambda r: r["seconds"])
+            row[key] = dict(best, times=[r["seconds"] for r in runs],
+                            loads=[r["load"] for r in runs],
+                            builds_per_step=float(np.mean([r["builds_per_step"] for r in runs])))
+        row[f"ratio_{key}"] = ratio(s.get("rate"), row[key].get("rate"))
+        if row[f"ratio_{key}"] is not None:
+            log(f"    simlib/LAMMPS({ranks} ranks) fix npt: {row[f'ratio_{key}']:.2f}")
+    return dict(rows=[row], dtype=dtype)
 
 
 def gravity_positions(n: int, seed: int = 0) -> np.ndarray:
@@ -1001,6 +1201,13 @@ def targets(results) -> list:
                 out.append(dict(target=f"LJ N={row['n']}: simlib/LAMMPS {ranks} MPI ranks >= 1 "
                                        "(equal cores)", need=1.0, value=v,
                                 status=status(v, 1.0)))
+    for row in (results["parts"].get("npt") or {}).get("rows", []):
+        for key in sorted(k for k in row if k.startswith("ratio_lammps_mpi")):
+            ranks = key.removeprefix("ratio_lammps_mpi")
+            v = row[key]
+            out.append(dict(target=f"LJ NPT N={row['n']}: simlib/LAMMPS fix npt {ranks} MPI "
+                                   "ranks >= 1 (equal cores)", need=1.0, value=v,
+                            status=status(v, 1.0)))
     g = results["parts"].get("gravity")
     if g:
         s = g["simlib"]["float32"]
@@ -1261,6 +1468,43 @@ def report(results) -> str:
     p("")
     walls = ", ".join(f"{k} {v:.0f} s" for k, v in results["part_wall_s"].items())
     p(f"Wall time per part: {walls}; load average around parts: {results['loadavg_parts']}")
+    npt = results["parts"].get("npt")
+    for row in (npt or {}).get("rows", []):
+        s = row["simlib"]
+        p("")
+        p(f"LJ NPT: N {row['n']}, kT {row['kT']}, P {row['pressure']}, r_cut {R_CUT} with tail "
+          f"corrections, skin {SKIN}, dt {DT}, {row['steps']} steps per timed run, "
+          f"{row['dtype']} (LAMMPS double); simlib StochasticCellRescaling vs LAMMPS fix npt "
+          "(MTK), alternating rounds, best of each")
+        if "rate" in s:
+            pr = s["profile"]
+            p(f"  simlib: {fmt_rate(s['rate'])} atom-steps/s, {s['time_per_step_s'] * 1e3:.2f} "
+              f"ms/step (times {[round(t, 3) for t in s['times']]} s), compile "
+              f"{fmt_s(row['compile_s'])}, builds/step {s['builds_per_step']:.3f}, density "
+              f"{s['density_end']:.4f}, discarded {len(s['discarded'])}")
+            if "nve_time_per_step_s" in s:
+                p(f"  simlib NVE on the same system and state, in the same rounds: "
+                  f"{s['nve_time_per_step_s'] * 1e3:.2f} ms/step (builds/step "
+                  f"{s['nve_builds_per_step']:.3f}): NPT/NVE = {s['npt_over_nve']:.2f}")
+            p(f"  simlib per step: force {pr['forces_s'] * 1e3:.2f} ms, virial "
+              f"{pr['virial_s'] * 1e3:.2f} ms, builds {pr['builds_per_step_s'] * 1e3:.2f} ms "
+              f"({pr['build_s'] * 1e3:.2f} ms x {s['builds_per_step']:.3f}), rest "
+              f"{pr['rest_s'] * 1e3:.2f} ms (native LJ {pr['native_lj']})")
+        else:
+            p(f"  simlib: {s.get('error')}")
+        for key in sorted(k for k in row if k.startswith("lammps_mpi")):
+            r = row[key]
+            if "rate" not in r:
+                p(f"  {key}: {r.get('error') or 'skipped: ' + str(r.get('skipped'))}")
+                continue
+            b = r["breakdown_best"]
+            p(f"  LAMMPS {r['ranks']} ranks: {fmt_rate(r['rate'])} atom-steps/s, "
+              f"{r['seconds'] / r['steps'] * 1e3:.2f} ms/step (times "
+              f"{[round(t, 3) for t in r['times']]} s), builds/step {r['builds_per_step']:.3f}, "
+              f"final {r['final_thermo']}; "
+              + ", ".join(f"{name} {v['avg_s'] / r['steps'] * 1e3:.3f} ms ({v['percent']:.0f}%)"
+                          for name, v in b.items() if name != "Output"))
+            p(f"  simlib/LAMMPS({r['ranks']} ranks): {fmt_r(row['ratio_' + key])}")
     return "\n".join(lines)
 
 
@@ -1293,6 +1537,14 @@ def parse(argv=None):
     ap.add_argument("--jaxmd-repeats", type=int, default=2)
     ap.add_argument("--jaxmd-chunk", type=int, default=50)
     ap.add_argument("--jaxmd-warmup", type=int, default=100)
+    ap.add_argument("--npt-cells", type=int, default=20,
+                    help="npt: fcc cells per side (default 20: 32,000 atoms)")
+    ap.add_argument("--npt-steps", type=int, default=200,
+                    help="npt: steps per timed run (simlib and LAMMPS)")
+    ap.add_argument("--npt-lammps-equil", type=int, default=1000,
+                    help="npt: LAMMPS equilibration steps (once, untimed, to a restart file)")
+    ap.add_argument("--npt-lammps-warmup", type=int, default=50,
+                    help="npt: LAMMPS warm-up steps from the restart before each timed run")
     ap.add_argument("--grav-n", type=int, default=4096)
     ap.add_argument("--grav-repeats", type=int, default=30,
                     help="timed single force evaluations, best taken")
@@ -1374,7 +1626,7 @@ def main(argv=None) -> int:
     print(f"particles benchmark: parts {' '.join(opts.parts)}, "
           f"{'float64' if opts.x64 else 'float32'} LJ, load average {load_average()}, "
           f"memory limit for children {opts.mem_limit_gb:.1f} GB", flush=True)
-    runners = dict(lj=part_lj, gravity=part_gravity, scaling=part_scaling)
+    runners = dict(lj=part_lj, npt=part_npt, gravity=part_gravity, scaling=part_scaling)
     runners["big-gravity"] = part_big_gravity
     runners["gravity-ceiling"] = part_gravity_ceiling
     for part in ALL_PARTS:

@@ -29,6 +29,7 @@ import numpy as np
 
 from simlib import cli
 from simlib import particles as sp
+from simlib.particles import peak_position
 
 KB = 0.00831446261815324          # kJ/mol/K
 COULOMB = 138.935457644382        # kJ mol^-1 nm e^-2 (1 / 4 pi eps0)
@@ -103,22 +104,6 @@ def parse(argv):
     return p, args
 
 
-def sem(blocks) -> float:
-    """The standard error of the mean of independent block estimates."""
-    b = np.asarray(blocks, float)
-    return float(b.std(ddof=1) / math.sqrt(len(b))) if len(b) > 1 else float("nan")
-
-
-def peak_position(r, g) -> float:
-    """The first maximum of g(r), refined by a parabola through the top three bins."""
-    k = int(np.argmax(g))
-    k = min(max(k, 1), len(g) - 2)
-    y0, y1, y2 = g[k - 1], g[k], g[k + 1]
-    den = y0 - 2 * y1 + y2
-    shift = 0.5 * (y0 - y2) / den if den != 0 else 0.0
-    return float(r[k] + shift * (r[1] - r[0]))
-
-
 def partial_rdf(xa, xb, box: float, r_max: float, n_bins: int, same: bool):
     """The partial g_ab(r) of frames ``xa (f, na, 3)`` and ``xb (f, nb, 3)`` (minimum
     images): pair counts over the ideal-gas count ``na nb 4 pi r^2 dr / V`` per frame."""
@@ -136,20 +121,6 @@ def partial_rdf(xa, xb, box: float, r_max: float, n_bins: int, same: bool):
     shells = 4.0 / 3.0 * np.pi * (edges[1:] ** 3 - edges[:-1] ** 3)
     g = counts / (len(xa) * pairs * shells / box**3)
     return 0.5 * (edges[1:] + edges[:-1]), g
-
-
-def unwrap(x, box):
-    """Frames ``(f, n, 3)`` unwrapped by summing minimum-image steps between frames."""
-    steps = np.diff(x, axis=0)
-    steps -= box * np.round(steps / box)
-    return np.concatenate([x[:1], x[:1] + np.cumsum(steps, axis=0)])
-
-
-def msd_origins(x):
-    """MSD ``(f,)`` of unwrapped frames averaged over every time origin and atom."""
-    f = len(x)
-    return np.array([np.mean(np.sum((x[k:] - x[:f - k]) ** 2, axis=-1)) if k else 0.0
-                     for k in range(f)])
 
 
 @cli.script
@@ -212,9 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     frames = np.array_split(np.arange(len(times)), n_blocks)
     say(f"production: {args.steps} steps ({args.steps * args.dt:g} ps, {args.thermostat}, "
         f"tau {args.tau} ps) in {seconds:.1f} s ({args.steps / seconds:.0f} steps/s)")
-    say(f"  T = {temps.mean():.1f} +- {sem([temps[f].mean() for f in frames]):.1f} K "
+    say(f"  T = {temps.mean():.1f} +- {sp.block_average(temps, n_blocks)[1]:.1f} K "
         f"(target {args.temperature:g}), U = {u.mean():.2f} +- "
-        f"{sem([u[f].mean() for f in frames]):.2f} kJ/mol per ion pair; conserved quantity "
+        f"{sp.block_average(u, n_blocks)[1]:.2f} kJ/mol per ion pair; conserved quantity "
         f"drift {conserved[-1] - conserved[0]:+.2e} kJ/mol per ion pair")
 
     na, cl = x[:, species == 0], x[:, species == 1]
@@ -224,7 +195,8 @@ def main(argv: list[str] | None = None) -> None:
         blocks = [partial_rdf(a[f], b[f], box, r_max, 160, name != "Na-Cl") for f in frames]
         r = blocks[0][0]
         g = np.mean([gb for _, gb in blocks], axis=0)
-        rdf[name] = (g, peak_position(r, g), sem([peak_position(r, gb) for _, gb in blocks]))
+        peak_err = sp.block_average([peak_position(r, gb) for _, gb in blocks])[1]
+        rdf[name] = (g, peak_position(r, g), peak_err)
     g, peak, peak_err = rdf["Na-Cl"]
     say(f"  Na-Cl g(r): first peak at {peak * 10:.3f} +- {peak_err * 10:.3f} A, height "
         f"{g.max():.2f} (experiment: about {PEAK_REFERENCE * 10:.1f} A)")
@@ -237,12 +209,13 @@ def main(argv: list[str] | None = None) -> None:
     tt = times - times[0]
     msd, d, d_err = {}, {}, {}
     for name, xi in (("Na", na), ("Cl", cl)):
-        xu = unwrap(xi, box)
-        msd[name] = msd_origins(xu)
+        # every frame a time origin; the periodic frames are unwrapped inside
+        msd[name] = np.asarray(sp.mean_square_displacement(xi, space, origins=1), float)
         d[name] = float(sp.diffusion_coefficient(tt, msd[name], dim=3, window=window))
-        groups = np.array_split(np.arange(xu.shape[1]), n_blocks)
-        d_err[name] = sem([sp.diffusion_coefficient(tt, msd_origins(xu[:, gr]), dim=3,
-                                                    window=window) for gr in groups])
+        groups = np.array_split(np.arange(xi.shape[1]), n_blocks)
+        d_err[name] = sp.block_average([sp.diffusion_coefficient(
+            tt, sp.mean_square_displacement(xi[:, gr], space, origins=1), dim=3,
+            window=window) for gr in groups])[1]
         say(f"  D({name}) = {d[name] * to_cgs:.2e} +- {d_err[name] * to_cgs:.1e} cm^2/s "
             f"(MSD fit over {window[0]:g}-{window[1]:g} of {tt[-1]:.2f} ps; Tosi-Fumi MD: "
             f"about {D_REFERENCE:.0e})")

@@ -74,36 +74,6 @@ def parse(argv):
     return p, args
 
 
-def sem(blocks) -> float:
-    """The standard error of the mean of independent block estimates."""
-    b = np.asarray(blocks, float)
-    return float(b.std(ddof=1) / math.sqrt(len(b))) if len(b) > 1 else float("nan")
-
-
-def peak_position(r, g) -> float:
-    """The first maximum of g(r), refined by a parabola through the top three bins."""
-    k = int(np.argmax(g))
-    k = min(max(k, 1), len(g) - 2)
-    y0, y1, y2 = g[k - 1], g[k], g[k + 1]
-    den = y0 - 2 * y1 + y2
-    shift = 0.5 * (y0 - y2) / den if den != 0 else 0.0
-    return float(r[k] + shift * (r[1] - r[0]))
-
-
-def unwrap(x, box):
-    """Frames ``(f, n, 3)`` unwrapped by summing minimum-image steps between frames."""
-    steps = np.diff(x, axis=0)
-    steps -= box * np.round(steps / box)
-    return np.concatenate([x[:1], x[:1] + np.cumsum(steps, axis=0)])
-
-
-def msd_origins(x):
-    """MSD ``(f,)`` of unwrapped frames averaged over every time origin and atom."""
-    f = len(x)
-    return np.array([np.mean(np.sum((x[k:] - x[:f - k]) ** 2, axis=-1)) if k else 0.0
-                     for k in range(f)])
-
-
 @cli.script
 def main(argv: list[str] | None = None) -> None:
     parser, args = parse(argv)
@@ -165,9 +135,9 @@ def main(argv: list[str] | None = None) -> None:
     frames = np.array_split(np.arange(len(times)), n_blocks)
     say(f"production: {args.steps} steps ({args.steps * args.dt:g} ps, {args.thermostat}, "
         f"tau {args.tau} ps) in {seconds:.1f} s ({args.steps / seconds:.0f} steps/s)")
-    say(f"  T = {temps.mean():.1f} +- {sem([temps[f].mean() for f in frames]):.1f} K "
+    say(f"  T = {temps.mean():.1f} +- {sp.block_average(temps, n_blocks)[1]:.1f} K "
         f"(target {args.temperature:g}; {nf} degrees of freedom), U = {u.mean():.2f} +- "
-        f"{sem([u[f].mean() for f in frames]):.2f} kJ/mol per molecule "
+        f"{sp.block_average(u, n_blocks)[1]:.2f} kJ/mol per molecule "
         f"(SPC/E: -46.7 before its 5.2 kJ/mol polarisation correction; Berendsen et al. 1987)")
     say(f"  conserved quantity drift {conserved[-1] - conserved[0]:+.2e} kJ/mol per molecule; "
         f"largest constraint error {max(rigid):.1e} nm")
@@ -178,25 +148,27 @@ def main(argv: list[str] | None = None) -> None:
     for f in frames:
         r, g = sp.radial_distribution(jnp.asarray(oxygens[f]), space, r_max=r_max, n_bins=160)
         r, g = np.asarray(r), np.asarray(g)
-        peaks.append(peak_position(r, g))
+        peaks.append(sp.peak_position(r, g))
         gs.append(g)
     g = np.mean(gs, axis=0)
-    peak, peak_err = peak_position(r, g), sem(peaks)
+    peak, peak_err = sp.peak_position(r, g), sp.block_average(peaks)[1]
     say(f"  O-O g(r): first peak at {peak * 10:.3f} +- {peak_err * 10:.3f} A, height "
         f"{g.max():.2f} (SPC/E: {PEAK_REFERENCE * 10:.2f} A)")
 
-    xo = unwrap(oxygens, water.box)
-    msd = msd_origins(xo)
+    # every frame a time origin; the periodic frames are unwrapped inside
+    msd = np.asarray(sp.mean_square_displacement(oxygens, space, origins=1), float)
     groups = np.array_split(np.arange(w), n_blocks)
     window = (0.2, 0.6)
-    d_groups = [sp.diffusion_coefficient(times - times[0], msd_origins(xo[:, gr]), dim=3,
-                                          window=window) for gr in groups]
+    d_groups = [sp.diffusion_coefficient(
+        times - times[0], sp.mean_square_displacement(oxygens[:, gr], space, origins=1),
+        dim=3, window=window) for gr in groups]
+    d_err = sp.block_average(d_groups)[1]
     d = float(sp.diffusion_coefficient(times - times[0], msd, dim=3, window=window))
     to_cgs = 1e-2             # nm^2/ps = 1e-14 m^2 / 1e-12 s = 1e-2 cm^2/s
     correction = 2.837297 * KB * 1e3 / 6.02214076e23 * args.temperature / (
         6 * math.pi * VISCOSITY * water.box * 1e-9) * 1e4            # m^2/s -> cm^2/s
     say(f"  D (oxygen MSD, fit over {window[0]:g}-{window[1]:g} of "
-        f"{times[-1] - times[0]:.2f} ps) = {d * to_cgs:.2e} +- {sem(d_groups) * to_cgs:.1e} "
+        f"{times[-1] - times[0]:.2f} ps) = {d * to_cgs:.2e} +- {d_err * to_cgs:.1e} "
         f"cm^2/s (+- over {n_blocks} groups of molecules); + {correction:.1e} finite-size "
         f"correction (Yeh & Hummer 2004) = {d * to_cgs + correction:.2e} "
         f"(SPC/E: {D_REFERENCE:.1e}, Mark & Nilsson 2001)")
@@ -244,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         ax[5].axis("off")
         ax[5].text(0, 0.5, f"{w} SPC/E molecules, {args.temperature:g} K\n"
                    f"{args.steps * args.dt:g} ps production ({args.thermostat})\n"
-                   f"D = {d * to_cgs:.2e} ± {sem(d_groups) * to_cgs:.1e} cm²/s\n"
+                   f"D = {d * to_cgs:.2e} ± {d_err * to_cgs:.1e} cm²/s\n"
                    f"finite-size corrected {d * to_cgs + correction:.2e}", fontsize=12)
         fig.tight_layout()
         cli.save_figure(fig, args.plot, quiet=args.quiet)

@@ -218,6 +218,7 @@ PARTICLES_PUBLIC += ["Bussi", "NoseHooverChain", "Rattle", "StochasticCellRescal
                      "molecular_pressure"]  # issue 27
 PARTICLES_PUBLIC += ["Settle", "Water", "spce_energy", "spce_water"]  # issue 27: water
 PARTICLES_PUBLIC += ["born_mayer_huggins", "tosi_fumi_nacl"]  # issue 27: molten salt
+PARTICLES_PUBLIC += ["block_average", "peak_position"]  # issue 27: analysis observables
 PARTICLES_PUBLIC += ["Carry", "Model"]  # issue 25: simulate's parts, for a loop of one's own
 
 

@@ -49,11 +49,12 @@ def fluid():
     return x, float(box), space, sigma, epsilon
 
 
-def test_energy_forces_virial_against_a_numpy_sum_over_all_pairs(fluid):
+@pytest.mark.parametrize("shell", ["half", pytest.param("full", marks=pytest.mark.slow)])
+def test_energy_forces_virial_against_a_numpy_sum_over_all_pairs(fluid, shell):
     x, box, space, sigma, epsilon = fluid
     energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
     params = dict(sigma=jnp.asarray(sigma), epsilon=jnp.asarray(epsilon))
-    cells = sp.cell_list(space, x, R_CUT)
+    cells = sp.cell_list(space, x, R_CUT, shell=shell)
     assert cells.grid == (3, 3, 3)
 
     @jax.jit
@@ -100,6 +101,40 @@ def test_float32_agrees_with_the_neighbour_list_to_round_off(fluid):
     assert f_c.dtype == jnp.float32
     assert abs(float(u_c) - u_ref) < 2e-5 * abs(u_ref)
     assert np.max(np.abs(np.asarray(f_c) - f_ref)) < 2e-5 * np.max(np.abs(f_ref))
+
+
+def test_a_skin_rebuilds_after_half_a_skin_and_misses_no_pair(fluid):
+    """Cells r_cut + skin wide, kept until some atom has moved skin / 2: the forces equal
+    the all-pairs numpy sum after every move, the cells are re-sorted only when the largest
+    move since the last sort passes skin / 2 (counted by ``n_builds``), and at every update
+    without a skin. The full shell serves here (the half shell is checked above)."""
+    x, box, space, *_ = fluid
+    skin = 0.2
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
+    params = dict(sigma=1.0, epsilon=1.0)
+    cells = sp.cell_list(space, x, R_CUT, skin=skin, shell="full")
+    plain = sp.cell_list(space, x, R_CUT)
+    assert cells.grid == (3, 3, 3) and cells.skin == skin
+    direction = np.array(jax.random.normal(jax.random.key(4), x.shape, x.dtype))
+    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+    forces = jax.jit(energy.energy_and_forces)
+    ones = np.ones(len(x))
+    moved_at_build, builds = 0.0, int(cells.n_builds)
+    for k in range(1, 9):
+        y = jnp.asarray(x + 0.03 * k * direction)              # each atom moves 0.03 a step
+        cells, plain = cells.update(y), plain.update(y)
+        expected = builds + (0.03 * k - moved_at_build > 0.5 * skin)
+        assert int(cells.n_builds) == expected, (k, int(cells.n_builds))
+        if expected > builds:
+            moved_at_build, builds = 0.03 * k, expected
+        _, f = forces(y, params, cells)
+        _, f_ref, _ = numpy_lj(y, box, ones, ones, R_CUT)
+        assert np.max(np.abs(np.asarray(f) - f_ref)) < 1e-10 * np.max(np.abs(f_ref))
+    assert int(cells.n_builds) == 3 and int(plain.n_builds) == 9
+    with pytest.raises(ValueError, match="skin"):
+        sp.cell_list(space, x, R_CUT, skin=-0.1)
+    with pytest.raises(ValueError, match="shell"):
+        sp.cell_list(space, x, R_CUT, shell="quarter")
 
 
 def test_no_per_pair_gather_in_the_compiled_forces(fluid):
@@ -152,6 +187,22 @@ def test_simulate_repairs_an_overflow_and_matches_the_neighbour_list(fluid):
     assert np.max(np.abs(np.asarray(out.positions - ref.positions))) < 1e-12
 
 
+@pytest.mark.slow
+def test_simulate_with_a_skin_sorts_less_and_matches_the_neighbour_list(fluid):
+    x, box, space, *_ = fluid
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
+    params = dict(sigma=1.0, epsilon=1.0)
+    v = sp.maxwell_boltzmann(0.7, 1.0, key=jax.random.key(1), n=len(x))
+    state = sp.State(x, v, 1.0)
+    run = dict(space=space, dt=0.005, n_steps=40, save_every=20)
+    ref = sp.simulate(energy, state, params, neighbors=sp.neighbor_list(space, x, R_CUT, 0.3),
+                      **run)
+    cells = sp.cell_list(space, x, R_CUT, skin=0.2, shell="full")
+    out = sp.simulate(energy, state, params, neighbors=cells, **run)
+    assert np.max(np.abs(np.asarray(out.positions - ref.positions))) < 1e-12
+    assert 1 < int(out.neighbors.n_builds) < 20        # 41 without a skin
+
+
 def test_a_box_narrower_than_the_grid_is_flagged_and_bad_boxes_refused(fluid):
     x, box, space, *_ = fluid
     cells = sp.cell_list(space, x, R_CUT)
@@ -182,3 +233,32 @@ def test_pair_search_picks_cells_on_accelerators_and_the_list_on_cpu(fluid):
     assert isinstance(sp.pair_search(sp.free(), x, R_CUT, backend="tpu"), sp.NeighborList)
     with pytest.raises(ValueError, match="method"):
         sp.pair_search(space, x, R_CUT, method="dense")
+
+
+@pytest.mark.slow  # two simulate compilations (~8 s idle)
+def test_simulate_auto_picks_the_pair_structure_by_backend(fluid, monkeypatch):
+    """``neighbors="auto"``: a neighbour list on the CPU, cells when the backend is an
+    accelerator (the backend faked here), and clear errors where it cannot serve."""
+    x, box, space, *_ = fluid
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
+    params = dict(sigma=1.0, epsilon=1.0)
+    state = sp.State(x, jnp.zeros_like(x), 1.0)
+    run = dict(space=space, dt=0.002, n_steps=2, save_every=2, neighbors="auto")
+    on_cpu = sp.simulate(energy, state, params, **run)
+    assert isinstance(on_cpu.neighbors, sp.NeighborList)
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    on_chip = sp.simulate(energy, state, params, **run)
+    assert isinstance(on_chip.neighbors, sp.CellList)
+    assert np.max(np.abs(np.asarray(on_chip.positions - on_cpu.positions))) < 1e-12
+
+
+def test_simulate_auto_refuses_what_it_cannot_serve(fluid):
+    x, box, space, *_ = fluid
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
+    params = dict(sigma=1.0, epsilon=1.0)
+    state = sp.State(x, jnp.zeros_like(x), 1.0)
+    run = dict(space=space, dt=0.002, n_steps=2, save_every=2, neighbors="auto")
+    with pytest.raises(ValueError, match="neighbors"):
+        sp.simulate(energy, state, params, **{**run, "neighbors": "cells please"})
+    with pytest.raises(ValueError, match="r_cut"):
+        sp.simulate(sp.pair_energy(sp.lennard_jones, space), state, params, **run)

@@ -1,5 +1,6 @@
 """Validation suite for simlib: accuracy, convergence, energy, work-precision, gradients,
-particles, stiff problems, stochastic differential equations, PDEs by the method of lines.
+particles, stiff problems, stochastic differential equations, PDEs by the method of lines,
+constant pressure (NPT) against the Lennard-Jones equation of state and LAMMPS.
 
 Heavier than the unit tests. Run it from the repository root with
 

@@ -35,6 +35,7 @@ from validation import (  # noqa: E402
     energy,
     fitting,
     gradients,
+    npt,
     particles,
     pde,
     sde,
@@ -54,6 +55,7 @@ PARTS = {
     "pde": pde,
     "dae": dae,
     "fitting": fitting,
+    "npt": npt,
 }
 
 
@@ -69,8 +71,11 @@ PARTS = {
 # The DAE part runs Rodas5P and BDF on the two Bari index-1 problems at rtol 1e-6 (no
 # IDA cross-check).
 # The fitting part runs six of the 47 Moré-Garbow-Hillstrom cases (no Lotka-Volterra fit).
+# The NPT part runs one Lennard-Jones state point (256 atoms, 10,000 steps, about 25 s) against
+# the equation of state within 3 standard errors; the full run has three state points, the
+# 0.5% target and the comparison with LAMMPS fix npt.
 QUICK_PARTS = ("convergence", "accuracy", "energy", "gradients", "stiff", "sde", "pde",
-               "fitting", "dae")
+               "fitting", "dae", "npt")
 
 
 def _header(quick: bool, parts: list[str], seconds: float) -> str:

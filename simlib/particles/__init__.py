@@ -40,9 +40,11 @@ from ._model import Model
 from ._neighbors import NeighborList, missing_pairs, neighbor_list, reallocate
 from ._observables import (
     angular_momentum,
+    block_average,
     diffusion_coefficient,
     kinetic_energy,
     mean_square_displacement,
+    peak_position,
     pressure,
     pressure_tensor,
     radial_distribution,
@@ -102,6 +104,7 @@ __all__ = [
     "Water",
     "angle_energy",
     "angular_momentum",
+    "block_average",
     "bond_angle",
     "born_mayer_huggins",
     "bond_energy",
@@ -133,6 +136,7 @@ __all__ = [
     "pair_correction",
     "pair_energy",
     "periodic_torsion",
+    "peak_position",
     "periodic",
     "pme",
     "plummer",

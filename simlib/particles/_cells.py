@@ -16,8 +16,13 @@ average ``(rho w^d)^2`` pairs, of which only those within ``r_cut`` count.
 :meth:`CellList.pair_slots` says how many slots one evaluation computes.
 
 A :class:`CellList` stands wherever a :class:`NeighborList` does (``energy(x, params,
-neighbors=cells)``, ``simulate(..., neighbors=cells)``). It is rebuilt at every update (a
-sort, no skin). A cell over capacity sets the sticky ``overflow`` flag, which ``simulate``
+neighbors=cells)``, ``simulate(..., neighbors=cells)``). By default it is rebuilt at every
+update (a sort, no skin); with ``skin > 0`` the cells are ``r_cut + skin`` wide and re-sorted
+only once some particle has moved ``skin / 2``, as a Verlet list is (Allen & Tildesley §5.1).
+``shell="full"`` meets all ``3^d`` cells around each one and computes every pair twice, with
+no rolling of the partners' forces back onto their cells.
+
+A cell over capacity sets the sticky ``overflow`` flag, which ``simulate``
 repairs as it does for neighbour lists (:func:`~simlib.particles.reallocate`, then the
 chunk again); a box that shrinks below ``grid * r_cut`` on some side (a barostat) would
 miss pairs, and counts in ``missed_pairs`` instead.
@@ -56,33 +61,41 @@ class CellList:
         n_builds: How many times the cells were built.
         missed_pairs: 1 if the box became narrower than ``grid * r_cut`` on some side in an
             update (pairs within ``r_cut`` could then be missed), else 0.
+        reference_positions: ``(n, d)``: the positions at the last build.
         space, r_cut, capacity, grid: Its configuration (``capacity``: slots per cell).
+        skin: Cells are ``r_cut + skin`` wide and rebuilt only once some particle has moved
+            more than ``skin / 2`` since the last build (``0``: at every update).
+        shell: ``"half"`` (each pair of cells once, the partner's force rolled back) or
+            ``"full"`` (all ``3^d`` cells around each one, every pair from both ends).
     """
 
-    skin = 0.0       # rebuilt at every update: no particle may move before the next build
     debug = False
 
     def __init__(self, slot_atom: jax.Array, atom_slot: jax.Array, overflow: jax.Array,
                  max_cell_occupancy: jax.Array, n_builds: jax.Array, missed_pairs: jax.Array,
-                 space: Space, *, r_cut: float, capacity: int,
-                 grid: tuple[int, ...]) -> None:
+                 reference_positions: jax.Array, space: Space, *, r_cut: float, capacity: int,
+                 grid: tuple[int, ...], skin: float = 0.0, shell: str = "half") -> None:
         self.slot_atom = slot_atom
         self.atom_slot = atom_slot
         self.overflow = overflow
         self.max_cell_occupancy = max_cell_occupancy
         self.n_builds = n_builds
         self.missed_pairs = missed_pairs
+        self.reference_positions = reference_positions
         self.space = space
         self.r_cut = r_cut
         self.capacity = capacity
         self.grid = grid
+        self.skin = skin
+        self.shell = shell
 
     def _static(self):
-        return dict(r_cut=self.r_cut, capacity=self.capacity, grid=self.grid)
+        return dict(r_cut=self.r_cut, capacity=self.capacity, grid=self.grid, skin=self.skin,
+                    shell=self.shell)
 
     def tree_flatten(self):
         return ((self.slot_atom, self.atom_slot, self.overflow, self.max_cell_occupancy,
-                 self.n_builds, self.missed_pairs, self.space),
+                 self.n_builds, self.missed_pairs, self.reference_positions, self.space),
                 tuple(sorted(self._static().items())))
 
     @classmethod
@@ -91,13 +104,13 @@ class CellList:
 
     def __repr__(self):
         return (f"CellList(n={self.n_particles}, grid={self.grid}, capacity={self.capacity}, "
-                f"r_cut={self.r_cut})")
+                f"r_cut={self.r_cut}, skin={self.skin}, shell={self.shell!r})")
 
     def replace(self, **kw) -> CellList:
         children = dict(slot_atom=self.slot_atom, atom_slot=self.atom_slot,
                         overflow=self.overflow, max_cell_occupancy=self.max_cell_occupancy,
                         n_builds=self.n_builds, missed_pairs=self.missed_pairs,
-                        space=self.space)
+                        reference_positions=self.reference_positions, space=self.space)
         static = self._static()
         for k, v in kw.items():
             (static if k in static else children)[k] = v
@@ -112,9 +125,11 @@ class CellList:
         return math.prod(self.grid)
 
     def pair_slots(self) -> int:
-        """Pair slots one evaluation computes: ``n_cells * (3^d + 1)/2 * capacity^2`` (a half
-        shell of neighbour cells; each pair within ``r_cut`` is one of them)."""
-        return self.n_cells * (3 ** len(self.grid) + 1) // 2 * self.capacity**2
+        """Pair slots one evaluation computes: ``n_cells * (3^d + 1)/2 * capacity^2`` for a
+        half shell of neighbour cells (each pair within ``r_cut`` is one of them), twice
+        less the self blocks' half for a full shell (``n_cells * 3^d * capacity^2``)."""
+        blocks = 3 ** len(self.grid) if self.shell == "full" else (3 ** len(self.grid) + 1) // 2
+        return self.n_cells * blocks * self.capacity**2
 
     def build(self, positions) -> CellList:
         """The cells rebuilt at ``positions`` (jittable): one sort by cell."""
@@ -122,20 +137,34 @@ class CellList:
             return _build_jit(self, positions)
         slot_atom, atom_slot, occupancy = _sort_into_cells(self, positions)
         box = self.space.box_vector(len(self.grid), positions.dtype)
-        narrow = jnp.any(box / jnp.asarray(self.grid, positions.dtype) < self.r_cut)
+        narrow = jnp.any(box / jnp.asarray(self.grid, positions.dtype) < self.r_cut + self.skin)
         return self.replace(
-            slot_atom=slot_atom, atom_slot=atom_slot,
+            slot_atom=slot_atom, atom_slot=atom_slot, reference_positions=positions,
             overflow=self.overflow | (occupancy > self.capacity),
             max_cell_occupancy=jnp.maximum(self.max_cell_occupancy, occupancy),
             n_builds=self.n_builds + 1,
             missed_pairs=jnp.maximum(self.missed_pairs, narrow.astype(jnp.int32)))
 
     def update(self, positions) -> CellList:
-        """Rebuilt at every update (no skin): the same as :meth:`build`."""
-        return self.build(positions)
+        """Rebuilt if needed (:meth:`needs_rebuild`, a ``lax.cond``); without a skin, at every
+        update (the same as :meth:`build`)."""
+        if self.skin == 0.0:
+            return self.build(positions)
+        if not (inside_trace() or is_tracer((self, positions))):
+            return _update_jit(self, positions)
+        return lax.cond(self.needs_rebuild(positions), lambda: self.build(positions),
+                        lambda: self)
 
     def needs_rebuild(self, positions) -> jax.Array:
-        return jnp.asarray(True)
+        """Whether some particle moved more than ``skin / 2`` since the last build (always,
+        without a skin). Between builds a particle stays within ``skin / 2`` of its place at
+        the build, so a pair within ``r_cut`` was within ``r_cut + skin`` then: in the same
+        or adjacent cells of width ``r_cut + skin``."""
+        if self.skin == 0.0:
+            return jnp.asarray(True)
+        d = positions.T - self.reference_positions.T
+        r2 = sum(self.space.minimum_image(d[k], k) ** 2 for k in range(d.shape[0]))
+        return ~(jnp.max(r2) <= (0.5 * self.skin) ** 2)      # a nan displacement rebuilds
 
     def reallocate(self, positions, capacity_multiplier: float = 1.5) -> CellList:
         """Larger cells built at ``positions``: see :func:`reallocate_cells`."""
@@ -149,6 +178,11 @@ class CellList:
 @jax.jit
 def _build_jit(cells, positions):
     return cells.build(positions)
+
+
+@jax.jit
+def _update_jit(cells, positions):
+    return cells.update(positions)
 
 
 def _cell_ids(space: Space, grid, positions):
@@ -181,7 +215,8 @@ def _sort_into_cells(cells: CellList, positions):
 
 
 def cell_list(space: Space, positions: ArrayLike, r_cut: float, *, capacity: int | None = None,
-              capacity_multiplier: float = 1.5) -> CellList:
+              capacity_multiplier: float = 1.5, skin: float = 0.0,
+              shell: str = "half") -> CellList:
     """Sort particles into a periodic grid of cells at least ``r_cut`` wide, for the
     cell-dense pair sum (the accelerator path; see the module docstring).
 
@@ -194,6 +229,12 @@ def cell_list(space: Space, positions: ArrayLike, r_cut: float, *, capacity: int
         capacity: Slots per cell; default ``capacity_multiplier`` times the fullest cell at
             ``positions``, rounded up to a multiple of 8.
         capacity_multiplier: Headroom of the default capacity.
+        skin: Cells ``r_cut + skin`` wide, rebuilt only when some particle has moved more
+            than ``skin / 2`` (fewer sorts, more pair slots); ``0`` rebuilds at every update.
+        shell: ``"half"``: each pair of cells once, the partner's force rolled back onto its
+            cell (Newton's third law); ``"full"``: all ``3^d`` cells around each one, every
+            pair computed from both ends and forces kept on the home cell only (twice the
+            pair slots, no rolling back).
     """
     if not isinstance(space, Space) or not space.periodic:
         raise ValueError("cell_list: space must be periodic(box); the cell-dense path tiles a "
@@ -210,12 +251,18 @@ def cell_list(space: Space, positions: ArrayLike, r_cut: float, *, capacity: int
         raise ValueError("cell_list: positions has non-finite entries")
     if not (isinstance(r_cut, (int, float)) and math.isfinite(r_cut) and r_cut > 0):
         raise ValueError(f"cell_list: r_cut must be a positive finite number, got {r_cut!r}")
+    if not (isinstance(skin, (int, float)) and math.isfinite(skin) and skin >= 0):
+        raise ValueError(f"cell_list: skin must be a finite number >= 0, got {skin!r}")
+    if shell not in ("half", "full"):
+        raise ValueError(f"cell_list: shell must be 'half' or 'full', got {shell!r}")
     box = np.broadcast_to(np.asarray(space.box, float), (d,))
-    grid = tuple(int(g) for g in np.floor(box / r_cut))
+    width = r_cut + skin
+    grid = tuple(int(g) for g in np.floor(box / width))
     if min(grid) < 3:
         raise ValueError(f"cell_list: the box {box.tolist()} holds fewer than 3 cells of width "
-                         f"r_cut={r_cut} on some side (grid {grid}); the 27 cells around one "
-                         f"would not be distinct: use neighbor_list in a box this small")
+                         f"r_cut + skin={width} on some side (grid {grid}); the 27 cells "
+                         f"around one would not be distinct: use neighbor_list in a box this "
+                         f"small")
     if capacity is None:
         counts = np.bincount(np.asarray(_cell_ids(space, grid, positions)),
                              minlength=math.prod(grid))
@@ -225,8 +272,9 @@ def cell_list(space: Space, positions: ArrayLike, r_cut: float, *, capacity: int
     n = positions.shape[0]
     empty = CellList(jnp.full(math.prod(grid) * int(capacity), n, jnp.int32),
                      jnp.zeros(n, jnp.int32), jnp.asarray(False), jnp.asarray(0, jnp.int32),
-                     jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), space,
-                     r_cut=float(r_cut), capacity=int(capacity), grid=grid)
+                     jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), positions, space,
+                     r_cut=float(r_cut), capacity=int(capacity), grid=grid, skin=float(skin),
+                     shell=shell)
     return empty.build(positions)
 
 
@@ -263,10 +311,11 @@ def reallocate_cells(cells: CellList, positions, capacity_multiplier: float = 1.
     """Larger cells after an overflow: room for ``capacity_multiplier`` times the fullest cell
     seen so far or found at ``positions``."""
     fresh = cell_list(cells.space, positions, cells.r_cut,
-                      capacity_multiplier=capacity_multiplier)
+                      capacity_multiplier=capacity_multiplier, skin=cells.skin, shell=cells.shell)
     capacity = max(fresh.capacity, cells.capacity + 8,
                    8 * math.ceil(capacity_multiplier * int(cells.max_cell_occupancy) / 8))
-    return cell_list(cells.space, positions, cells.r_cut, capacity=capacity)
+    return cell_list(cells.space, positions, cells.r_cut, capacity=capacity, skin=cells.skin,
+                     shell=cells.shell)
 
 
 def _half_shell(d: int) -> np.ndarray:
@@ -276,12 +325,20 @@ def _half_shell(d: int) -> np.ndarray:
     return np.asarray([(0,) * d, *offsets], np.int32)
 
 
-def cell_pass(energy, positions, params, cells: CellList, want_derivative: bool):
-    r"""The pair sum over cells, a half shell of neighbour blocks at a time.
+def _full_shell(d: int) -> np.ndarray:
+    """All ``3^d`` offsets around a cell, itself included."""
+    return np.asarray(list(itertools.product((-1, 0, 1), repeat=d)), np.int32)
 
-    Each cell meets itself (pairs ``i < j``) and the ``(3^d - 1)/2`` neighbour cells of the
-    half shell; the force of a pair goes to both particles (the neighbour side is rolled
-    back onto its own cell), so every pair within ``r_cut`` is computed once.
+
+def cell_pass(energy, positions, params, cells: CellList, want_derivative: bool):
+    r"""The pair sum over cells, a shell of neighbour blocks at a time.
+
+    Half shell: each cell meets itself (pairs ``i < j``) and the ``(3^d - 1)/2`` neighbour
+    cells of the half shell; the force of a pair goes to both particles (the neighbour side
+    is rolled back onto its own cell), so every pair within ``r_cut`` is computed once.
+    Full shell: each cell meets all ``3^d`` cells around it (pairs ``i != j``), keeps the
+    forces on its own particles, and every pair is computed from both ends (the energy and
+    the virial are halved).
 
     Returns ``(U, per-slot forces (n_cells * capacity, d) or None, W)``: the energy
     :math:`U = \sum_{i<j} u(r_{ij})` and the virial :math:`W = -\sum_{i<j} r u'(r)` (``None``
@@ -291,6 +348,7 @@ def cell_pass(energy, positions, params, cells: CellList, want_derivative: bool)
     n, d = positions.shape
     grid, cap = cells.grid, cells.capacity
     n_cells = cells.n_cells
+    full = cells.shell == "full"
     shape = (*grid, cap)
     occupied = (cells.slot_atom < n).reshape(shape)
     atom = cells.slot_atom.reshape(shape)
@@ -322,8 +380,10 @@ def cell_pass(energy, positions, params, cells: CellList, want_derivative: bool)
             return lanes(roll(a))[None, :, :]
 
         dr = [energy.space.minimum_image(pair_i(x[k]) - pair_j(x[k]), k) for k in range(d)]
-        # a distinct cell: every pair of occupied slots; the cell itself: i < j only
-        order = jnp.where(jnp.all(offset == 0), pair_i(atom) < pair_j(atom), True)
+        # a distinct cell: every pair of occupied slots; the cell itself: i < j (half
+        # shell) or i != j (full shell) only
+        ai, aj = pair_i(atom), pair_j(atom)
+        order = jnp.where(jnp.all(offset == 0), (ai != aj) if full else (ai < aj), True)
         valid = pair_i(occupied) & pair_j(occupied) & order
         pp = PairParams(params, n, lambda a: pair_i(cellwise(a)),
                         lambda a: pair_j(cellwise(a)), energy.rules)
@@ -331,6 +391,8 @@ def cell_pass(energy, positions, params, cells: CellList, want_derivative: bool)
         if not want_derivative:
             return jnp.sum(u), None, None
         fi = jnp.stack([-jnp.sum(c * dr[k], axis=1) for k in range(d)])      # (d, cap, cells)
+        if full:
+            return jnp.sum(u), fi, -jnp.sum(c * r * r)
         fj = jnp.stack([lanes(roll(grid_of(jnp.sum(c * dr[k], axis=0)), sign=1))
                         for k in range(d)])
         return jnp.sum(u), fi + fj, -jnp.sum(c * r * r)
@@ -344,7 +406,11 @@ def cell_pass(energy, positions, params, cells: CellList, want_derivative: bool)
     zero = jnp.zeros((), positions.dtype)
     init = (zero, jnp.zeros((d, cap, n_cells), positions.dtype) if want_derivative else None,
             zero if want_derivative else None)
-    (u, f, w), _ = lax.scan(body, init, jnp.asarray(_half_shell(d)))
+    shell = _full_shell(d) if full else _half_shell(d)
+    (u, f, w), _ = lax.scan(body, init, jnp.asarray(shell))
+    if full:                                  # every pair was counted from both ends
+        u = 0.5 * u
+        w = None if w is None else 0.5 * w
     if f is not None:
         f = jnp.transpose(f, (2, 1, 0)).reshape(-1, d)       # slot = cell * capacity + s
     return u, f, w

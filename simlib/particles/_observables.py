@@ -131,19 +131,114 @@ def radial_distribution(positions: ArrayLike, space: Space, *, r_max: float,
     return 0.5 * (edges[1:] + edges[:-1]), g
 
 
-def mean_square_displacement(positions: ArrayLike, space: Space | None = None) -> jax.Array:
-    r"""Mean-square displacement :math:`\langle |x_i(t) - x_i(0)|^2 \rangle` over saved frames.
+def mean_square_displacement(positions: ArrayLike, space: Space | None = None, *,
+                             origins: int | None = None) -> jax.Array:
+    r"""Mean-square displacement over saved frames, per lag (in frames).
 
-    ``positions``: ``(n_frames, n, d)``. In a periodic space, frames are unwrapped by summing
-    minimum-image displacements between consecutive frames, which is right as long as no
-    particle moves half a box between frames.
+    Without ``origins``, from the first frame only:
+    :math:`\mathrm{MSD}(k) = \langle |x_i(k) - x_i(0)|^2 \rangle_i`. With ``origins=s``,
+    averaged over the time origins :math:`t_0 = 0, s, 2s, \dots` (every frame for
+    ``s = 1``), each lag over the origins that have a frame that many frames later:
+
+    .. math::
+        \mathrm{MSD}(k) = \frac{1}{n\,|O_k|}\sum_{t_0 \in O_k}\sum_i
+            |x_i(t_0 + k) - x_i(t_0)|^2,\qquad O_k = \{t_0 : t_0 + k < n_{frames}\}
+
+    (Allen & Tildesley, *Computer Simulation of Liquids*, 2nd ed., 2017, §8.7). Many
+    origins lower the noise at short lags; the last lags still rest on few intervals. The
+    cost is ``n_frames * n_origins * n`` displacements (a ``lax.map`` over lags).
+
+    Args:
+        positions: ``(n_frames, n, d)``.
+        space: In a periodic space, frames are unwrapped by summing minimum-image
+            displacements between consecutive frames, which is right as long as no
+            particle moves half a box between frames.
+        origins: ``None`` (the first frame), or the spacing ``s >= 1`` of the time
+            origins in frames.
+
+    Returns:
+        ``(n_frames,)``: the MSD at lags ``0, 1, ..., n_frames - 1`` frames.
     """
     x = jnp.asarray(positions)
+    if x.ndim != 3:
+        raise ValueError(f"mean_square_displacement: positions must be (n_frames, n, d), got "
+                         f"shape {x.shape}")
+    if origins is not None and not (isinstance(origins, int | np.integer)
+                                    and not isinstance(origins, bool) and origins >= 1):
+        raise ValueError(f"mean_square_displacement: origins must be None or a positive "
+                         f"integer (the spacing of the time origins in frames), got "
+                         f"{origins!r}")
     if space is not None and space.periodic:
         steps = space.displacement(x[1:], x[:-1])
         x = jnp.concatenate([x[:1], x[:1] + jnp.cumsum(steps, axis=0)])
-    dx = x - x[:1]
-    return jnp.mean(jnp.sum(dx * dx, axis=-1), axis=-1)
+    if origins is None:
+        dx = x - x[:1]
+        return jnp.mean(jnp.sum(dx * dx, axis=-1), axis=-1)
+    f = x.shape[0]
+    t0 = np.arange(0, f, int(origins))                 # static: the origins' frames
+    start = x[t0]
+
+    def lag(k):
+        later = t0 + k
+        valid = later < f
+        dx = x[jnp.minimum(later, f - 1)] - start
+        per_origin = jnp.mean(jnp.sum(dx * dx, axis=-1), axis=-1)
+        return jnp.sum(jnp.where(valid, per_origin, 0.0)) / jnp.sum(valid)
+
+    return jax.lax.map(lag, jnp.arange(f))
+
+
+def block_average(samples: ArrayLike, n_blocks: int | None = None) -> tuple[float, float]:
+    r"""The mean of ``samples`` and its standard error by block averaging.
+
+    The series is cut into ``n_blocks`` consecutive blocks (``np.array_split``: lengths
+    differ by at most one); the standard error is that of the block means,
+    :math:`\sigma = \mathrm{std}(ar x_b) / \sqrt{n_b}` (sample standard deviation,
+    ``ddof=1``). It is the error of the mean when the blocks are longer than the
+    correlation time (Flyvbjerg & Petersen, J. Chem. Phys. 91, 461 (1989); Allen &
+    Tildesley 2017, §8.4): check that fewer, longer blocks give about the same value. With
+    ``n_blocks=None`` every sample is its own block: for independent estimates (a peak
+    position per block of frames, a diffusion coefficient per group of molecules).
+
+    Args:
+        samples: ``(n,)``: a time series, or independent estimates.
+        n_blocks: Number of blocks, at least 2 and at most ``n``.
+
+    Returns:
+        ``(mean, standard_error)``: the mean of all samples (numpy floats).
+    """
+    x = np.asarray(samples, float)
+    if x.ndim != 1:
+        raise ValueError(f"block_average: samples must be 1-D, got shape {x.shape}")
+    n_b = len(x) if n_blocks is None else n_blocks
+    if not (isinstance(n_b, int | np.integer) and not isinstance(n_b, bool)
+            and 2 <= n_b <= len(x)):
+        raise ValueError(f"block_average: needs at least 2 blocks of at least one sample: "
+                         f"n_blocks={n_blocks!r} for {len(x)} samples")
+    means = np.array([b.mean() for b in np.array_split(x, int(n_b))])
+    return float(x.mean()), float(means.std(ddof=1) / np.sqrt(n_b))
+
+
+def peak_position(r: ArrayLike, g: ArrayLike) -> float:
+    r"""Where the tabulated ``g(r)`` is largest (e.g. the first peak of a radial
+    distribution), refined by the parabola through the highest point and its neighbours:
+    :math:`r_k + rac{\Delta r}{2}\,rac{g_{k-1} - g_{k+1}}{g_{k-1} - 2g_k + g_{k+1}}`
+    on an even grid :math:`\Delta r` (exact for a parabola; the highest point of the
+    ends is moved one point in).
+
+    Args:
+        r: ``(n,)`` evenly spaced points, ``n >= 3``.
+        g: ``(n,)`` values at them.
+    """
+    r, g = np.asarray(r, float), np.asarray(g, float)
+    if r.ndim != 1 or r.shape != g.shape or len(r) < 3:
+        raise ValueError(f"peak_position: r and g must be 1-D of equal length >= 3, got "
+                         f"shapes {r.shape} and {g.shape}")
+    k = min(max(int(np.argmax(g)), 1), len(g) - 2)
+    y0, y1, y2 = g[k - 1], g[k], g[k + 1]
+    den = y0 - 2 * y1 + y2
+    shift = 0.5 * (y0 - y2) / den if den != 0 else 0.0
+    return float(r[k] + shift * (r[1] - r[0]))
 
 
 def diffusion_coefficient(times: ArrayLike, msd: ArrayLike, *, dim: int,
@@ -161,8 +256,9 @@ def diffusion_coefficient(times: ArrayLike, msd: ArrayLike, *, dim: int,
             ballistic regime (``msd ~ t^2`` over the first collisions), the stop the last
             frames, where the average rests on few independent intervals.
 
-    The statistical error is not estimated here: compare runs, or blocks of particles
-    (the MSD of each block through :func:`mean_square_displacement`).
+    The statistical error is not estimated here: compare runs, or groups of particles
+    (the MSD of each group through :func:`mean_square_displacement`, the spread of their
+    coefficients through :func:`block_average`).
     """
     t = np.asarray(times, float)
     m = np.asarray(msd, float)

@@ -30,9 +30,9 @@ from jax import lax
 from .._adjoint import AbstractAdjoint, Checkpointed, Direct, StepLoop, Steps
 from .._auto import AUTOMATIC
 from .._errors import check_in_graph
-from .._util import inside_trace, split_inexact
+from .._util import inside_trace, is_tracer, split_inexact
 from . import _checkpoint, _chunked
-from ._cells import CellList
+from ._cells import CellList, pair_search
 from ._dynamics import NVE, Carry, Integrator, State
 from ._energy import Energy
 from ._health import Failure as _Failure
@@ -148,8 +148,8 @@ def _check_args(energy, state, space, dt, n_steps, integrator, save_every, neigh
 def simulate(energy: Energy | Callable[..., jax.Array], state: State, params: Any, *,
              space: Space, dt: float | jax.Array, n_steps: int,
              integrator: Integrator | None = None, save_every: int | None = None,
-             neighbors: NeighborList | CellList | None = None, key: jax.Array | None = None,
-             throw: bool = True,
+             neighbors: NeighborList | CellList | str | None = None,
+             key: jax.Array | None = None, throw: bool = True,
              progress: bool = False, adjoint: AbstractAdjoint | None = None,
              chunk_steps: int = 2000, checkpoint: str | os.PathLike | None = None,
              checkpoint_every: int = 1, resume: bool = False,
@@ -171,7 +171,10 @@ def simulate(energy: Energy | Callable[..., jax.Array], state: State, params: An
         n_steps: Number of steps (a multiple of ``save_every``).
         integrator: :class:`NVE` (default) or :class:`Langevin`.
         save_every: Steps between saved frames; by default only the start and the end.
-        neighbors: A :func:`neighbor_list`; kept up to date and reallocated on overflow.
+        neighbors: A :func:`neighbor_list` or :func:`cell_list`; kept up to date and
+            reallocated on overflow. ``"auto"``: the one that suits the backend, built here
+            from ``state.positions`` by :func:`pair_search` (the native neighbour-list
+            kernels on the CPU, cells on an accelerator where the box holds 3 cells a side).
         key: PRNG key, required by stochastic integrators. The noise of step ``k`` is drawn
             from ``fold_in(key, k)`` with ``k`` counted from 0 in every call, so continue a
             run from ``traj.final`` with a new key (``jax.random.split``), not the same one.
@@ -248,6 +251,8 @@ def simulate(energy: Energy | Callable[..., jax.Array], state: State, params: An
         (11, 0)
     """
     integrator = NVE() if integrator is None else integrator
+    if isinstance(neighbors, str):
+        neighbors = _auto_neighbors(energy, state, space, neighbors)
     _checkpoint.check_arguments(checkpoint, checkpoint_every, resume, checkpoint_metadata)
     state, n_steps, save_every = _check_args(energy, state, space, dt, n_steps, integrator,
                                              save_every, neighbors, key, adjoint)
@@ -273,6 +278,22 @@ def simulate(energy: Energy | Callable[..., jax.Array], state: State, params: An
     job = _chunked.Job(model, integrator, masses, params, dt, key, save_every, adjoint, compiled)
     return _chunked.run_chunked(job, state, neighbors, n_frames, throw=throw, progress=progress,
                                 chunk_steps=chunk_steps, ckpt=ckpt)
+
+
+def _auto_neighbors(energy, state: State, space: Space, neighbors: str):
+    """``neighbors="auto"``: :func:`pair_search` at the energy's cutoff, from the positions."""
+    if neighbors != "auto":
+        raise ValueError(f"simulate: neighbors must be a neighbour list, a cell list, 'auto' "
+                         f"or None, got {neighbors!r}")
+    r_cut = getattr(energy, "r_cut", None)
+    if r_cut is None:
+        raise ValueError("simulate: neighbors='auto' needs an energy with an r_cut "
+                         "(pair_energy(..., r_cut=...))")
+    positions = getattr(state, "positions", None)
+    if positions is None or is_tracer(positions):
+        raise TypeError("simulate: neighbors='auto' builds the pair structure from concrete "
+                        "positions; inside jit pass neighbor_list(...) or cell_list(...)")
+    return pair_search(space, positions, r_cut)
 
 
 def _traced(state: State, params, dt, neighbors, integrator: Integrator, model: Model) -> bool:
