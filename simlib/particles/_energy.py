@@ -104,7 +104,12 @@ class SumEnergy(Energy):
         return sum(t.virial(positions, params, neighbors) for t in self.terms)
 
     def virial_tensor(self, positions, params, neighbors=None):
-        return sum(t.virial_tensor(positions, params, neighbors) for t in self.terms)
+        """The terms' virial tensors summed, ``(d, d)``; only the diagonal ``(d,)`` where
+        some term gives only its diagonal (:func:`pme`, :func:`ewald`)."""
+        parts = [t.virial_tensor(positions, params, neighbors) for t in self.terms]
+        if all(w.ndim == 2 for w in parts):
+            return sum(parts)
+        return sum(jnp.diagonal(w) if w.ndim == 2 else w for w in parts)
 
 
 @jax.tree_util.register_pytree_node_class
