@@ -535,6 +535,10 @@ def test_native_lj_virial_matches_numpy_and_comes_from_the_kernel(dtype, mixed):
     tol = 2e-5 if dtype == jnp.float32 else 1e-11
     assert abs(float(w) - w_np) < tol * abs(w_np), (float(w), w_np)
     assert "simlib_lj_f" in str(jax.make_jaxpr(energy.virial)(x, params, nbrs))
+    # forces and virial in one program (a barostat's step): one kernel call, not two
+    both = jax.jit(lambda y: (energy.energy_and_forces(y, params, nbrs),
+                              energy.virial(y, params, nbrs)))
+    assert both.lower(x).compile().as_text().count('custom_call_target="simlib_lj_f') == 1
     if dtype == jnp.float64:
         def pure(eps_scale):
             p = dict(params, epsilon=params["epsilon"] * eps_scale)
