@@ -308,7 +308,8 @@ def ensemble(members: int, scipy_members: int, repeats: int, rtol: float = 1e-6)
     if diffrax is not None:
         contenders[("diffrax", "Kvaerno5")] = diffrax_ens
     kj = jnp.asarray(ks)
-    check = range(3)
+    # the members whose errors are checked: those scipy solved too (its rows index them)
+    check = range(min(3, scipy_members, members))
     refs = [solve_ivp(p.f_np, (0.0, p.t1), np.array(p.y0), method="Radau", rtol=1e-10,
                       atol=1e-16, jac=p.jac_np, args=(tuple(ks[i]),)).y[:, -1] for i in check]
     for (lib, name), fn in contenders.items():
@@ -476,6 +477,8 @@ def main(argv=None) -> int:
     scipy_repeats = opts.scipy_repeats or (1 if opts.quick else 3)
     n = opts.n or (100 if opts.quick else 250)
     scipy_members = opts.scipy_members or (5 if opts.quick else 20)
+    if scipy_members > opts.members:
+        parser.error(f"--scipy-members ({scipy_members}) exceeds --members ({opts.members})")
     rtols = (1e-6,) if opts.quick else (1e-6, 1e-9)
 
     with Timer() as wall:

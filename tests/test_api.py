@@ -214,7 +214,8 @@ PARTICLES_PUBLIC = [
     "Topology", "TopologyError", "read_lammps_data", "excluded_pairs", "diffusion_coefficient",
     "PairCorrection", "pair_correction", "pressure_tensor",
 ]
-PARTICLES_PUBLIC += ["Bussi", "NoseHooverChain", "Rattle", "StochasticCellRescaling"]  # issue 27
+PARTICLES_PUBLIC += ["Bussi", "NoseHooverChain", "Rattle", "StochasticCellRescaling",
+                     "molecular_pressure"]  # issue 27
 PARTICLES_PUBLIC += ["Settle", "Water", "spce_energy", "spce_water"]  # issue 27: water
 PARTICLES_PUBLIC += ["born_mayer_huggins", "tosi_fumi_nacl"]  # issue 27: molten salt
 PARTICLES_PUBLIC += ["block_average", "peak_position"]  # issue 27: analysis observables

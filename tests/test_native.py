@@ -193,12 +193,13 @@ _KERNEL_SCRIPT = textwrap.dedent("""
         x = np.asarray(c["x"])
         name = "simlib_lj_f32" if x.dtype == np.float32 else "simlib_lj_f64"
         call = jax.ffi.ffi_call(name, (jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                       jax.ShapeDtypeStruct((), x.dtype),
                                        jax.ShapeDtypeStruct((), x.dtype)))
-        forces, e = jax.jit(lambda *a: call(*a, r_cut=c["r_cut"], shift=int(c["shift"]),
-                                            periodic=int(c["periodic"])))(
+        forces, e, w = jax.jit(lambda *a: call(*a, r_cut=c["r_cut"], shift=int(c["shift"]),
+                                               periodic=int(c["periodic"])))(
             x, np.asarray(c["idx"], np.int32), np.asarray(c["sigma"], x.dtype),
             np.asarray(c["epsilon"], x.dtype), np.asarray(c["box"], x.dtype))
-        return dict(forces=np.asarray(forces), energy=float(e))
+        return dict(forces=np.asarray(forces), energy=float(e), virial=float(w))
 
     kernels = dict(neighbors=neighbors, gravity=gravity, lj=lj)
     for name, c in cases.items():
@@ -506,6 +507,47 @@ def test_native_lj_matches_numpy_and_pure_jax(dtype, periodic, shift, mixed):
     assert np.max(np.abs(np.asarray(f_nat, np.float64) - np.asarray(f_jax, np.float64))) \
         < tol * scale
     assert abs(float(e_nat) - float(e_jax)) < tol * abs(e_np)
+
+
+@native
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_native_lj_virial_matches_numpy_and_comes_from_the_kernel(dtype, mixed):
+    """The pair virial W = 1/2 sum_ij r_ij . f_ij from the native pass (the pressure's share,
+    one pass with the forces): against numpy over all pairs, its gradient in a parameter
+    against the pure-JAX virial's, and the compiled virial calls the kernel."""
+    x, box, space, params = _lj_system(dtype, True, mixed)
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
+    nbrs = sp.neighbor_list(space, x, r_cut=2.5, skin=0.3)
+    assert energy._native_lj(x, params, nbrs)
+    w = jax.jit(energy.virial)(x, params, nbrs)
+    assert w.dtype == dtype
+    xs = np.asarray(x, np.float64)
+    n = len(xs)
+    sig = np.broadcast_to(np.asarray(params["sigma"], np.float64), (n,))
+    eps = np.broadcast_to(np.asarray(params["epsilon"], np.float64), (n,))
+    d = xs[:, None, :] - xs[None, :, :]
+    d -= float(box) * np.round(d / float(box))
+    r2 = np.sum(d * d, axis=-1) + np.eye(n)
+    s6 = ((0.5 * (sig[:, None] + sig[None, :])) ** 2 / r2) ** 3
+    c = 24 * np.sqrt(eps[:, None] * eps[None, :]) * (2 * s6 * s6 - s6) / r2
+    w_np = 0.5 * np.sum(np.where((r2 < 2.5**2) & ~np.eye(n, dtype=bool), c * r2, 0.0))
+    tol = 2e-5 if dtype == jnp.float32 else 1e-11
+    assert abs(float(w) - w_np) < tol * abs(w_np), (float(w), w_np)
+    assert "simlib_lj_f" in str(jax.make_jaxpr(energy.virial)(x, params, nbrs))
+    # forces and virial in one program (a barostat's step): one kernel call, not two
+    both = jax.jit(lambda y: (energy.energy_and_forces(y, params, nbrs),
+                              energy.virial(y, params, nbrs)))
+    assert both.lower(x).compile().as_text().count('custom_call_target="simlib_lj_f') == 1
+    if dtype == jnp.float64:
+        def pure(eps_scale):
+            p = dict(params, epsilon=params["epsilon"] * eps_scale)
+            _, cc, r, _ = energy._neighbor_pass(x, p, nbrs, True)
+            return -0.5 * jnp.sum(cc * r * r)
+
+        g = jax.grad(lambda a: energy.virial(x, dict(params, epsilon=params["epsilon"] * a),
+                                             nbrs))(1.0)
+        assert abs(float(g) - float(jax.grad(pure)(1.0))) < 1e-10 * abs(w_np)
 
 
 @native

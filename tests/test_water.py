@@ -356,3 +356,23 @@ def test_gradient_through_settle_matches_finite_differences(cluster_runs):
     fd = (final_energy(1.0 + h) - final_energy(1.0 - h)) / (2 * h)
     g = jax.grad(final_energy)(1.0)
     assert abs(float(g) - float(fd)) < 1e-6 * abs(float(fd)), (float(g), float(fd))
+
+
+def test_pressure_tensor_of_water_is_nan_where_pme_gives_no_value():
+    """PME's virial is known on the diagonal only: the water pressure tensor's diagonal is
+    the pair tensor's diagonal plus PME's (its trace over 3 is the pressure), its
+    off-diagonal entries are NaN, never the pair terms with PME's diagonal broadcast onto
+    them (the defect this guards against)."""
+    water = sp.spce_water(27)
+    energy = sp.spce_energy(water, 0.45, tolerance=1e-4)
+    v = sp.maxwell_boltzmann(water.masses, 2.5, key=jax.random.key(0))
+    p = sp.pressure_tensor(energy, water.positions, v, water.masses, water.params)
+    lj, pme = energy.terms
+    m = np.asarray(water.masses)[:, None]
+    kinetic = np.einsum("na,nb->ab", m * np.asarray(v), np.asarray(v))
+    expected = (np.diag(kinetic) + np.diagonal(lj.virial_tensor(water.positions, water.params))
+                + np.asarray(pme.virial_tensor(water.positions, water.params))) / water.box**3
+    np.testing.assert_allclose(np.diagonal(p), expected, rtol=1e-12)
+    assert np.all(np.isnan(np.asarray(p)[~np.eye(3, dtype=bool)]))
+    scalar = sp.pressure(energy, water.positions, v, water.masses, water.params)
+    assert abs(float(np.trace(p)) / 3 - float(scalar)) < 1e-10 * abs(float(scalar))

@@ -116,6 +116,18 @@ class LinearSolver(Settings):
     def _factor(self, jac, c, mass):
         raise NotImplementedError
 
+    #: :meth:`factor_where` factorises member by member under ``vmap`` (the members whose
+    #: ``pred`` is false cost nothing); ``False``: it is a ``lax.cond``, which ``vmap``
+    #: turns into a factorisation of every member.
+    factors_per_member: bool = False
+
+    def factor_where(self, pred: Array, old: Factorisation, jac: Any, c: Array,
+                     mass: Any = None) -> Factorisation:
+        """:meth:`factor` where ``pred``, ``old`` (a factorisation of the same solver, with
+        the same structure) elsewhere: the refactorisation of a step that keeps its
+        factors unless ``c`` (or ``J``) changed enough."""
+        return lax.cond(pred, lambda: self.factor(jac, c, mass), lambda: old)
+
     def _solve(self, fac: Factorisation, b: Array, transpose: bool, field) -> Array:
         """``A^-1 b`` (``A^-T b``) for a vector ``b``, no derivative rules needed."""
         raise NotImplementedError

@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from .._native import NativeLibrary
 
@@ -23,7 +24,8 @@ _LIBRARY = NativeLibrary(
     Path(__file__).parent / "native",
     sources=("linalg.cc",),
     targets=tuple(f"simlib_{k}_{d}" for k in ("band_lu", "band_solve", "sparse_lu",
-                                               "sparse_solve") for d in ("f32", "f64")),
+                                               "sparse_lu_masked", "sparse_solve")
+                  for d in ("f32", "f64")),
     library="libsimlib_linalg.so",
 )
 
@@ -113,6 +115,55 @@ def _sparse_lu_vmap(axis_size, in_batched, values, fp, fi, diag):
     # through the custom_vmap function again, so that an enclosing vmap is handled alike
     out = sparse_lu_native(values, fp, fi, diag)
     return out, (values_b, values_b)
+
+
+def _sparse_lu_masked_call(mask, values, old, position, fp, fi, diag):
+    call = jax.ffi.ffi_call(
+        f"simlib_sparse_lu_masked_{_suffix(old.dtype)}",
+        (jax.ShapeDtypeStruct(old.shape, old.dtype),
+         jax.ShapeDtypeStruct(old.shape[:-1], jnp.int32)),
+        vmap_method="expand_dims", input_output_aliases={1: 0})
+    return call(values, old, mask.astype(jnp.int32), position, fp, fi, diag)
+
+
+@jax.custom_batching.custom_vmap
+def _sparse_lu_masked(mask, values, old, position, fp, fi, diag):
+    # at the top level: nothing to do unless some member (of leading axes) asks
+    return lax.cond(jnp.any(mask),
+                    lambda: _sparse_lu_masked_call(mask, values, old, position, fp, fi, diag),
+                    lambda: (old, jnp.zeros(mask.shape, jnp.int32)))
+
+
+@_sparse_lu_masked.def_vmap
+def _sparse_lu_masked_vmap(axis_size, in_batched, mask, values, old, position, fp, fi, diag):
+    *member_b, position_b, fp_b, fi_b, diag_b = in_batched
+    position, fp, fi, diag = (_unbatched(x, b) for x, b in
+                              zip((position, fp, fi, diag), (position_b, fp_b, fi_b, diag_b),
+                                  strict=True))
+    mask, values, old = (x if b else jnp.broadcast_to(x, (axis_size, *x.shape))
+                         for x, b in zip((mask, values, old), member_b, strict=True))
+    return _sparse_lu_masked(mask, values, old, position, fp, fi, diag), (True, True)
+
+
+def sparse_lu_masked(mask, values, old, position, fp, fi, diag):
+    """:func:`sparse_lu_native` member by member: where ``mask``, the factors of the
+    matrix with ``values`` on ``A``'s pattern (scattered into the closed pattern's slots
+    ``position`` by the kernel); elsewhere ``old``, untouched (the output is aliased to
+    it). Under ``vmap`` the batched ``mask`` goes into one kernel call, so that only the
+    members that ask are factorised (where ``vmap`` of a ``lax.cond`` factorises them all),
+    and the call is skipped when none asks. ``info`` is ``0`` for a kept member.
+    Operands carry no derivatives (the caller cuts them)."""
+    mask = jnp.broadcast_to(jnp.asarray(mask, bool), old.shape[:-1])
+    return _sparse_lu_masked(mask, values.astype(old.dtype), old, position, fp, fi, diag)
+
+
+def sparse_lu_count() -> int:
+    """Member factorisations done by the native sparse LU kernels in this process (a
+    counter kept by the library, for tests of what a batch factorises)."""
+    _require()
+    f = load().simlib_sparse_lu_count
+    f.restype = ctypes.c_int64
+    return int(f())
 
 
 def _sparse_solve_call(lu, fp, fi, diag, b, flags):

@@ -28,10 +28,11 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.csgraph as csgraph
 import scipy.sparse.linalg as spla
+from jax import lax
 
 from .._static import register_static
 from . import _kernels
-from ._base import Array, Field, LinearSolver
+from ._base import Array, Factorisation, Field, LinearSolver
 from ._coloring import CompressedPattern
 from ._sparsity import jacobian_sparsity
 
@@ -80,6 +81,7 @@ class SymbolicLU:
             raise ValueError(f"sparse LU: {fp[-1]} non-zeros in the factors exceed int32")
         keys = np.repeat(np.arange(n), np.diff(fp)) * n + fi
         self.position = np.searchsorted(keys, r * n + c)  # A's value k -> F slot
+        self.position32 = self.position.astype(np.int32)
         if not np.array_equal(keys[self.position], r * n + c):
             raise AssertionError("symbolic LU: the fill pattern misses an entry of A")
         frows = np.repeat(np.arange(n), np.diff(fp))
@@ -196,6 +198,32 @@ class Sparse(LinearSolver):
         lu, info = _kernels.sparse_lu_native(vals, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
                                     jnp.asarray(sym.diag))
         return lu, (info == 0) & jnp.all(jnp.isfinite(lu))
+
+    @property
+    def factors_per_member(self) -> bool:  # type: ignore[override]
+        return self._use_native()
+
+    def factor_where(self, pred: Array, old: Factorisation, jac: Any, c: Array,
+                     mass: Any = None) -> Factorisation:
+        """The native kernel's masked batch (:func:`._kernels.sparse_lu_masked`): under
+        ``vmap`` only the members with ``pred`` are factorised, the others keep ``old``'s
+        factors without a copy, and nothing runs when no member asks."""
+        if not self._use_native():
+            return super().factor_where(pred, old, jac, c, mass)
+        sg = lax.stop_gradient
+        c = jnp.asarray(c)
+        pred = sg(jnp.asarray(pred, bool))
+        a = self.operator(jax.tree_util.tree_map(sg, jac), sg(c),
+                          jax.tree_util.tree_map(sg, mass))
+        sym = self.symbolic()
+        lu, info = _kernels.sparse_lu_masked(pred, a, sg(old.data), jnp.asarray(sym.position32),
+                                             jnp.asarray(sym.fp), jnp.asarray(sym.fi),
+                                             jnp.asarray(sym.diag))
+        ok = jnp.where(pred, info == 0, old.ok)
+        c_new = jnp.where(pred, c.astype(jnp.result_type(old.c)), old.c)
+        mass_new = (mass if mass is None else jax.tree_util.tree_map(
+            lambda m, o: jnp.where(pred, m, o), mass, old.mass))
+        return Factorisation(jac, c_new, mass_new, lu, ok)
 
     def _solve(self, fac, b, transpose, field):
         if not self._use_native():

@@ -61,6 +61,7 @@ from ._implicit import (
     mass_of,
     member_cond,
     newton,
+    refactor_where,
     rms_norm,
     step_mass,
     tangent_solver,
@@ -268,11 +269,15 @@ class BDF(LinearAlgebra, AbstractSolver):
         # when c_lu is nan, before the first factorisation)
         c_ratio = sg(c / state.c_lu)
         refactor = (c != state.c_lu) & ~(jnp.abs(c_ratio - 1) < self.lu_reuse)
+        # h = 0: the placeholder attempt of a member that has finished while the others of
+        # a vmap-ed batch go on (its result is discarded). Without a mass matrix its
+        # system is A = I, solved exactly below without new factors.
+        idle = (hh == 0) if mass_of(f, args) is None else jnp.asarray(False)
+        refactor = refactor & ~idle
         ls = self.bound_linear_solver(g, t, v)
         mass = step_mass(ls, mass_of(f, args), hh)
         mass_sg = None if mass is None else sg(mass)
-        fac = member_cond(refactor, lambda: ls.factor(state.fac.jac, sg(c), mass_sg),
-                          lambda: state.fac)
+        fac = refactor_where(ls, refactor, state.fac, state.fac.jac, sg(c), mass_sg)
 
         def apply_mass(x, m=mass):
             return mass_matvec(ls, state.fac.jac, m, x)
@@ -293,7 +298,8 @@ class BDF(LinearAlgebra, AbstractSolver):
 
                 def solve(b):
                     x = ls.solve(fac_, b, field=g_sg)
-                    return jnp.where(gain == 1.0, x, gain.astype(x.dtype) * x)
+                    x = jnp.where(gain == 1.0, x, gain.astype(x.dtype) * x)
+                    return jnp.where(idle, b, x)
             else:  # iterative: the operator with the current c, the stale preconditioner
                 fac_c = fac_._replace(c=c_sg)
 
@@ -320,8 +326,11 @@ class BDF(LinearAlgebra, AbstractSolver):
                 return sg(self.linearise(ls, g_sg, f, t_sg, y_pred_sg, unravel,
                                          jax.tree_util.tree_map(sg, args)))
 
-            J_ = lax.cond(new_jac, linearise, lambda: fac.jac)
-            fac_ = ls.factor(J_, c_sg, mass_sg)
+            # under vmap: a Jacobian for every member only when some member needs one, and
+            # (per-member linear solvers) factors only for the members that refresh
+            J_ = member_cond(new_jac, linearise, lambda: fac.jac)
+            fac_ = (ls.factor_where(refreshed, fac, J_, c_sg, mass_sg)
+                    if ls.factors_per_member else ls.factor(J_, c_sg, mass_sg))
             return fac_, attempt(fac_)
 
         fac, second = member_cond(refreshed, refresh, lambda: (fac, first))

@@ -553,3 +553,14 @@ def member_cond(pred: jax.Array, true_fun: Callable[[], T],
     # the branches' values carry no derivatives (custom_vmap has no transpose rule)
     sg = lax.stop_gradient
     return run(sg(pred), [sg(c) for c in consts], [sg(c) for c in consts_f])
+
+
+def refactor_where(ls: LinearSolver, pred: jax.Array, old, jac, c: jax.Array, mass):
+    """``ls.factor(jac, c, mass)`` where ``pred``, ``old`` elsewhere. A linear solver that
+    factorises member by member (``ls.factors_per_member``: the native sparse LU) gets the
+    batched ``pred`` itself under ``vmap``, so that only the members that ask are
+    factorised; for the others this is :func:`member_cond`, which factorises every member
+    when some member asks."""
+    if ls.factors_per_member:
+        return ls.factor_where(pred, old, jac, c, mass)
+    return member_cond(pred, lambda: ls.factor(jac, c, mass), lambda: old)

@@ -14,7 +14,7 @@ Example:
     (11, 256, 3)
 """
 
-from ._barostats import StochasticCellRescaling
+from ._barostats import StochasticCellRescaling, molecular_pressure
 from ._bonded import (
     AngleEnergy,
     PairCorrection,
@@ -97,6 +97,7 @@ __all__ = [
     "ShardedEnergy",
     "State",
     "StochasticCellRescaling",
+    "molecular_pressure",
     "Topology",
     "TopologyError",
     "Trajectory",

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
@@ -138,6 +139,40 @@ class Rattle(Integrator):
 
         v, k, ok = self._sweeps(lambda v: lax.fori_loop(0, len(d2), one, v), error, v)
         return v, k, ok
+
+    def constrain_positions(self, space, x_old, x, v, masses, dt):
+        """SHAKE: ``x`` (after an unconstrained drift from ``x_old``) and the velocities
+        ``v`` that moved it corrected onto the bonds; returns ``(x, v, converged)``."""
+        inv_m, d2 = self._setup(masses, x_old)
+        x, v, _, ok = self._shake(space, x_old, x, v, inv_m, d2, dt)
+        return x, v, ok
+
+    def constrain_velocities_on(self, space, x, v, masses):
+        """RATTLE's velocity stage at positions ``x``; returns ``(v, converged)``."""
+        inv_m, d2 = self._setup(masses, x)
+        v, _, ok = self._rattle(space, x, v, inv_m, d2)
+        return v, ok
+
+    def molecules(self) -> np.ndarray:
+        """The bonded clusters (connected components of ``bonds``) as rows of atom indices,
+        padded with -1: the rigid bodies a barostat scales by their centres of mass."""
+        bonds = np.asarray(self.bonds)
+        parent = {}
+
+        def find(a):
+            while parent.setdefault(a, a) != a:
+                parent[a] = parent[parent[a]]
+                a = parent[a]
+            return a
+
+        for i, j in bonds:
+            parent[find(int(i))] = find(int(j))
+        groups = {}
+        for a in sorted(parent):
+            groups.setdefault(find(a), []).append(a)
+        rows = sorted(groups.values())
+        k = max((len(r) for r in rows), default=0)
+        return np.array([r + [-1] * (k - len(r)) for r in rows], dtype=np.int64).reshape(-1, k)
 
     def step(self, model, carry: Carry, masses, params, dt, key) -> Carry:
         x0, v = carry.positions, carry.velocities

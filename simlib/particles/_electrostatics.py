@@ -19,8 +19,11 @@ boundary conditions. Excluded pairs (bonded neighbours in a molecule) lose
 the pair is within the cutoff). Smooth PME (Essmann et al., J. Chem. Phys. 103, 8577 (1995))
 replaces the structure factor by the FFT of the charges spread on a grid with cardinal
 B-splines of order :math:`p`; its forces are the exact gradient of its energy (their
-eq. 4.9). Everything is pure JAX: energies, forces, virials and gradients with respect to
-positions, charges, the box and :math:`\alpha`.
+eq. 4.9). Everything is JAX: energies, forces, virials and gradients with respect to
+positions, charges, the box and :math:`\alpha`. On the CPU, the real-space pair sum over a
+neighbour list runs in a native kernel (``_native/ewald.cc``) when it can be built; its
+first derivatives come from the kernel and higher ones from the pure-JAX pair sum, which is
+the reference and the fallback.
 
 Accuracy parameters follow Kolafa & Perram (Mol. Sim. 9, 351 (1992)); see
 :func:`ewald_parameters`.
@@ -40,6 +43,7 @@ from jax.scipy.special import erf, erfc
 from jax.typing import ArrayLike
 
 from .._util import is_tracer
+from . import _native
 from ._energy import Energy, PairEnergy
 from ._space import Space
 
@@ -231,6 +235,10 @@ class _Coulomb(Energy):
         derivative :math:`-\partial_r(\operatorname{erfc}(\alpha r)/r) =
         [\operatorname{erfc}(\alpha r)/r + 2\alpha e^{-\alpha^2r^2}/\sqrt\pi]/r`."""
         n = positions.shape[0]
+        if _native_real(positions, q, neighbors):
+            alpha = jnp.asarray(self.alpha, q.dtype)
+            e, f, *_ = _ewald_real(self.r_cut, positions, neighbors.idx, q, box, alpha)
+            return e, (f if want_forces else None)
         if neighbors is not None or n > self.tile:
             params = self._real_params(q)
             if want_forces:
@@ -314,6 +322,71 @@ class _Coulomb(Energy):
         r"""The scalar virial :math:`W = \sum_a W_{aa}` (see :meth:`virial_tensor`), so that
         :func:`~simlib.particles.pressure` gives :math:`P = (2K + W)/(3V)`."""
         return jnp.sum(self.virial_tensor(positions, params, neighbors))
+
+
+class _Rows(NamedTuple):
+    """The part of a neighbour list the pair kernel reads."""
+
+    idx: jax.Array
+
+
+def _native_real(positions, q, neighbors) -> bool:
+    """Whether the native real-space kernel serves this call: a neighbour list of int32
+    rows, positions ``(n, 3)`` in float32/64 and charges of the same dtype."""
+    idx = getattr(neighbors, "idx", None)
+    return (idx is not None and getattr(idx, "dtype", None) == jnp.int32
+            and idx.ndim == 2 and idx.shape[0] == positions.shape[0]
+            and positions.ndim == 2 and positions.shape[1] == 3
+            and positions.dtype in (jnp.float32, jnp.float64) and q.dtype == positions.dtype
+            and _native.load() is not None)
+
+
+def _ewald_real_pure(r_cut, positions, idx, q, box, alpha):
+    r"""The real-space sum over the rows ``idx`` in pure JAX: ``(U, F, dU/dq, dU/dL,
+    dU/d\alpha)``, the box derivative at fixed positions (the reference of the kernel)."""
+
+    def energy(q, box, alpha):
+        pairs = PairEnergy(_erfc_coulomb, Space(box, True), r_cut, False, None, 256)
+        return pairs._energy_and_forces(positions, dict(charges=q, alpha=alpha), _Rows(idx))
+
+    (e, f), (phi, box_grad, alpha_grad) = jax.value_and_grad(
+        energy, argnums=(0, 1, 2), has_aux=True)(q, box, alpha)
+    return e, f, phi, box_grad, alpha_grad
+
+
+def _ewald_real_ffi(r_cut, positions, idx, q, box, alpha):
+    dtype = positions.dtype
+    name = "simlib_ewald_f32" if dtype == jnp.float32 else "simlib_ewald_f64"
+    shapes = ((), positions.shape, q.shape, (3,), ())
+    call = jax.ffi.ffi_call(name, tuple(jax.ShapeDtypeStruct(s, dtype) for s in shapes),
+                            vmap_method="sequential")
+    return tuple(call(positions, idx, q, box, alpha, r_cut=float(r_cut)))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _ewald_real(r_cut, positions, idx, q, box, alpha):
+    r"""The real-space Ewald sum :math:`U = \sum_{i<j} q_iq_j\operatorname{erfc}(\alpha r)/r`
+    over a neighbour list with its first derivatives ``(U, F, dU/dq, dU/dL, dU/d\alpha)``:
+    native on the CPU (``_native/ewald.cc``), pure JAX elsewhere. The tangent of ``U`` is
+    assembled from those derivatives (so gradients of energies and virials cost one kernel
+    call); the tangents of the derivatives come from the pure-JAX sum."""
+    return lax.platform_dependent(
+        positions, idx, q, box, alpha,
+        cpu=lambda *a: _ewald_real_ffi(r_cut, *a),
+        default=lambda *a: _ewald_real_pure(r_cut, *a))
+
+
+@_ewald_real.defjvp
+def _ewald_real_jvp(r_cut, primals, tangents):
+    positions, idx, q, box, alpha = primals
+    tx, _, tq, tb, ta = tangents
+    out = _ewald_real(r_cut, *primals)
+    _, f, phi, box_grad, alpha_grad = out
+    t_energy = (jnp.sum(phi * tq) - jnp.sum(f * tx) + jnp.sum(box_grad * tb)
+                + alpha_grad * ta)
+    _, t_rest = jax.jvp(lambda x, q, b, a: _ewald_real_pure(r_cut, x, idx, q, b, a)[1:],
+                        (positions, q, box, alpha), (tx, tq, tb, ta))
+    return out, (t_energy, *t_rest)
 
 
 # one compiled program per energy structure (the energy is a pytree argument)

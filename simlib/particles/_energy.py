@@ -104,7 +104,12 @@ class SumEnergy(Energy):
         return sum(t.virial(positions, params, neighbors) for t in self.terms)
 
     def virial_tensor(self, positions, params, neighbors=None):
-        return sum(t.virial_tensor(positions, params, neighbors) for t in self.terms)
+        """The terms' virial tensors summed, ``(d, d)``; only the diagonal ``(d,)`` where
+        some term gives only its diagonal (:func:`pme`, :func:`ewald`)."""
+        parts = [t.virial_tensor(positions, params, neighbors) for t in self.terms]
+        if all(w.ndim == 2 for w in parts):
+            return sum(parts)
+        return sum(jnp.diagonal(w) if w.ndim == 2 else w for w in parts)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -353,6 +358,9 @@ class PairEnergy(Energy):
         if isinstance(neighbors, CellList):
             return nan_unless_valid(code, cell_pass(self, positions, params, neighbors,
                                                     True)[2] + tail)
+        if self._native_lj(positions, params, neighbors):
+            return nan_unless_valid(code, _lj_native_virial(positions, params, neighbors, self)
+                                    + tail)
         if neighbors is not None:
             _, c, r, _ = self._neighbor_pass(positions, params, neighbors, True)
             return nan_unless_valid(code, -0.5 * jnp.sum(c * r * r) + tail)
@@ -500,9 +508,8 @@ class _Rows(NamedTuple):
     idx: jax.Array
 
 
-def _lj_native(positions, params, neighbors, energy: PairEnergy):
-    """Native Lennard-Jones over a neighbour list (``_native/lj.cc``); derivatives from
-    the pure-JAX kernel (``custom_jvp``, so forward and reverse mode both work)."""
+def _lj_native_all(positions, params, neighbors, energy: PairEnergy):
+    """``(U, forces, W)`` from the native Lennard-Jones kernel over a neighbour list."""
     dtype = positions.dtype
     d = positions.shape[1]
     box = (energy.space.box_vector(d, dtype) if energy.space.periodic
@@ -512,11 +519,26 @@ def _lj_native(positions, params, neighbors, energy: PairEnergy):
                       jnp.asarray(params["epsilon"], dtype), box)
 
 
+def _lj_native(positions, params, neighbors, energy: PairEnergy):
+    """Native Lennard-Jones over a neighbour list (``_native/lj.cc``): ``(U, forces)``;
+    derivatives from the pure-JAX kernel (``custom_jvp``, so forward and reverse mode both
+    work)."""
+    return _lj_native_all(positions, params, neighbors, energy)[:2]
+
+
+def _lj_native_virial(positions, params, neighbors, energy: PairEnergy):
+    r"""The pair virial :math:`W = -\sum_{i<j} r u'(r)` from the same native pass."""
+    return _lj_native_all(positions, params, neighbors, energy)[2]
+
+
 def _lj_pure(config, positions, idx, sigma, epsilon, box):
     r_cut, shift, periodic, tile = config
     space = Space(box, True) if periodic else free()
     energy = PairEnergy(lennard_jones, space, r_cut, shift, None, tile)
-    return energy._energy_and_forces(positions, dict(sigma=sigma, epsilon=epsilon), _Rows(idx))
+    params = dict(sigma=sigma, epsilon=epsilon)
+    e, f = energy._energy_and_forces(positions, params, _Rows(idx))
+    _, c, r, _ = energy._neighbor_pass(positions, params, _Rows(idx), True)
+    return e, f, -0.5 * jnp.sum(c * r * r)
 
 
 def _lj_ffi(config, positions, idx, sigma, epsilon, box):
@@ -530,10 +552,11 @@ def _lj_ffi(config, positions, idx, sigma, epsilon, box):
     name = "simlib_lj_f32" if positions.dtype == jnp.float32 else "simlib_lj_f64"
     call = jax.ffi.ffi_call(
         name, (jax.ShapeDtypeStruct(positions.shape, positions.dtype),
+               jax.ShapeDtypeStruct((), positions.dtype),
                jax.ShapeDtypeStruct((), positions.dtype)), vmap_method="sequential")
-    forces, e = call(positions, idx, sigma, epsilon, box, r_cut=float(r_cut),
-                     shift=int(shift), periodic=int(periodic))
-    return e, forces
+    forces, e, w = call(positions, idx, sigma, epsilon, box, r_cut=float(r_cut),
+                        shift=int(shift), periodic=int(periodic))
+    return e, forces, w
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))

@@ -78,7 +78,9 @@ def pressure_tensor(energy: Energy | Callable[..., jax.Array], positions: ArrayL
     v_{ib} + W_{ab}\right)` with the virial tensor :math:`W_{ab} = \sum_{i<j} r_{ij,a}
     f_{ij,b}` (Allen & Tildesley 2017, §2.7), ``(d, d)``; its trace over ``d`` is
     :func:`pressure`. For anisotropic barostats (the diagonal) and shear stress (the
-    off-diagonal terms, e.g. for viscosity by Green-Kubo).
+    off-diagonal terms, e.g. for viscosity by Green-Kubo). An energy whose virial is known
+    only on the diagonal (:func:`pme`, :func:`ewald`, or a sum with one of them) gives NaN
+    off the diagonal.
     """
     energy = as_energy(energy)
     space = energy.space if space is None else space
@@ -87,7 +89,10 @@ def pressure_tensor(energy: Energy | Callable[..., jax.Array], positions: ArrayL
     d = x.shape[-1]
     m = _mass_column(masses, v)
     kinetic = jnp.einsum("na,nb->ab", m * v, v)
-    return (kinetic + energy.virial_tensor(x, params, neighbors)) / space.volume(d)
+    w = energy.virial_tensor(x, params, neighbors)
+    if w.ndim == 1:                   # the diagonal only: the off-diagonal terms are unknown
+        w = jnp.where(jnp.eye(d, dtype=bool), jnp.diag(w), jnp.nan)
+    return (kinetic + w) / space.volume(d)
 
 
 def radial_distribution(positions: ArrayLike, space: Space, *, r_max: float,

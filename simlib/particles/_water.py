@@ -132,19 +132,70 @@ def spce_water(n_molecules: int, *, density: float = 0.997, key: jax.Array | Non
                  molecules, exclusions, d_oh, d_hh)
 
 
+@jax.tree_util.register_pytree_node_class
+class _DispersionTail(Energy):
+    r"""The Lennard-Jones energy and virial beyond ``cutoff`` with :math:`g(r) = 1` there,
+    for per-atom ``sigma``, ``epsilon`` mixed by Lorentz-Berthelot:
+    :math:`U = rac{8\pi}{3V}\sum_{i,j}\epsilon_{ij}\sigma_{ij}^3[rac13 s_{ij}^9 - s_{ij}^3]`,
+    :math:`W = rac{16\pi}{V}\sum_{i,j}\epsilon_{ij}\sigma_{ij}^3[rac23 s_{ij}^9
+    - s_{ij}^3]`, :math:`s_{ij} = \sigma_{ij}/r_c` (Allen & Tildesley 2017, §2.8); no force."""
+
+    r_cut = None
+
+    def __init__(self, space, cutoff: float) -> None:
+        self.space, self.cutoff = space, float(cutoff)
+
+    def tree_flatten(self):
+        return (self.space,), self.cutoff
+
+    @classmethod
+    def tree_unflatten(cls, cutoff, children):
+        return cls(children[0], cutoff)
+
+    def _sums(self, positions, params):
+        sigma = jnp.broadcast_to(jnp.asarray(params["sigma"], positions.dtype),
+                                 positions.shape[:1])
+        eps = jnp.broadcast_to(jnp.asarray(params["epsilon"], positions.dtype),
+                               positions.shape[:1])
+        s_ij = 0.5 * (sigma[:, None] + sigma[None, :])
+        es3 = jnp.sqrt(eps[:, None] * eps[None, :]) * s_ij**3
+        s3 = (s_ij / self.cutoff) ** 3
+        volume = self.space.volume(3)
+        return es3, s3, volume
+
+    def __call__(self, positions, params, neighbors=None):
+        es3, s3, volume = self._sums(positions, params)
+        return 8.0 * jnp.pi / (3.0 * volume) * jnp.sum(es3 * (s3**3 / 3.0 - s3))
+
+    def energy_and_forces(self, positions, params, neighbors=None):
+        return self(positions, params), jnp.zeros_like(positions)
+
+    def virial(self, positions, params, neighbors=None):
+        es3, s3, volume = self._sums(positions, params)
+        return 16.0 * jnp.pi / volume * jnp.sum(es3 * (2.0 * s3**3 / 3.0 - s3))
+
+    def virial_tensor(self, positions, params, neighbors=None):
+        return self.virial(positions, params) / 3.0 * jnp.eye(3, dtype=positions.dtype)
+
+
 def spce_energy(water: Water, r_cut: float, *, tolerance: float = 1e-6,
                 alpha: float | None = None, grid: tuple[int, int, int] | int | None = None,
-                order: int = 5, shift: bool = False) -> Energy:
+                order: int = 5, shift: bool = False,
+                tail_correction: bool = False) -> Energy:
     r"""The SPC/E energy of ``water``: oxygen-oxygen Lennard-Jones truncated at ``r_cut``
     (plain truncation, as OpenMM's ``NonbondedForce`` without a switch or dispersion
     correction) plus smooth PME (:func:`pme`) with the intramolecular pairs excluded, in
     kJ/mol. Call it as ``energy(positions, water.params, neighbors=None)``. ``shift``
     shifts the Lennard-Jones term to zero at the cutoff (for NVE energy conservation: a
     plain truncation jumps by :math:`u(r_c)` when a pair crosses it); ``tolerance``,
-    ``alpha``, ``grid`` and ``order`` are :func:`pme`'s.
+    ``alpha``, ``grid`` and ``order`` are :func:`pme`'s. ``tail_correction=True`` adds
+    the Lennard-Jones energy and virial beyond ``r_cut`` (uniform density there; no force),
+    as published SPC/E densities include it (GROMACS's ``DispCorr = EnerPres``).
     """
     space = periodic(water.box)
     lj = pair_energy(lennard_jones, space, r_cut, shift=shift)
     coulomb = pme(space, r_cut, tolerance=tolerance, alpha=alpha, grid=grid, order=order,
                   exclusions=water.exclusions, coulomb_constant=COULOMB_KJ_NM)
+    if tail_correction:
+        return lj + coulomb + _DispersionTail(space, r_cut)
     return lj + coulomb

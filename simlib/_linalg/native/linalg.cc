@@ -18,6 +18,7 @@
 // simlib_symbolic_*) this is the exact LU; with F = pattern(A) it is ILU(0) (updates
 // outside the pattern are dropped). The fill-reducing ordering is applied outside.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -168,6 +169,11 @@ ffi::Error BandSolveHandler(ffi::Buffer<DT> u, ffi::Buffer<DT> mult, ffi::Buffer
 }
 
 // ------------------------------------------------------------------------------ sparse
+// Member factorisations done by the two sparse LU handlers since the library was loaded
+// (simlib_sparse_lu_count, through ctypes): what the tests count to check that a masked
+// batch factorises only the members asked for.
+std::atomic<int64_t> sparse_lu_count{0};
+
 template <typename T>
 int32_t SparseLU(const T* a, const int32_t* fp, const int32_t* fi, const int32_t* diag,
                  int64_t n, T* lu, std::vector<T>& work, std::vector<int64_t>& mark) {
@@ -267,6 +273,74 @@ ffi::Error SparseLUHandler(ffi::Buffer<DT> a, ffi::Buffer<ffi::S32> fp,
   } catch (const std::exception& err) {
     return ffi::Error(ffi::ErrorCode::kResourceExhausted, err.what());
   }
+  sparse_lu_count += batch;
+  return ffi::Error::Success();
+}
+
+// The masked batch: member k is refactorised (from A's values a[k], scattered into the
+// fill pattern through position) where mask[k] != 0 and keeps its old factors otherwise.
+// lu is aliased to old (input_output_aliases), so a kept member is not even copied; when
+// XLA gives separate buffers, the kept members are copied. info[k] = 0 for a kept member,
+// else as simlib_sparse_lu's, or n + 1 for a non-finite factor off the diagonal.
+template <ffi::DataType DT>
+ffi::Error SparseLUMaskedHandler(ffi::Buffer<DT> a, ffi::Buffer<DT> old,
+                                 ffi::Buffer<ffi::S32> mask, ffi::Buffer<ffi::S32> position,
+                                 ffi::Buffer<ffi::S32> fp, ffi::Buffer<ffi::S32> fi,
+                                 ffi::Buffer<ffi::S32> diag, ffi::ResultBuffer<DT> lu,
+                                 ffi::ResultBuffer<ffi::S32> info) {
+  using T = ffi::NativeType<DT>;
+  const int64_t n = static_cast<int64_t>(diag.element_count());
+  const int64_t nnz = static_cast<int64_t>(fi.element_count());
+  const int64_t na = static_cast<int64_t>(position.element_count());
+  if (fp.element_count() != static_cast<size_t>(n + 1) || nnz == 0 || na == 0 ||
+      old.element_count() % nnz != 0 || lu->element_count() != old.element_count())
+    return ffi::Error::InvalidArgument("simlib_sparse_lu_masked: shapes");
+  const int64_t batch = static_cast<int64_t>(old.element_count()) / nnz;
+  if (a.element_count() != static_cast<size_t>(batch * na) ||
+      mask.element_count() != static_cast<size_t>(batch) ||
+      info->element_count() != static_cast<size_t>(batch))
+    return ffi::Error::InvalidArgument("simlib_sparse_lu_masked: batch shapes");
+  ffi::Error check = CheckPattern(fp.typed_data(), fi.typed_data(), diag.typed_data(), n, nnz);
+  if (check.failure()) return check;
+  const int32_t* pos = position.typed_data();
+  for (int64_t j = 0; j < na; ++j)
+    if (pos[j] < 0 || pos[j] >= nnz)
+      return ffi::Error::InvalidArgument("simlib_sparse_lu_masked: position out of range");
+  const bool aliased = lu->typed_data() == old.typed_data();
+  int64_t done = 0;
+  try {
+#pragma omp parallel if (batch > 1) reduction(+ : done)
+    {
+      std::vector<T> work(n, T(0));
+      std::vector<int64_t> mark(n, -1);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t k = 0; k < batch; ++k) {
+        T* out = lu->typed_data() + k * nnz;
+        if (mask.typed_data()[k] == 0) {
+          if (!aliased) std::copy(old.typed_data() + k * nnz, old.typed_data() + (k + 1) * nnz,
+                                  out);
+          info->typed_data()[k] = 0;
+          continue;
+        }
+        std::fill(out, out + nnz, T(0));
+        const T* ak = a.typed_data() + k * na;
+        for (int64_t j = 0; j < na; ++j) out[pos[j]] = ak[j];
+        std::fill(mark.begin(), mark.end(), -1);
+        // in place: row i's values are read into work before row i of the factors is
+        // written, and rows k < i are already factors
+        int32_t status = SparseLU<T>(out, fp.typed_data(), fi.typed_data(),
+                                     diag.typed_data(), n, out, work, mark);
+        if (status == 0)  // a non-finite factor off the diagonal: n + 1
+          for (int64_t p = 0; p < nnz; ++p)
+            if (!std::isfinite(out[p])) { status = static_cast<int32_t>(n + 1); break; }
+        info->typed_data()[k] = status;
+        ++done;
+      }
+    }
+  } catch (const std::exception& err) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted, err.what());
+  }
+  sparse_lu_count += done;
   return ffi::Error::Success();
 }
 
@@ -354,6 +428,8 @@ int64_t Symbolic(int64_t n, const int64_t* sp, const int64_t* si, int64_t* fp, i
 }
 }  // namespace
 
+extern "C" int64_t simlib_sparse_lu_count() { return sparse_lu_count.load(); }
+
 extern "C" int64_t simlib_symbolic_count(int64_t n, const int64_t* sp, const int64_t* si,
                                          int64_t* fp) {
   try { return Symbolic(n, sp, si, fp, nullptr); } catch (...) { return -1; }
@@ -383,6 +459,18 @@ extern "C" int64_t simlib_symbolic_fill(int64_t n, const int64_t* sp, const int6
   XLA_FFI_DEFINE_HANDLER_SYMBOL(simlib_sparse_lu_##SUFFIX, SparseLUHandler<DT>,       \
                                 ffi::Ffi::Bind()                                        \
                                     .Arg<ffi::Buffer<DT>>()                             \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
+                                    .Ret<ffi::Buffer<DT>>()                             \
+                                    .Ret<ffi::Buffer<ffi::S32>>());                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(simlib_sparse_lu_masked_##SUFFIX,                    \
+                                SparseLUMaskedHandler<DT>,                              \
+                                ffi::Ffi::Bind()                                        \
+                                    .Arg<ffi::Buffer<DT>>()                             \
+                                    .Arg<ffi::Buffer<DT>>()                             \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
                                     .Arg<ffi::Buffer<ffi::S32>>()                       \
                                     .Arg<ffi::Buffer<ffi::S32>>()                       \
                                     .Arg<ffi::Buffer<ffi::S32>>()                       \

@@ -1,6 +1,7 @@
 """Optional native CPU kernels of the particle engine, compiled on first use and called
-through ``jax.ffi``: direct-sum gravity, the cell-list neighbour build and Lennard-Jones
-forces over a neighbour list (the C++ sources next to this file).
+through ``jax.ffi``: direct-sum gravity, the cell-list neighbour build, Lennard-Jones
+forces and the real-space Ewald sum over a neighbour list (the C++ sources next to this
+file).
 
 Building, caching, the environment variables (``SIMLIB_NATIVE``, ``SIMLIB_CACHE``,
 ``CXX``) and the fallback to the pure-JAX kernels are those of every simlib native library:
@@ -20,9 +21,10 @@ from ..._native import NativeLibrary, disabled  # noqa: F401 - disabled: used by
 
 _LIBRARY = NativeLibrary(
     Path(__file__).parent,
-    sources=("gravity.cc", "neighbors.cc", "lj.cc"),
+    sources=("gravity.cc", "neighbors.cc", "lj.cc", "ewald.cc"),
     targets=("simlib_gravity_f32", "simlib_gravity_f64", "simlib_neighbors_f32",
-             "simlib_neighbors_f64", "simlib_lj_f32", "simlib_lj_f64"),
+             "simlib_neighbors_f64", "simlib_lj_f32", "simlib_lj_f64", "simlib_ewald_f32",
+             "simlib_ewald_f64"),
     library="libsimlib_native.so",
 )
 

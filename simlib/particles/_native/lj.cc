@@ -4,7 +4,10 @@
 //   u(r) = 4 eps [(sigma/r)^12 - (sigma/r)^6] - s u_c,   u_c = u(r_c) without the shift
 //   F_i  = sum_j 24 eps [2 (sigma/r)^12 - (sigma/r)^6] (x_i - x_j) / r^2       (r < r_c)
 //   U    = 1/2 sum_i sum_j u(r_ij)
+//   W    = 1/2 sum_i sum_j r_ij . f_ij = 1/2 sum_i sum_j 24 eps [2 (sigma/r)^12 - (sigma/r)^6]
 //
+// (W, the pair virial, is the pressure's share of the forces, P = (2K + W) / (3V); it
+// comes out of the same pass over the pairs.)
 // (Lennard-Jones, Proc. R. Soc. A 106, 463 (1924); truncation and shift as in Allen &
 // Tildesley, Computer Simulation of Liquids, 2nd ed. (2017), section 1.6.) The list is the
 // full one simlib builds (`neighbor_list`: both (i, j) and (j, i), rows padded with n), so
@@ -44,7 +47,7 @@ namespace {
 
 template <typename T, bool Periodic, bool Mixed>
 void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, const T* eps,
-          const T* box, T rc2, bool shift, T* f, double& energy_out) {
+          const T* box, T rc2, bool shift, T* f, double& energy_out, double& virial_out) {
   const T bx = Periodic ? box[0] : T(1), by = Periodic ? box[1] : T(1),
           bz = Periodic ? box[2] : T(1);
   const T ibx = T(1) / bx, iby = T(1) / by, ibz = T(1) / bz;
@@ -62,65 +65,124 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
   // Row energies, summed in row order afterwards: the same bits whatever thread ran which
   // rows (an OpenMP reduction adds the threads' partial sums in an unspecified order, and
   // a checkpointed run must resume bit-identically).
-  std::vector<double> row_energy(n);
+  std::vector<double> row_energy(n), row_virial(n);
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       xs[i] = x[3 * i]; ys[i] = x[3 * i + 1]; zs[i] = x[3 * i + 2];
     }
+    std::vector<int32_t> inside(Mixed && cap > 0 ? cap : 1);   // per thread
+    std::vector<unsigned char> flag(Mixed && cap > 0 ? cap : 1);
 #pragma omp for schedule(dynamic, 64)
     for (int64_t i = 0; i < n; ++i) {
       const int32_t* row = idx + i * cap;
       const int32_t self = static_cast<int32_t>(i);
       const T xi = xs[i], yi = ys[i], zi = zs[i];
       const T si = Mixed ? sig[i] : sig0, ei = Mixed ? eps[i] : eps0;
-      T fx = 0, fy = 0, fz = 0, u = 0, bad = 0;
-#pragma omp simd reduction(+ : fx, fy, fz, u, bad)
-      for (int64_t s = 0; s < cap; ++s) {
-        const int32_t j = row[s];
-        const bool valid = static_cast<uint32_t>(j) < static_cast<uint32_t>(n32);
-        const int32_t jj = valid ? j : self;     // never an index from outside [0, n)
-        T dx = xi - xs[jj], dy = yi - ys[jj], dz = zi - zs[jj];
-        if (Periodic) {
-          dx -= bx * std::rint(dx * ibx);
-          dy -= by * std::rint(dy * iby);
-          dz -= bz * std::rint(dz * ibz);
+      T fx = 0, fy = 0, fz = 0, u = 0, w = 0, bad = 0;
+      if constexpr (Mixed) {
+        // Per-particle parameters: the mixing (a square root) makes a slot dear, so the
+        // row's neighbours within the cutoff are found first (a SIMD loop of distances),
+        // compacted, and the pair terms evaluated for them only: the same pairs, selects
+        // and NaN rule as below, in two passes.
+        unsigned char* fl = flag.data();
+#pragma omp simd reduction(+ : bad)
+        for (int64_t s = 0; s < cap; ++s) {
+          const int32_t j = row[s];
+          const bool valid = static_cast<uint32_t>(j) < static_cast<uint32_t>(n32);
+          const int32_t jj = valid ? j : self;   // never an index from outside [0, n)
+          T dx = xi - xs[jj], dy = yi - ys[jj], dz = zi - zs[jj];
+          if (Periodic) {
+            dx -= bx * std::rint(dx * ibx);
+            dy -= by * std::rint(dy * iby);
+            dz -= bz * std::rint(dz * ibz);
+          }
+          const T r2 = dx * dx + dy * dy + dz * dz;
+          fl[s] = valid & (r2 < rc2);            // false for NaN distances
+          bad += (std::isfinite(dx) & std::isfinite(dy) & std::isfinite(dz)) ? T(0) : T(1);
         }
-        const T r2 = dx * dx + dy * dy + dz * dz;
-        const bool in = valid & (r2 < rc2);      // false for NaN distances
-        T sg = sig0, ep = eps0, sh = shift0;
-        if (Mixed) {
-          sg = T(0.5) * (si + sig[jj]);
-          ep = std::sqrt(ei * eps[jj]);
+        int64_t m = 0;
+        int32_t* in = inside.data();
+        for (int64_t s = 0; s < cap; ++s) {      // branch-free compaction
+          in[m] = row[s];
+          m += fl[s];
+        }
+#pragma omp simd reduction(+ : fx, fy, fz, u, w)
+        for (int64_t t = 0; t < m; ++t) {
+          const int32_t j = in[t];               // in [0, n): checked above
+          T dx = xi - xs[j], dy = yi - ys[j], dz = zi - zs[j];
+          if (Periodic) {
+            dx -= bx * std::rint(dx * ibx);
+            dy -= by * std::rint(dy * iby);
+            dz -= bz * std::rint(dz * ibz);
+          }
+          const T r2 = dx * dx + dy * dy + dz * dz;
+          const T sg = T(0.5) * (si + sig[j]);
+          const T ep = std::sqrt(ei * eps[j]);
           const T c2 = sg * sg * inv_rc2, c6 = c2 * c2 * c2;
-          sh = shift ? T(4) * ep * (c6 * c6 - c6) : T(0);
+          const T sh = shift ? T(4) * ep * (c6 * c6 - c6) : T(0);
+          const T inv2 = T(1) / r2;
+          const T s2 = sg * sg * inv2;
+          const T s6 = s2 * s2 * s2;
+          const T c = T(24) * ep * (T(2) * s6 * s6 - s6) * inv2;
+          fx += c * dx;
+          fy += c * dy;
+          fz += c * dz;
+          u += T(4) * ep * (s6 * s6 - s6) - sh;
+          w += c * r2;
         }
-        const T inv2 = T(1) / r2;                // r = 0: inf, then NaN (selected out
-                                                 // for padding slots, which read i)
-        const T s2 = sg * sg * inv2;
-        const T s6 = s2 * s2 * s2;
-        const T pu = T(4) * ep * (s6 * s6 - s6) - sh;
-        const T c = T(24) * ep * (T(2) * s6 * s6 - s6) * inv2;
-        fx += in ? c * dx : T(0);
-        fy += in ? c * dy : T(0);
-        fz += in ? c * dz : T(0);
-        u += in ? pu : T(0);
-        // A neighbour at a non-finite displacement is outside the cutoff (r2 is NaN or
-        // inf), so the selects drop it, where JAX's where(mask, c, 0) * dx is NaN: count
-        // them, and the row's force is NaN (its pair energy stays masked to 0, as in JAX).
-        bad += (std::isfinite(dx) & std::isfinite(dy) & std::isfinite(dz)) ? T(0) : T(1);
+      } else {
+#pragma omp simd reduction(+ : fx, fy, fz, u, w, bad)
+        for (int64_t s = 0; s < cap; ++s) {
+          const int32_t j = row[s];
+          const bool valid = static_cast<uint32_t>(j) < static_cast<uint32_t>(n32);
+          const int32_t jj = valid ? j : self;     // never an index from outside [0, n)
+          T dx = xi - xs[jj], dy = yi - ys[jj], dz = zi - zs[jj];
+          if (Periodic) {
+            dx -= bx * std::rint(dx * ibx);
+            dy -= by * std::rint(dy * iby);
+            dz -= bz * std::rint(dz * ibz);
+          }
+          const T r2 = dx * dx + dy * dy + dz * dz;
+          const bool in = valid & (r2 < rc2);      // false for NaN distances
+          T sg = sig0, ep = eps0, sh = shift0;
+          if (Mixed) {
+            sg = T(0.5) * (si + sig[jj]);
+            ep = std::sqrt(ei * eps[jj]);
+            const T c2 = sg * sg * inv_rc2, c6 = c2 * c2 * c2;
+            sh = shift ? T(4) * ep * (c6 * c6 - c6) : T(0);
+          }
+          const T inv2 = T(1) / r2;                // r = 0: inf, then NaN (selected out
+                                                   // for padding slots, which read i)
+          const T s2 = sg * sg * inv2;
+          const T s6 = s2 * s2 * s2;
+          const T pu = T(4) * ep * (s6 * s6 - s6) - sh;
+          const T c = T(24) * ep * (T(2) * s6 * s6 - s6) * inv2;
+          fx += in ? c * dx : T(0);
+          fy += in ? c * dy : T(0);
+          fz += in ? c * dz : T(0);
+          u += in ? pu : T(0);
+          w += in ? c * r2 : T(0);
+          // A neighbour at a non-finite displacement is outside the cutoff (r2 is NaN or
+          // inf), so the selects drop it, where JAX's where(mask, c, 0) * dx is NaN: count
+          // them, and the row's force is NaN (its pair energy stays masked to 0, as in JAX).
+          bad += (std::isfinite(dx) & std::isfinite(dy) & std::isfinite(dz)) ? T(0) : T(1);
+        }
       }
       constexpr T nan = std::numeric_limits<T>::quiet_NaN();
       f[3 * i] = bad == T(0) ? fx : nan;
       f[3 * i + 1] = bad == T(0) ? fy : nan;
       f[3 * i + 2] = bad == T(0) ? fz : nan;
       row_energy[i] = static_cast<double>(u);
+      row_virial[i] = static_cast<double>(w);
     }
   }
-  double total = 0.0;
+  double total = 0.0, virial = 0.0;
   for (int64_t i = 0; i < n; ++i) total += row_energy[i];
+  for (int64_t i = 0; i < n; ++i) virial += row_virial[i];
   energy_out = 0.5 * total;
+  virial_out = 0.5 * virial;
 }
 
 }  // namespace
@@ -129,7 +191,8 @@ template <typename T, ffi::DataType DT>
 static ffi::Error LennardJones(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> neighbors,
                                ffi::Buffer<DT> sigma, ffi::Buffer<DT> epsilon,
                                ffi::Buffer<DT> box, ffi::ResultBuffer<DT> forces,
-                               ffi::ResultBuffer<DT> energy, double r_cut, int64_t shift,
+                               ffi::ResultBuffer<DT> energy, ffi::ResultBuffer<DT> virial,
+                               double r_cut, int64_t shift,
                                int64_t periodic) {
   const auto dims = positions.dimensions();
   if (dims.size() != 2 || dims[1] != 3) {
@@ -144,20 +207,23 @@ static ffi::Error LennardJones(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> 
   const size_t ns = sigma.element_count(), ne = epsilon.element_count();
   const bool mixed = ns == static_cast<size_t>(n) && n > 1;
   if (ns != ne || !(ns == 1 || ns == static_cast<size_t>(n)) || box.element_count() < 3 ||
-      forces->element_count() != static_cast<size_t>(3 * n) || energy->element_count() < 1) {
+      forces->element_count() != static_cast<size_t>(3 * n) || energy->element_count() < 1 ||
+      virial->element_count() < 1) {
     return ffi::Error::InvalidArgument("simlib_lj: need sigma and epsilon both (1,) or both "
-                                       "(n,), box (3,), forces (n, 3) and a scalar energy");
+                                       "(n,), box (3,), forces (n, 3), a scalar energy and "
+                                       "a scalar virial");
   }
   if (!(r_cut > 0.0) || !std::isfinite(r_cut)) {
     return ffi::Error::InvalidArgument("simlib_lj: r_cut must be positive and finite");
   }
   if (n == 0) {
     energy->typed_data()[0] = T(0);
+    virial->typed_data()[0] = T(0);
     return ffi::Error::Success();
   }
   const T rc2 = static_cast<T>(r_cut * r_cut);
   const int64_t cap = ndims[1];
-  double e = 0.0;
+  double e = 0.0, vir = 0.0;
   try {
     const T* x = positions.typed_data();
     const int32_t* nb = neighbors.typed_data();
@@ -167,16 +233,17 @@ static ffi::Error LennardJones(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> 
     T* out = forces->typed_data();
     const bool sh = shift != 0;
     if (periodic != 0) {
-      if (mixed) Rows<T, true, true>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e);
-      else Rows<T, true, false>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e);
+      if (mixed) Rows<T, true, true>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e, vir);
+      else Rows<T, true, false>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e, vir);
     } else {
-      if (mixed) Rows<T, false, true>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e);
-      else Rows<T, false, false>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e);
+      if (mixed) Rows<T, false, true>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e, vir);
+      else Rows<T, false, false>(x, nb, n, cap, sg, ep, bx, rc2, sh, out, e, vir);
     }
   } catch (const std::exception& err) {     // never let an exception cross the FFI
     return ffi::Error(ffi::ErrorCode::kResourceExhausted, std::string("simlib_lj: ") + err.what());
   }
   energy->typed_data()[0] = static_cast<T>(e);
+  virial->typed_data()[0] = static_cast<T>(vir);
   return ffi::Error::Success();
 }
 
@@ -188,6 +255,7 @@ static ffi::Error LennardJones(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> 
                                     .Arg<ffi::Buffer<DT>>()                     \
                                     .Arg<ffi::Buffer<DT>>()                     \
                                     .Arg<ffi::Buffer<DT>>()                     \
+                                    .Ret<ffi::Buffer<DT>>()                     \
                                     .Ret<ffi::Buffer<DT>>()                     \
                                     .Ret<ffi::Buffer<DT>>()                     \
                                     .Attr<double>("r_cut")                      \
