@@ -283,8 +283,8 @@ def simulate(energy: Energy | Callable[..., jax.Array], state: State, params: An
 def _auto_neighbors(energy, state: State, space: Space, neighbors: str):
     """``neighbors="auto"``: :func:`pair_search` at the energy's cutoff, from the positions."""
     if neighbors != "auto":
-        raise ValueError(f"simulate: neighbors must be a neighbour list, a cell list, 'auto' "
-                         f"or None, got {neighbors!r}")
+        raise ValueError(f"simulate: neighbors must come from neighbor_list(...) or "
+                         f"cell_list(...), or be 'auto' or None, got {neighbors!r}")
     r_cut = getattr(energy, "r_cut", None)
     if r_cut is None:
         raise ValueError("simulate: neighbors='auto' needs an energy with an r_cut "
