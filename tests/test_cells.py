@@ -171,34 +171,37 @@ def test_no_per_pair_gather_in_the_compiled_forces(fluid):
     assert max(gather_sizes(energy._energy_and_forces, nbrs)) >= len(x) * nbrs.capacity
 
 
-@pytest.mark.slow
-def test_simulate_repairs_an_overflow_and_matches_the_neighbour_list(fluid):
+@pytest.fixture(scope="module")
+def nve(fluid):
+    """``run(neighbors)``: 40 NVE steps of the fluid at T = 0.7, and the same run over a
+    neighbour list (the reference)."""
     x, box, space, *_ = fluid
     energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
-    params = dict(sigma=1.0, epsilon=1.0)
     v = sp.maxwell_boltzmann(0.7, 1.0, key=jax.random.key(1), n=len(x))
-    state = sp.State(x, v, 1.0)
-    run = dict(space=space, dt=0.005, n_steps=40, save_every=20)
-    ref = sp.simulate(energy, state, params, neighbors=sp.neighbor_list(space, x, R_CUT, 0.3),
-                      **run)
+
+    def run(neighbors):
+        return sp.simulate(energy, sp.State(x, v, 1.0), dict(sigma=1.0, epsilon=1.0),
+                           space=space, dt=0.005, n_steps=40, save_every=20,
+                           neighbors=neighbors)
+
+    return run, run(sp.neighbor_list(space, x, R_CUT, 0.3))
+
+
+@pytest.mark.slow
+def test_simulate_repairs_an_overflow_and_matches_the_neighbour_list(fluid, nve):
+    x, box, space, *_ = fluid
+    run, ref = nve
     small = sp.cell_list(space, x, R_CUT, capacity=8)      # far too small: overflows
-    out = sp.simulate(energy, state, params, neighbors=small, **run)
+    out = run(small)
     assert out.neighbors.capacity > 8 and not out.neighbors.did_overflow()
     assert np.max(np.abs(np.asarray(out.positions - ref.positions))) < 1e-12
 
 
 @pytest.mark.slow
-def test_simulate_with_a_skin_sorts_less_and_matches_the_neighbour_list(fluid):
+def test_simulate_with_a_skin_sorts_less_and_matches_the_neighbour_list(fluid, nve):
     x, box, space, *_ = fluid
-    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
-    params = dict(sigma=1.0, epsilon=1.0)
-    v = sp.maxwell_boltzmann(0.7, 1.0, key=jax.random.key(1), n=len(x))
-    state = sp.State(x, v, 1.0)
-    run = dict(space=space, dt=0.005, n_steps=40, save_every=20)
-    ref = sp.simulate(energy, state, params, neighbors=sp.neighbor_list(space, x, R_CUT, 0.3),
-                      **run)
-    cells = sp.cell_list(space, x, R_CUT, skin=0.2, shell="full")
-    out = sp.simulate(energy, state, params, neighbors=cells, **run)
+    run, ref = nve
+    out = run(sp.cell_list(space, x, R_CUT, skin=0.2, shell="full"))
     assert np.max(np.abs(np.asarray(out.positions - ref.positions))) < 1e-12
     assert 1 < int(out.neighbors.n_builds) < 20        # 41 without a skin
 
