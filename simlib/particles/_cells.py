@@ -126,8 +126,8 @@ class CellList:
 
     def pair_slots(self) -> int:
         """Pair slots one evaluation computes: ``n_cells * (3^d + 1)/2 * capacity^2`` for a
-        half shell of neighbour cells (each pair within ``r_cut`` is one of them), twice
-        less the self blocks' half for a full shell (``n_cells * 3^d * capacity^2``)."""
+        half shell of neighbour cells (each pair within ``r_cut`` is one of them), and
+        ``n_cells * 3^d * capacity^2`` for a full shell (each pair twice)."""
         blocks = 3 ** len(self.grid) if self.shell == "full" else (3 ** len(self.grid) + 1) // 2
         return self.n_cells * blocks * self.capacity**2
 
