@@ -79,9 +79,9 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
       const int32_t* row = idx + i * cap;
       const int32_t self = static_cast<int32_t>(i);
       const T xi = xs[i], yi = ys[i], zi = zs[i];
-      const T si = Mixed ? sig[i] : sig0, ei = Mixed ? eps[i] : eps0;
       T fx = 0, fy = 0, fz = 0, u = 0, w = 0, bad = 0;
       if constexpr (Mixed) {
+        const T si = sig[i], ei = eps[i];
         // Per-particle parameters: the mixing (a square root) makes a slot dear, so the
         // row's neighbours within the cutoff are found first (a SIMD loop of distances),
         // compacted, and the pair terms evaluated for them only: the same pairs, selects
@@ -146,13 +146,7 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* sig, 
           }
           const T r2 = dx * dx + dy * dy + dz * dz;
           const bool in = valid & (r2 < rc2);      // false for NaN distances
-          T sg = sig0, ep = eps0, sh = shift0;
-          if (Mixed) {
-            sg = T(0.5) * (si + sig[jj]);
-            ep = std::sqrt(ei * eps[jj]);
-            const T c2 = sg * sg * inv_rc2, c6 = c2 * c2 * c2;
-            sh = shift ? T(4) * ep * (c6 * c6 - c6) : T(0);
-          }
+          const T sg = sig0, ep = eps0, sh = shift0;   // mode 0 (mixing: the branch above)
           const T inv2 = T(1) / r2;                // r = 0: inf, then NaN (selected out
                                                    // for padding slots, which read i)
           const T s2 = sg * sg * inv2;
