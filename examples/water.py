@@ -40,33 +40,13 @@ def parse(argv):
     p = cli.ExampleParser(__doc__)
     p.add_argument("--n-molecules", type=cli.positive_int, default=216,
                    help="water molecules (on an m^3 lattice; 216 = 6^3)")
-    p.add_argument("--temperature", type=cli.positive_float, default=300.0,
-                   help="temperature in K")
-    p.add_argument("--thermostat", choices=("bussi", "nose-hoover"), default="bussi",
-                   help="the production thermostat")
-    p.add_argument("--tau", type=cli.positive_float, default=0.5,
-                   help="production thermostat time constant in ps (weak coupling)")
-    p.add_argument("--equil-steps", type=cli.nonnegative_int, default=250,
-                   help="equilibration steps (Bussi, tau = 0.05 ps); 0 for none")
-    p.add_argument("--steps", type=cli.positive_int, default=750, help="production steps")
-    p.add_argument("--dt", type=cli.positive_float, default=0.002, help="time step in ps")
-    p.add_argument("--r-cut", type=cli.positive_float, default=0.75,
-                   help="cutoff of Lennard-Jones and of PME's real-space sum, nm")
-    p.add_argument("--skin", type=cli.nonnegative_float, default=0.1,
-                   help="neighbour-list skin, nm")
-    p.add_argument("--tolerance", type=cli.positive_float, default=5e-4,
-                   help="PME relative force tolerance (sets alpha and the grid)")
-    p.add_argument("--save-every", type=cli.positive_int, default=10,
-                   help="steps between saved frames")
-    p.add_argument("--seed", type=cli.seed, default=0, help="PRNG seed")
+    cli.add_md_options(p, temperature=300.0, equil_steps=250,
+                       equil_help="equilibration steps (Bussi, tau = 0.05 ps); 0 for none",
+                       steps=750, r_cut=0.75,
+                       r_cut_help="cutoff of Lennard-Jones and of PME's real-space sum, nm")
     cli.add_output_options(p, x64=False)
     args = p.parse_args(argv)
-    if args.equil_steps % args.save_every or args.steps % args.save_every:
-        p.error(f"argument --save-every: must divide --equil-steps and --steps, got "
-                f"{args.save_every}")
-    if args.steps // args.save_every < 8:
-        p.error(f"argument --steps: needs at least 8 saved frames (--save-every "
-                f"{args.save_every}), got {args.steps}")
+    cli.check_md_frames(p, args)
     box = sp.spce_water(args.n_molecules).box
     if args.r_cut + args.skin > box / 2:
         p.error(f"argument --r-cut: --r-cut + --skin = {args.r_cut + args.skin:g} exceeds half "

@@ -36,7 +36,9 @@ from typing import Any, NoReturn
 
 __all__ = [
     "ExampleParser",
+    "add_md_options",
     "add_output_options",
+    "check_md_frames",
     "checkpoint_path",
     "finite_float",
     "main",
@@ -274,6 +276,45 @@ def add_output_options(parser: argparse.ArgumentParser, *, out: bool = True,
                         help="start JAX's multi-process runtime first (sl.init_distributed: "
                         "SLURM, Open MPI or SIMLIB_COORDINATOR/SIMLIB_NUM_PROCESSES/"
                         "SIMLIB_PROCESS_ID; docs/ensembles.md)")
+
+
+def add_md_options(parser: argparse.ArgumentParser, *, temperature: float,
+                   equil_steps: int, equil_help: str, steps: int, r_cut: float,
+                   r_cut_help: str) -> None:
+    """Add the options of a thermostatted molecular-dynamics example (units nm, ps, K):
+    ``--temperature``, ``--thermostat`` (``bussi`` or ``nose-hoover``), ``--tau``,
+    ``--equil-steps``, ``--steps``, ``--dt``, ``--r-cut``, ``--skin``, ``--tolerance`` (PME),
+    ``--save-every`` and ``--seed``, with the defaults given here. Check the frames with
+    :func:`check_md_frames` after parsing."""
+    parser.add_argument("--temperature", type=positive_float, default=temperature,
+                        help="temperature in K")
+    parser.add_argument("--thermostat", choices=("bussi", "nose-hoover"), default="bussi",
+                        help="the production thermostat")
+    parser.add_argument("--tau", type=positive_float, default=0.5,
+                        help="production thermostat time constant in ps (weak coupling)")
+    parser.add_argument("--equil-steps", type=nonnegative_int, default=equil_steps,
+                        help=equil_help)
+    parser.add_argument("--steps", type=positive_int, default=steps, help="production steps")
+    parser.add_argument("--dt", type=positive_float, default=0.002, help="time step in ps")
+    parser.add_argument("--r-cut", type=positive_float, default=r_cut, help=r_cut_help)
+    parser.add_argument("--skin", type=nonnegative_float, default=0.1,
+                        help="neighbour-list skin, nm")
+    parser.add_argument("--tolerance", type=positive_float, default=5e-4,
+                        help="PME relative force tolerance (sets alpha and the grid)")
+    parser.add_argument("--save-every", type=positive_int, default=10,
+                        help="steps between saved frames")
+    parser.add_argument("--seed", type=seed, default=0, help="PRNG seed")
+
+
+def check_md_frames(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The parser's error (exit 2, naming the option) unless ``--save-every`` divides
+    ``--equil-steps`` and ``--steps`` and the production saves at least 8 frames."""
+    if args.equil_steps % args.save_every or args.steps % args.save_every:
+        parser.error(f"argument --save-every: must divide --equil-steps and --steps, got "
+                     f"{args.save_every}")
+    if args.steps // args.save_every < 8:
+        parser.error(f"argument --steps: needs at least 8 saved frames (--save-every "
+                     f"{args.save_every}), got {args.steps}")
 
 
 # --------------------------------------------------------------------------------------
