@@ -265,3 +265,6 @@ def test_simulate_auto_refuses_what_it_cannot_serve(fluid):
         sp.simulate(energy, state, params, **{**run, "neighbors": "cells please"})
     with pytest.raises(ValueError, match="r_cut"):
         sp.simulate(sp.pair_energy(sp.lennard_jones, space), state, params, **run)
+    with pytest.raises(TypeError, match="concrete positions"):    # traced: built outside jit
+        jax.jit(lambda y: sp.simulate(energy, sp.State(y, jnp.zeros_like(y), 1.0), params,
+                                      **run).positions)(x)
