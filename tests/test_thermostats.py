@@ -6,6 +6,7 @@ corrections against their closed forms and quadrature (scipy)."""
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +66,24 @@ def test_bussi_update_keeps_the_canonical_law():
         test = stats.kstest(new, stats.gamma(nf / 2, scale=kT).cdf)
         assert test.pvalue > 0.01, (c, test)
         assert np.corrcoef(k, new)[0, 1] == pytest.approx(c, abs=0.05)   # the decay e^{-t/tau}
+
+
+@pytest.mark.parametrize("k", [200, 300, 95_997])
+def test_chi_square_follows_the_chi_square_law(k):
+    """chi_square(k): KS test against scipy's chi-square law (20,000 float32 draws), below
+    the switch (squared normals) and above it (Marsaglia-Tsang); above it the draw takes
+    24 random numbers, not k (counted in the jaxpr)."""
+    from simlib.particles._thermostats import chi_square
+
+    keys = jax.random.split(jax.random.key(11), 20_000)
+    draw = jax.vmap(lambda key: chi_square(key, k, jnp.float32))
+    s = np.asarray(jax.jit(draw)(keys), np.float64)
+    test = stats.kstest(s, stats.chi2(k).cdf)
+    assert test.pvalue > 0.01, test
+    assert np.mean(s) == pytest.approx(k, rel=3 * np.sqrt(2 / k / len(s)) + 1e-6)
+    jaxpr = str(jax.make_jaxpr(lambda key: chi_square(key, k, jnp.float32))(keys[0]))
+    sizes = [int(n) for n in re.findall(r"random_bits\[bit_width=32 shape=\((\d+),\)\]", jaxpr)]
+    assert sum(sizes) == (k if k <= 256 else 24), sizes
 
 
 def test_kinetic_energy_is_canonical(thermostat):
