@@ -69,6 +69,16 @@ def simlib_runner(water, r_cut, tolerance, steps, dt, temperature):
     _, first = timed(run)
     e0, f0 = jax.jit(energy.energy_and_forces)(water.positions, water.params, nbrs)
     initial = dict(pe0=float(e0), forces0=np.asarray(f0, float), velocities=np.asarray(v))
+
+    def split(repeats=7):
+        """One jitted force call of each term and of the sum at the start, ms (best of)."""
+        calls = {name: (lambda f: lambda: f(water.positions, water.params, nbrs))(
+                     jax.jit(term.energy_and_forces))
+                 for name, term in (("lj", energy.terms[0]), ("pme", pme), ("total", energy))}
+        best = round_robin(calls, repeats)
+        return {name: 1e3 * t.best for name, t in best.items()}
+
+    initial["split"] = split
     return (run, first, (float(pme.alpha), tuple(int(g) for g in pme.grid), int(pme.order)),
             initial)
 
@@ -194,6 +204,9 @@ def print_row(row: dict) -> None:
                   f"{d['rms_force_diff_over_rms_force']:.2e} of rms F; dPE/PE "
                   f"{d['pe0_rel_diff']:.2e}")
     print(f"  PE0 (kJ/mol): {row['agreement']['pe0_kj_mol']}")
+    if "simlib_split_ms" in row:
+        split = row["simlib_split_ms"].items()
+        print("  simlib ms: " + ", ".join(f"{k} {v:.2f}" for k, v in split))
     for key in [k for k in row if k.startswith("lammps_") and isinstance(row[k], dict)]:
         r = row[key]
         ms = {s: f"{1e3 * v['avg_s'] / r['steps']:.2f} ms ({v['percent']:.0f}%)"
@@ -215,6 +228,8 @@ def main() -> None:
                     help="LAMMPS variants: pppm with simlib's alpha and grid, or LAMMPS's own "
                          "for the same accuracy (none: skip LAMMPS)")
     ap.add_argument("--lammps-ranks", type=int, default=2)
+    ap.add_argument("--split", action="store_true",
+                    help="also time simlib's force call apart: Lennard-Jones, PME, both")
     ap.add_argument("--lammps-suffix", default="opt",
                     help="lmp -sf (opt: lj/cut/coul/long/opt); 'none' for the plain styles")
     ap.add_argument("--json", default="benchmarks/results/water_speed.json")
@@ -259,6 +274,9 @@ def main() -> None:
             else:
                 row[f"{name}_times_s"] = t.times
                 row[f"{name}_steps_per_s"] = a.steps / t.best
+        if a.split:
+            row["simlib_split_ms"] = init["split"]()
+            row["simlib_split_ms"]["step"] = 1e3 * best["simlib"].best / a.steps
         row["agreement"] = compare_initial(water, initial)
         peers_rate = {k[:-len("_steps_per_s")]: v for k, v in row.items()
                       if k.endswith("_steps_per_s") and not k.startswith("simlib")}
