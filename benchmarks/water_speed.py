@@ -25,7 +25,8 @@ in units of ``k_e q_rms^2 / l^2``, l the mean spacing (V/N)^(1/3), LAMMPS's in `
 initial energy and forces), a 10-step warm-up and one timed run of ``--steps`` (its "Loop
 time"), one process per round. The initial potential energies and RMS force differences
 of the three codes are printed (units of simlib's tolerance), with LAMMPS's timing
-breakdown and its FFT share of Kspace (``kspace_modify fftbench yes``).
+breakdown and its FFT share of Kspace (``kspace_modify fftbench yes``). ``--split`` also
+times simlib's force call apart (Lennard-Jones, PME, both; one jitted call each, best of 7).
 """
 
 from __future__ import annotations
