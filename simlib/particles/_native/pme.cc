@@ -24,13 +24,13 @@
 // with NaN (the energy and every force become NaN, as in JAX where the NaN lands on some
 // grid point), and gathering gives that particle NaN forces and potential. A finite
 // coordinate is reduced into [0, K) in double precision before it becomes an index.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <limits>
 #include <string>
-#include <vector>
 
 #include <omp.h>
 
@@ -108,23 +108,35 @@ template <typename T, int P>
 void Spread(const T* x, const T* q, int64_t n, const T* scale, const int64_t* dims, T* grid) {
   const int64_t k1 = dims[0], k2 = dims[1], k3 = dims[2];
   const int64_t plane = k2 * k3;
-  std::vector<Stencil<T, P>> st(static_cast<size_t>(n));
-  bool bad = false;
+  // One parallel region without inner barriers (threads that wait on each other lose most
+  // on a loaded machine): every thread checks all positions itself, then fills its planes.
 #pragma omp parallel
   {
-#pragma omp for schedule(static) reduction(|| : bad)
-    for (int64_t i = 0; i < n; ++i) {
-      MakeStencil<T, P, false>(x + 3 * i, scale, dims, &st[i]);
-      bad = bad || !st[i].ok;
-    }
-#pragma omp single
-    {}
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t lo = k1 * t / nt, hi = k1 * (t + 1) / nt;    // this thread's x-planes
-    std::memset(grid + lo * plane, 0, sizeof(T) * static_cast<size_t>((hi - lo) * plane));
-    if (!bad && hi > lo) {
+    bool bad = false;
+    for (int64_t i = 0; i < 3 * n; ++i) bad |= !std::isfinite(x[i] * scale[i % 3]);
+    T* mine = grid + lo * plane;
+    const size_t count = static_cast<size_t>((hi - lo) * plane);
+    if (bad) {
+      std::fill(mine, mine + count, std::numeric_limits<T>::quiet_NaN());
+    } else if (count > 0) {
+      std::memset(mine, 0, sizeof(T) * count);
       for (int64_t i = 0; i < n; ++i) {
-        const Stencil<T, P>& s = st[i];
+        // the x-planes of this particle's stencil first: skip it unless one is ours
+        const T ux = x[3 * i] * scale[0];
+        const double k = static_cast<double>(k1);
+        double bx = std::fmod(static_cast<double>(std::floor(ux)), k);
+        if (bx < 0) bx += k;
+        const int64_t b0 = static_cast<int64_t>(bx);
+        bool touches = false;
+        for (int a = 0; a < P; ++a) {
+          const int64_t gx = b0 - a < 0 ? b0 - a + k1 : b0 - a;
+          touches |= gx >= lo && gx < hi;
+        }
+        if (!touches) continue;
+        Stencil<T, P> s;
+        MakeStencil<T, P, false>(x + 3 * i, scale, dims, &s);
         int64_t zi[P];
         for (int c = 0; c < P; ++c) {
           const int64_t z = s.base[2] - c;
@@ -148,10 +160,6 @@ void Spread(const T* x, const T* q, int64_t n, const T* scale, const int64_t* di
         }
       }
     }
-  }
-  if (bad) {
-    const T nan = std::numeric_limits<T>::quiet_NaN();
-    for (int64_t g = 0; g < k1 * plane; ++g) grid[g] = nan;
   }
 }
 
