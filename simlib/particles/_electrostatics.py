@@ -21,9 +21,10 @@ replaces the structure factor by the FFT of the charges spread on a grid with ca
 B-splines of order :math:`p`; its forces are the exact gradient of its energy (their
 eq. 4.9). Everything is JAX: energies, forces, virials and gradients with respect to
 positions, charges, the box and :math:`\alpha`. On the CPU, the real-space pair sum over a
-neighbour list runs in a native kernel (``_native/ewald.cc``) when it can be built; its
-first derivatives come from the kernel and higher ones from the pure-JAX pair sum, which is
-the reference and the fallback.
+neighbour list runs in a native kernel (``_native/ewald.cc``), and PME's charge spreading
+and force gathering in two more (``_native/pme.cc``; the FFT stays ``jnp.fft``), when they
+can be built; their first derivatives come from the kernels and higher ones from the
+pure-JAX sums, which are the reference and the fallback.
 
 Accuracy parameters follow Kolafa & Perram (Mol. Sim. 9, 351 (1992)); see
 :func:`ewald_parameters`.
