@@ -21,9 +21,10 @@ replaces the structure factor by the FFT of the charges spread on a grid with ca
 B-splines of order :math:`p`; its forces are the exact gradient of its energy (their
 eq. 4.9). Everything is JAX: energies, forces, virials and gradients with respect to
 positions, charges, the box and :math:`\alpha`. On the CPU, the real-space pair sum over a
-neighbour list runs in a native kernel (``_native/ewald.cc``) when it can be built; its
-first derivatives come from the kernel and higher ones from the pure-JAX pair sum, which is
-the reference and the fallback.
+neighbour list runs in a native kernel (``_native/ewald.cc``), and PME's charge spreading
+and force gathering in two more (``_native/pme.cc``; the FFT stays ``jnp.fft``), when they
+can be built; their first derivatives come from the kernels and higher ones from the
+pure-JAX sums, which are the reference and the fallback.
 
 Accuracy parameters follow Kolafa & Perram (Mol. Sim. 9, 351 (1992)); see
 :func:`ewald_parameters`.
@@ -635,55 +636,156 @@ class PME(_Coulomb):
     def spread(self, positions, q, box):
         r"""The charge grid :math:`Q(\mathbf k) = \sum_i q_i \prod_a M_p(u_{ia} - k_a)`
         (periodically), with scaled coordinates :math:`u_{ia} = K_a x_{ia}/L_a`
-        (Essmann et al. 1995, eq. 4.6): shape ``grid``."""
-        p = self.order
-        grid = np.asarray(self.grid)
-        u = positions * (jnp.asarray(grid, positions.dtype) / box)
-        base = jnp.floor(u)
-        w = u - base
-        base = base.astype(jnp.int32)
-        j = np.arange(p)
-        idx = [(base[:, a, None] - j[None, :]) % int(grid[a]) for a in range(3)]   # (n, p)
-        wts = [jnp.stack(_bspline_weights(w[:, a], p), axis=1) for a in range(3)]  # (n, p)
-        weights = (q[:, None, None, None] * wts[0][:, :, None, None]
-                   * wts[1][:, None, :, None] * wts[2][:, None, None, :])
-        flat = ((idx[0][:, :, None, None] * int(grid[1]) + idx[1][:, None, :, None])
-                * int(grid[2]) + idx[2][:, None, None, :])
-        charge = jnp.zeros(int(np.prod(grid)), positions.dtype)
-        charge = charge.at[flat.reshape(-1)].add(weights.reshape(-1))
-        return charge.reshape(tuple(int(g) for g in grid))
+        (Essmann et al. 1995, eq. 4.6): shape ``grid`` (pure JAX, the reference)."""
+        return _spread_pure(self.grid, self.order, positions, q, box)
 
     def _influence(self, box, dtype):
-        r""":math:`\frac{1}{\pi V}\frac{e^{-\pi^2 m^2/\alpha^2}}{m^2} B(\mathbf m)` on the
-        ``rfftn`` half grid, counting each :math:`\pm\mathbf m` pair once, 0 at
-        :math:`\mathbf m = 0`."""
-        kx, ky, kz = (int(g) for g in self.grid)
-        mods = [_bspline_moduli(g, self.order) for g in (kx, ky, kz)]
-        mz = np.arange(kz // 2 + 1)
-        count = np.where((mz == 0) | (2 * mz == kz), 1.0, 2.0)      # rfft: +-m_z twice
-        # B(m) as an outer product in the graph: three small constants, not one of the grid's
-        # size (large literals are slow to compile)
-        bx, by, bz = (jnp.asarray(v, dtype) for v in (mods[0], mods[1], mods[2][mz] * count))
-        static = bx[:, None, None] * by[None, :, None] * bz[None, None, :]
-        m = [jnp.asarray(np.fft.fftfreq(g, 1.0 / g), dtype) / box[a]
-             for a, g in enumerate((kx, ky))]
-        m.append(jnp.asarray(mz, dtype) / box[2])
-        m2 = m[0][:, None, None] ** 2 + m[1][None, :, None] ** 2 + m[2][None, None, :] ** 2
-        zero = m2 == 0
-        m2 = jnp.where(zero, 1.0, m2)
-        alpha = jnp.asarray(self.alpha, dtype)
-        green = jnp.where(zero, 0.0, jnp.exp(-(math.pi**2) * m2 / alpha**2) / m2)
-        return static * green / (2 * math.pi * jnp.prod(box))
+        return _influence(self.grid, self.order, box, jnp.asarray(self.alpha, dtype), dtype)
 
     def reciprocal_from_grid(self, charge, box):
         r""":math:`E_{rec} = \frac{1}{2\pi V}\sum_{\mathbf m\ne0}
         \frac{e^{-\pi^2m^2/\alpha^2}}{m^2}B(\mathbf m)|\hat Q(\mathbf m)|^2`
         (Essmann et al. 1995, eq. 4.7) from the charge grid."""
-        qhat = jnp.fft.rfftn(charge)
-        return jnp.sum(self._influence(box, charge.dtype) * (qhat.real**2 + qhat.imag**2))
+        return _reciprocal_from_grid(self.grid, self.order, charge, box,
+                                     jnp.asarray(self.alpha, charge.dtype))
 
     def _reciprocal(self, positions, q, box):
+        """The reciprocal energy: native spreading and gathering on the CPU where they can
+        be built (:func:`_pme_reciprocal`), else pure JAX (autodiff of the spreading)."""
+        if _native_pme(positions, q):
+            alpha = jnp.asarray(self.alpha, positions.dtype)
+            return _pme_reciprocal(self.grid, self.order, positions, q, box, alpha)[0]
         return self.reciprocal_from_grid(self.spread(positions, q, box), box)
+
+
+def _spread_pure(grid, order, positions, q, box):
+    """:meth:`PME.spread` in pure JAX: one scatter-add of the :math:`np^3` weights."""
+    p = order
+    grid = np.asarray(grid)
+    u = positions * (jnp.asarray(grid, positions.dtype) / box)
+    base = jnp.floor(u)
+    w = u - base
+    base = base.astype(jnp.int32)
+    j = np.arange(p)
+    idx = [(base[:, a, None] - j[None, :]) % int(grid[a]) for a in range(3)]   # (n, p)
+    wts = [jnp.stack(_bspline_weights(w[:, a], p), axis=1) for a in range(3)]  # (n, p)
+    weights = (q[:, None, None, None] * wts[0][:, :, None, None]
+               * wts[1][:, None, :, None] * wts[2][:, None, None, :])
+    flat = ((idx[0][:, :, None, None] * int(grid[1]) + idx[1][:, None, :, None])
+            * int(grid[2]) + idx[2][:, None, None, :])
+    charge = jnp.zeros(int(np.prod(grid)), positions.dtype)
+    charge = charge.at[flat.reshape(-1)].add(weights.reshape(-1))
+    return charge.reshape(tuple(int(g) for g in grid))
+
+
+def _influence(grid, order, box, alpha, dtype):
+    r""":math:`\frac{1}{\pi V}\frac{e^{-\pi^2 m^2/\alpha^2}}{m^2} B(\mathbf m)` on the
+    ``rfftn`` half grid, counting each :math:`\pm\mathbf m` pair once, 0 at
+    :math:`\mathbf m = 0`."""
+    kx, ky, kz = (int(g) for g in grid)
+    mods = [_bspline_moduli(g, order) for g in (kx, ky, kz)]
+    mz = np.arange(kz // 2 + 1)
+    count = np.where((mz == 0) | (2 * mz == kz), 1.0, 2.0)      # rfft: +-m_z twice
+    # B(m) as an outer product in the graph: three small constants, not one of the grid's
+    # size (large literals are slow to compile)
+    bx, by, bz = (jnp.asarray(v, dtype) for v in (mods[0], mods[1], mods[2][mz] * count))
+    static = bx[:, None, None] * by[None, :, None] * bz[None, None, :]
+    m = [jnp.asarray(np.fft.fftfreq(g, 1.0 / g), dtype) / box[a]
+         for a, g in enumerate((kx, ky))]
+    m.append(jnp.asarray(mz, dtype) / box[2])
+    m2 = m[0][:, None, None] ** 2 + m[1][None, :, None] ** 2 + m[2][None, None, :] ** 2
+    zero = m2 == 0
+    m2 = jnp.where(zero, 1.0, m2)
+    green = jnp.where(zero, 0.0, jnp.exp(-(math.pi**2) * m2 / alpha**2) / m2)
+    return static * green / (2 * math.pi * jnp.prod(box))
+
+
+def _reciprocal_from_grid(grid, order, charge, box, alpha):
+    """:meth:`PME.reciprocal_from_grid` with ``alpha`` an argument."""
+    qhat = jnp.fft.rfftn(charge)
+    return jnp.sum(_influence(grid, order, box, alpha, charge.dtype)
+                   * (qhat.real**2 + qhat.imag**2))
+
+
+def _native_pme(positions, q) -> bool:
+    """Whether the native spreading and gathering serve this call: positions ``(n, 3)`` in
+    float32/64, charges of the same dtype, and the library loaded."""
+    return (positions.ndim == 2 and positions.shape[1] == 3
+            and positions.dtype in (jnp.float32, jnp.float64) and q.dtype == positions.dtype
+            and _native.load() is not None)
+
+
+def _pme_reciprocal_pure(grid, order, positions, q, box, alpha):
+    r"""The reciprocal energy in pure JAX with its first derivatives ``(E, F, dE/dq, dE/dL,
+    dE/d\alpha)``, the box derivative at fixed positions (the native kernels' reference)."""
+
+    def energy(x, q, box, alpha):
+        return _reciprocal_from_grid(grid, order, _spread_pure(grid, order, x, q, box), box,
+                                     alpha)
+
+    e, (gx, gq, gb, ga) = jax.value_and_grad(energy, argnums=(0, 1, 2, 3))(positions, q, box,
+                                                                          alpha)
+    return e, -gx, gq, gb, ga
+
+
+def _pme_spread_ffi(grid, order, positions, q, box):
+    """The charge grid from ``_native/pme.cc`` (the semantics of :func:`_spread_pure`)."""
+    dtype = positions.dtype
+    name = "simlib_pme_spread_f32" if dtype == jnp.float32 else "simlib_pme_spread_f64"
+    call = jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(tuple(int(g) for g in grid), dtype),
+                            vmap_method="sequential")
+    return call(positions, q, box, order=np.int64(order))
+
+
+def _pme_gather_ffi(grid, order, positions, q, box, potential):
+    r"""``(F, dE/dq)`` from the potential grid :math:`\partial E/\partial Q` (``pme.cc``):
+    :math:`F_i = -q_i\sum_k\nabla_i\theta_i(k)\,\phi(k)`, :math:`\phi_i =
+    \sum_k\theta_i(k)\,\phi(k)`."""
+    dtype = positions.dtype
+    name = "simlib_pme_gather_f32" if dtype == jnp.float32 else "simlib_pme_gather_f64"
+    call = jax.ffi.ffi_call(name, (jax.ShapeDtypeStruct(positions.shape, dtype),
+                                   jax.ShapeDtypeStruct(q.shape, dtype)),
+                            vmap_method="sequential")
+    return tuple(call(positions, q, box, potential, order=np.int64(order)))
+
+
+def _pme_reciprocal_native(grid, order, positions, q, box, alpha):
+    r"""Native spreading, ``rfftn`` and the influence function in XLA, the potential grid
+    :math:`\phi = \partial E/\partial Q` by reverse mode (one ``irfftn``), native
+    gathering. The box derivative at fixed positions adds the grid's share
+    :math:`\sum_i x_{ia}F_{ia}/L_a` (:math:`u = xK/L`) to the influence function's."""
+    charge = _pme_spread_ffi(grid, order, positions, q, box)
+    e, (potential, gb, ga) = jax.value_and_grad(
+        lambda c, b, a: _reciprocal_from_grid(grid, order, c, b, a), argnums=(0, 1, 2))(
+        charge, box, alpha)
+    f, phi = _pme_gather_ffi(grid, order, positions, q, box, potential)
+    return e, f, phi, gb + jnp.sum(positions * f, axis=0) / box, ga
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _pme_reciprocal(grid, order, positions, q, box, alpha):
+    r"""The PME reciprocal energy with its first derivatives ``(E, F, dE/dq, dE/dL,
+    dE/d\alpha)``: native spreading and gathering on the CPU (``_native/pme.cc``), pure
+    JAX elsewhere. As for :func:`_ewald_real`, the tangent of ``E`` is assembled from those
+    derivatives (forces and virials cost one spreading and one gathering) and the tangents
+    of the derivatives come from the pure-JAX path."""
+    return lax.platform_dependent(
+        positions, q, box, alpha,
+        cpu=lambda *a: _pme_reciprocal_native(grid, order, *a),
+        default=lambda *a: _pme_reciprocal_pure(grid, order, *a))
+
+
+@_pme_reciprocal.defjvp
+def _pme_reciprocal_jvp(grid, order, primals, tangents):
+    positions, q, box, alpha = primals
+    tx, tq, tb, ta = tangents
+    out = _pme_reciprocal(grid, order, *primals)
+    _, f, phi, box_grad, alpha_grad = out
+    t_energy = (jnp.sum(phi * tq) - jnp.sum(f * tx) + jnp.sum(box_grad * tb)
+                + alpha_grad * ta)
+    _, t_rest = jax.jvp(lambda *a: _pme_reciprocal_pure(grid, order, *a)[1:], primals,
+                        tangents)
+    return out, (t_energy, *t_rest)
 
 
 def pme(space: Space, r_cut: float, *, tolerance: float = 1e-6, alpha: float | None = None,

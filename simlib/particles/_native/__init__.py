@@ -1,7 +1,7 @@
 """Optional native CPU kernels of the particle engine, compiled on first use and called
 through ``jax.ffi``: direct-sum gravity, the cell-list neighbour build, Lennard-Jones
-forces and the real-space Ewald sum over a neighbour list (the C++ sources next to this
-file).
+forces, the real-space Ewald sum over a neighbour list and PME's charge spreading and
+force gathering (the C++ sources next to this file).
 
 Building, caching, the environment variables (``SIMLIB_NATIVE``, ``SIMLIB_CACHE``,
 ``CXX``) and the fallback to the pure-JAX kernels are those of every simlib native library:
@@ -21,10 +21,11 @@ from ..._native import NativeLibrary, disabled  # noqa: F401 - disabled: used by
 
 _LIBRARY = NativeLibrary(
     Path(__file__).parent,
-    sources=("gravity.cc", "neighbors.cc", "lj.cc", "ewald.cc"),
+    sources=("gravity.cc", "neighbors.cc", "lj.cc", "ewald.cc", "pme.cc"),
     targets=("simlib_gravity_f32", "simlib_gravity_f64", "simlib_neighbors_f32",
              "simlib_neighbors_f64", "simlib_lj_f32", "simlib_lj_f64", "simlib_ewald_f32",
-             "simlib_ewald_f64"),
+             "simlib_ewald_f64", "simlib_pme_spread_f32", "simlib_pme_spread_f64",
+             "simlib_pme_gather_f32", "simlib_pme_gather_f64"),
     library="libsimlib_native.so",
 )
 
