@@ -226,21 +226,31 @@ int32_t SparseLU(const T* a, const int32_t* fp, const int32_t* fi, const int32_t
   return info;
 }
 
+// sum_p lu[p] x[fi[p]] over p in [begin, end), in four partial sums: the rows of the
+// factors are long, and one running sum would wait on each addition in turn
+template <typename T>
+inline T RowDot(const T* lu, const int32_t* fi, const T* x, int32_t begin, int32_t end) {
+  T s0 = T(0), s1 = T(0), s2 = T(0), s3 = T(0);
+  int32_t p = begin;
+  for (; p + 3 < end; p += 4) {
+    s0 += lu[p] * x[fi[p]];
+    s1 += lu[p + 1] * x[fi[p + 1]];
+    s2 += lu[p + 2] * x[fi[p + 2]];
+    s3 += lu[p + 3] * x[fi[p + 3]];
+  }
+  for (; p < end; ++p) s0 += lu[p] * x[fi[p]];
+  return (s0 + s1) + (s2 + s3);
+}
+
 template <typename T>
 void SparseSolve(const T* lu, const int32_t* fp, const int32_t* fi, const int32_t* diag,
                  int64_t n, const T* b, bool transpose, T* x) {
   for (int64_t i = 0; i < n; ++i) x[i] = b[i];
   if (!transpose) {
-    for (int64_t i = 0; i < n; ++i) {  // L y = b, unit lower
-      T s = x[i];
-      for (int32_t p = fp[i]; p < diag[i]; ++p) s -= lu[p] * x[fi[p]];
-      x[i] = s;
-    }
-    for (int64_t i = n - 1; i >= 0; --i) {  // U x = y
-      T s = x[i];
-      for (int32_t p = diag[i] + 1; p < fp[i + 1]; ++p) s -= lu[p] * x[fi[p]];
-      x[i] = s / lu[diag[i]];
-    }
+    for (int64_t i = 0; i < n; ++i)  // L y = b, unit lower
+      x[i] -= RowDot(lu, fi, x, fp[i], diag[i]);
+    for (int64_t i = n - 1; i >= 0; --i)  // U x = y
+      x[i] = (x[i] - RowDot(lu, fi, x, diag[i] + 1, fp[i + 1])) / lu[diag[i]];
     return;
   }
   for (int64_t i = 0; i < n; ++i) {  // U^T z = b, by columns of U^T (rows of U)
