@@ -106,13 +106,10 @@ def test_symbolic_fill_matches_dense_elimination_and_nd_fills_less_than_rcm():
 
 def test_auto_takes_rcm_on_a_banded_pattern():
     """On a 1-D (banded) pattern reverse Cuthill-McKee's envelope is below nested
-    dissection's fill, so "auto" takes it; the fill is then the band's."""
-    n = 400
+    dissection's fill, so "auto" takes it (its solves: test_linalg's "sparse-native-rcm")."""
+    n = 200
     band = sp.csr_matrix(sp.diags([1.0] * 5, [-2, -1, 0, 1, 2], shape=(n, n)), dtype=bool)
     pat = CompressedPattern(band)
     auto, nd = SymbolicLU(pat, "auto"), SymbolicLU(pat, "nd")
     assert auto.ordering == "rcm" and auto.nnz <= nd.nnz
     assert auto.nnz == dense_fill(band, auto.order)
-    ok, x, _, x_ref, _, _ = solve_both(band, "auto")
-    assert ok
-    np.testing.assert_allclose(x, x_ref, rtol=1e-11, atol=1e-12)
