@@ -224,3 +224,21 @@ def symbolic_fill(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, 
     lib.simlib_symbolic_fill(ctypes.c_int64(n), sp_.ctypes.data_as(ptr), si.ctypes.data_as(ptr),
                              fp.ctypes.data_as(ptr), fi.ctypes.data_as(ptr))
     return fp, fi
+
+
+def nested_dissection(indptr: np.ndarray, indices: np.ndarray, leaf: int) -> np.ndarray:
+    """A nested-dissection ordering (new index -> old) of the graph with the symmetric
+    pattern ``(indptr, indices)``: separators from level structures (C++, ``linalg.cc``)."""
+    _require()
+    lib = load()
+    n = indptr.size - 1
+    sp_ = np.ascontiguousarray(indptr, np.int64)
+    si = np.ascontiguousarray(indices, np.int64)
+    order = np.zeros(n, np.int64)
+    ptr = ctypes.POINTER(ctypes.c_int64)
+    f = lib.simlib_nested_dissection
+    f.restype = ctypes.c_int64
+    if f(ctypes.c_int64(n), sp_.ctypes.data_as(ptr), si.ctypes.data_as(ptr),
+         ctypes.c_int64(leaf), order.ctypes.data_as(ptr)) < 0:
+        raise ValueError("nested dissection: bad pattern")
+    return order

@@ -36,19 +36,27 @@ from ._base import Array, Factorisation, Field, LinearSolver
 from ._coloring import CompressedPattern
 from ._sparsity import jacobian_sparsity
 
-ORDERINGS = ("mmd", "rcm", "natural")
+ORDERINGS = ("auto", "nd", "mmd", "rcm", "natural")
+ND_LEAF = 16  # nested dissection keeps subgraphs of this size in natural order
 
 
 def fill_reducing_order(pattern: CompressedPattern, ordering: str) -> np.ndarray:
     """A symmetric ordering ``q`` (new index -> old) of the symmetrised pattern:
-    ``"mmd"`` (multiple minimum degree on ``A + A^T``, SuperLU's ``MMD_AT_PLUS_A``, taken
+    ``"nd"`` (nested dissection with level-structure separators, George 1973; George and
+    Liu 1981; native, :func:`._kernels.nested_dissection`), ``"mmd"`` (multiple minimum
+    degree on ``A + A^T``, SuperLU's ``MMD_AT_PLUS_A``, taken
     from scipy's ``splu`` run once on a diagonally dominant matrix of the pattern),
     ``"rcm"`` (reverse Cuthill-McKee, scipy) or ``"natural"``."""
     n = pattern.n
     if ordering == "natural":
         return np.arange(n)
+    if ordering == "auto":
+        raise ValueError("ordering 'auto' is chosen by SymbolicLU (it compares the fill)")
     s = pattern.matrix()
     s = (s + s.T).tocsr()
+    if ordering == "nd":
+        s.sort_indices()
+        return _kernels.nested_dissection(s.indptr, s.indices, ND_LEAF)
     if ordering == "rcm":
         return np.asarray(csgraph.reverse_cuthill_mckee(s, symmetric_mode=True), np.int64)
     if ordering == "mmd":
@@ -60,20 +68,50 @@ def fill_reducing_order(pattern: CompressedPattern, ordering: str) -> np.ndarray
     raise ValueError(f"ordering must be one of {ORDERINGS}; got {ordering!r}")
 
 
+def _permuted(pattern: CompressedPattern, q: np.ndarray):
+    """``A``'s entries ``(r, c)`` under the symmetric ordering ``q``, the inverse of
+    ``q``, and the symmetrised permuted pattern (CSR, sorted)."""
+    n = pattern.n
+    inv = np.empty(n, np.int64)
+    inv[q] = np.arange(n)
+    r, c = inv[pattern.rows], inv[pattern.cols]
+    permuted = sp.csr_matrix((np.ones(r.size), (r, c)), shape=(n, n))
+    s = (permuted + permuted.T).tocsr()
+    s.sort_indices()
+    return r, c, inv, permuted, s
+
+
+def envelope_bound(s: sp.csr_matrix) -> int:
+    """An upper bound on the LU fill (L + U, the diagonal once) of a matrix with the
+    symmetric, sorted pattern ``s``: its envelope, ``n + 2 sum_i (i - f_i)`` with ``f_i``
+    the first column of row ``i`` (fill stays inside the envelope: George and Liu 1981,
+    ch. 4)."""
+    n = s.shape[0]
+    first = np.minimum(s.indices[s.indptr[:-1]], np.arange(n))
+    return int(n + 2 * np.sum(np.arange(n) - first))
+
+
 class SymbolicLU:
-    """The fill pattern ``F`` of ``P A P^T`` (CSR, int32) and where ``A``'s values go."""
+    """The fill pattern ``F`` of ``P A P^T`` (CSR, int32) and where ``A``'s values go.
+
+    ``ordering="auto"`` takes nested dissection unless reverse Cuthill-McKee's envelope
+    (an upper bound on its fill) is smaller than nested dissection's fill, as on 1-D
+    (banded) patterns; ``self.ordering`` is the one used."""
 
     def __init__(self, pattern: CompressedPattern, ordering: str, fill: bool = True):
         n = pattern.n
-        q = fill_reducing_order(pattern, ordering)
-        inv = np.empty(n, np.int64)
-        inv[q] = np.arange(n)
-        r, c = inv[pattern.rows], inv[pattern.cols]
-        permuted = sp.csr_matrix((np.ones(r.size), (r, c)), shape=(n, n))
+        chosen = "nd" if ordering == "auto" else ordering
+        q = fill_reducing_order(pattern, chosen)
+        r, c, inv, permuted, s = _permuted(pattern, q)
         if fill:
-            s = (permuted + permuted.T).tocsr()
-            s.sort_indices()
             fp, fi = _kernels.symbolic_fill(s.indptr, s.indices)
+            if ordering == "auto":
+                q_rcm = fill_reducing_order(pattern, "rcm")
+                r2, c2, inv2, permuted2, s2 = _permuted(pattern, q_rcm)
+                if envelope_bound(s2) < fp[-1]:
+                    chosen, q, r, c, inv, permuted, s = ("rcm", q_rcm, r2, c2, inv2,
+                                                         permuted2, s2)
+                    fp, fi = _kernels.symbolic_fill(s.indptr, s.indices)
         else:  # ILU(0): the pattern itself
             permuted.sort_indices()
             fp, fi = permuted.indptr.astype(np.int64), permuted.indices.astype(np.int64)
@@ -91,6 +129,7 @@ class SymbolicLU:
         self.order = q
         self.inverse = inv
         self.nnz = int(fp[-1])
+        self.ordering = chosen
 
 
 class Sparse(LinearSolver):
@@ -103,12 +142,14 @@ class Sparse(LinearSolver):
             field (:meth:`bind`).
         kernel: ``"auto"`` (native if the library loads, else host), ``"native"``,
             ``"host"``.
-        ordering: The fill-reducing ordering of the native kernel (``"mmd"``, ``"rcm"``,
-            ``"natural"``).
+        ordering: The fill-reducing ordering of the native kernel: ``"auto"`` (nested
+            dissection, or reverse Cuthill-McKee where its envelope is smaller than nested
+            dissection's fill, as on 1-D patterns: :class:`SymbolicLU`), ``"nd"``,
+            ``"mmd"``, ``"rcm"``, ``"natural"``.
         color_order: The greedy colouring's order (``"largest_first"``, ``"natural"``).
     """
 
-    def __init__(self, jac_sparsity: Any = None, kernel: str = "auto", ordering: str = "mmd",
+    def __init__(self, jac_sparsity: Any = None, kernel: str = "auto", ordering: str = "auto",
                  color_order: str = "largest_first") -> None:
         if kernel not in ("auto", "native", "host"):
             raise ValueError(f"kernel must be 'auto', 'native' or 'host'; got {kernel!r}")

@@ -174,28 +174,72 @@ ffi::Error BandSolveHandler(ffi::Buffer<DT> u, ffi::Buffer<DT> mult, ffi::Buffer
 // batch factorises only the members asked for.
 std::atomic<int64_t> sparse_lu_count{0};
 
+// The strict upper part of each row of F cut into runs of consecutive columns (fi[q0],
+// fi[q0] + 1, ..., fi[q0] + len - 1 at q0 .. q0 + len - 1): the update of row i by row k
+// then runs over contiguous slices of the work row, which the compiler vectorises, and
+// reads no column index per entry. Nested dissection numbers each separator
+// consecutively, so the rows that carry most of the work have long runs.
+struct Runs {
+  std::vector<int32_t> ptr, start, len;  // row k's runs: ptr[k] .. ptr[k + 1]
+  Runs(const int32_t* fp, const int32_t* fi, const int32_t* diag, int64_t n) : ptr(n + 1, 0) {
+    for (int64_t k = 0; k < n; ++k) {
+      for (int32_t q = diag[k] + 1; q < fp[k + 1]; ++q) {
+        if (q > diag[k] + 1 && fi[q] == fi[q - 1] + 1) { ++len.back(); continue; }
+        start.push_back(q);
+        len.push_back(1);
+      }
+      ptr[k + 1] = static_cast<int32_t>(start.size());
+    }
+  }
+};
+
 template <typename T>
 int32_t SparseLU(const T* a, const int32_t* fp, const int32_t* fi, const int32_t* diag,
-                 int64_t n, T* lu, std::vector<T>& work, std::vector<int64_t>& mark) {
+                 const Runs& runs, int64_t n, T* lu, std::vector<T>& work,
+                 std::vector<int32_t>& mark) {
   int32_t info = 0;
+  T* w = work.data();
+  const int32_t* m = mark.data();
   for (int64_t i = 0; i < n; ++i) {
-    for (int32_t p = fp[i]; p < fp[i + 1]; ++p) { work[fi[p]] = a[p]; mark[fi[p]] = i; }
+    const int32_t ii = static_cast<int32_t>(i);
+    for (int32_t p = fp[i]; p < fp[i + 1]; ++p) { w[fi[p]] = a[p]; mark[fi[p]] = ii; }
     for (int32_t p = fp[i]; p < diag[i]; ++p) {  // k < i, ascending
       const int32_t k = fi[p];
       const T ukk = lu[diag[k]];
-      const T lik = ukk == T(0) ? T(0) : work[k] / ukk;
-      work[k] = lik;
+      const T lik = ukk == T(0) ? T(0) : w[k] / ukk;
+      w[k] = lik;
       if (lik == T(0)) continue;
-      for (int32_t q = diag[k] + 1; q < fp[k + 1]; ++q) {
-        const int32_t j = fi[q];
-        if (mark[j] == i) work[j] -= lik * lu[q];
+      // a_ij -= l_ik u_kj for the j of row k that row i's pattern holds (all of them
+      // when F is the closed fill; ILU(0) drops the others)
+      for (int32_t r = runs.ptr[k]; r < runs.ptr[k + 1]; ++r) {
+        const int32_t q0 = runs.start[r], len = runs.len[r], j0 = fi[q0];
+        T* wj = w + j0;
+        const int32_t* mj = m + j0;
+        const T* u = lu + q0;
+        for (int32_t t = 0; t < len; ++t) wj[t] -= (mj[t] == ii ? lik : T(0)) * u[t];
       }
     }
-    for (int32_t p = fp[i]; p < fp[i + 1]; ++p) { lu[p] = work[fi[p]]; work[fi[p]] = T(0); }
+    for (int32_t p = fp[i]; p < fp[i + 1]; ++p) { lu[p] = w[fi[p]]; w[fi[p]] = T(0); }
     const T piv = lu[diag[i]];
     if (info == 0 && (piv == T(0) || !std::isfinite(piv))) info = static_cast<int32_t>(i + 1);
   }
   return info;
+}
+
+// sum_p lu[p] x[fi[p]] over p in [begin, end), in four partial sums: the rows of the
+// factors are long, and one running sum would wait on each addition in turn
+template <typename T>
+inline T RowDot(const T* lu, const int32_t* fi, const T* x, int32_t begin, int32_t end) {
+  T s0 = T(0), s1 = T(0), s2 = T(0), s3 = T(0);
+  int32_t p = begin;
+  for (; p + 3 < end; p += 4) {
+    s0 += lu[p] * x[fi[p]];
+    s1 += lu[p + 1] * x[fi[p + 1]];
+    s2 += lu[p + 2] * x[fi[p + 2]];
+    s3 += lu[p + 3] * x[fi[p + 3]];
+  }
+  for (; p < end; ++p) s0 += lu[p] * x[fi[p]];
+  return (s0 + s1) + (s2 + s3);
 }
 
 template <typename T>
@@ -203,16 +247,10 @@ void SparseSolve(const T* lu, const int32_t* fp, const int32_t* fi, const int32_
                  int64_t n, const T* b, bool transpose, T* x) {
   for (int64_t i = 0; i < n; ++i) x[i] = b[i];
   if (!transpose) {
-    for (int64_t i = 0; i < n; ++i) {  // L y = b, unit lower
-      T s = x[i];
-      for (int32_t p = fp[i]; p < diag[i]; ++p) s -= lu[p] * x[fi[p]];
-      x[i] = s;
-    }
-    for (int64_t i = n - 1; i >= 0; --i) {  // U x = y
-      T s = x[i];
-      for (int32_t p = diag[i] + 1; p < fp[i + 1]; ++p) s -= lu[p] * x[fi[p]];
-      x[i] = s / lu[diag[i]];
-    }
+    for (int64_t i = 0; i < n; ++i)  // L y = b, unit lower
+      x[i] -= RowDot(lu, fi, x, fp[i], diag[i]);
+    for (int64_t i = n - 1; i >= 0; --i)  // U x = y
+      x[i] = (x[i] - RowDot(lu, fi, x, diag[i] + 1, fp[i + 1])) / lu[diag[i]];
     return;
   }
   for (int64_t i = 0; i < n; ++i) {  // U^T z = b, by columns of U^T (rows of U)
@@ -258,15 +296,16 @@ ffi::Error SparseLUHandler(ffi::Buffer<DT> a, ffi::Buffer<ffi::S32> fp,
   ffi::Error check = CheckPattern(fp.typed_data(), fi.typed_data(), diag.typed_data(), n, nnz);
   if (check.failure()) return check;
   try {
+    const Runs runs(fp.typed_data(), fi.typed_data(), diag.typed_data(), n);
 #pragma omp parallel if (batch > 1)
     {
       std::vector<T> work(n, T(0));
-      std::vector<int64_t> mark(n, -1);
+      std::vector<int32_t> mark(n, -1);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t k = 0; k < batch; ++k) {
         std::fill(mark.begin(), mark.end(), -1);
         info->typed_data()[k] = SparseLU<T>(a.typed_data() + k * nnz, fp.typed_data(),
-                                            fi.typed_data(), diag.typed_data(), n,
+                                            fi.typed_data(), diag.typed_data(), runs, n,
                                             lu->typed_data() + k * nnz, work, mark);
       }
     }
@@ -309,10 +348,11 @@ ffi::Error SparseLUMaskedHandler(ffi::Buffer<DT> a, ffi::Buffer<DT> old,
   const bool aliased = lu->typed_data() == old.typed_data();
   int64_t done = 0;
   try {
+    const Runs runs(fp.typed_data(), fi.typed_data(), diag.typed_data(), n);
 #pragma omp parallel if (batch > 1) reduction(+ : done)
     {
       std::vector<T> work(n, T(0));
-      std::vector<int64_t> mark(n, -1);
+      std::vector<int32_t> mark(n, -1);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t k = 0; k < batch; ++k) {
         T* out = lu->typed_data() + k * nnz;
@@ -329,7 +369,7 @@ ffi::Error SparseLUMaskedHandler(ffi::Buffer<DT> a, ffi::Buffer<DT> old,
         // in place: row i's values are read into work before row i of the factors is
         // written, and rows k < i are already factors
         int32_t status = SparseLU<T>(out, fp.typed_data(), fi.typed_data(),
-                                     diag.typed_data(), n, out, work, mark);
+                                     diag.typed_data(), runs, n, out, work, mark);
         if (status == 0)  // a non-finite factor off the diagonal: n + 1
           for (int64_t p = 0; p < nnz; ++p)
             if (!std::isfinite(out[p])) { status = static_cast<int32_t>(n + 1); break; }
@@ -427,6 +467,115 @@ int64_t Symbolic(int64_t n, const int64_t* sp, const int64_t* si, int64_t* fp, i
   return fp[n];
 }
 }  // namespace
+
+// ------------------------------------------------------------- nested dissection (host)
+// A fill-reducing symmetric ordering by nested dissection (A. George, SIAM J. Numer. Anal.
+// 10, 1973, 345-363), with separators from rooted level structures (A. George and J. W. H.
+// Liu, Computer Solution of Large Sparse Positive Definite Systems, Prentice-Hall 1981,
+// ch. 4 and 8): for each connected subgraph, a breadth-first search from a
+// pseudo-peripheral node (George and Liu, ACM TOMS 5, 1979, 284-299: restart from a node
+// of least degree in the last level while the eccentricity grows) gives the levels
+// L_0 .. L_e; the middle level L_j, j = ceil(e / 2), thinned to its nodes with a
+// neighbour in L_{j+1}, separates the rest. The two sides are numbered first, the
+// separator last, and each side is dissected in turn; subgraphs of at most `leaf` nodes
+// (or of eccentricity below 2) keep their natural order. The graph S is symmetric (CSR,
+// both triangles; self loops ignored). order[new] = old. Returns 0, or -1 on bad input.
+namespace {
+int64_t NestedDissection(int64_t n, const int64_t* sp, const int64_t* si, int64_t leaf,
+                         int64_t* order) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t p = sp[i]; p < sp[i + 1]; ++p)
+      if (si[p] < 0 || si[p] >= n) return -1;
+  if (leaf < 1) leaf = 1;
+  struct Task { std::vector<int64_t> nodes; int64_t lo; };
+  std::vector<int64_t> tag(n, -1), level(n, -1), queue;
+  queue.reserve(n);
+  std::vector<Task> stack;
+  stack.push_back({std::vector<int64_t>(n), 0});
+  for (int64_t i = 0; i < n; ++i) stack.back().nodes[i] = i;
+  int64_t next_tag = 0;
+  auto number = [&](std::vector<int64_t>& nodes, int64_t lo) {
+    std::sort(nodes.begin(), nodes.end());
+    for (size_t k = 0; k < nodes.size(); ++k) order[lo + int64_t(k)] = nodes[k];
+  };
+  // breadth-first search from root within the tagged subgraph t; fills queue (in level
+  // order) and level[]; returns the eccentricity of root
+  auto bfs = [&](int64_t root, int64_t t) {
+    queue.clear();
+    queue.push_back(root);
+    level[root] = 0;
+    for (size_t h = 0; h < queue.size(); ++h) {
+      const int64_t v = queue[h];
+      for (int64_t p = sp[v]; p < sp[v + 1]; ++p) {
+        const int64_t w = si[p];
+        if (tag[w] == t && level[w] < 0) { level[w] = level[v] + 1; queue.push_back(w); }
+      }
+    }
+    return level[queue.back()];
+  };
+  auto degree = [&](int64_t v, int64_t t) {
+    int64_t d = 0;
+    for (int64_t p = sp[v]; p < sp[v + 1]; ++p) d += (tag[si[p]] == t && si[p] != v);
+    return d;
+  };
+  while (!stack.empty()) {
+    Task task = std::move(stack.back());
+    stack.pop_back();
+    std::vector<int64_t>& nodes = task.nodes;
+    const int64_t size = int64_t(nodes.size());
+    if (size <= leaf) { number(nodes, task.lo); continue; }
+    const int64_t t = next_tag++;
+    for (int64_t v : nodes) { tag[v] = t; level[v] = -1; }
+    int64_t root = nodes[0], ecc = bfs(root, t);
+    if (int64_t(queue.size()) < size) {  // not connected: the root's component apart
+      std::vector<int64_t> comp(queue.begin(), queue.end()), rest;
+      rest.reserve(size - comp.size());
+      for (int64_t v : nodes) if (level[v] < 0) rest.push_back(v);
+      const int64_t csize = int64_t(comp.size());
+      stack.push_back({std::move(comp), task.lo});
+      stack.push_back({std::move(rest), task.lo + csize});
+      continue;
+    }
+    for (int iter = 0; iter < 8; ++iter) {  // pseudo-peripheral root
+      int64_t best = -1, best_deg = 0;
+      for (int64_t h = int64_t(queue.size()) - 1; h >= 0 && level[queue[h]] == ecc; --h) {
+        const int64_t d = degree(queue[h], t);
+        if (best < 0 || d < best_deg) { best = queue[h]; best_deg = d; }
+      }
+      for (int64_t v : nodes) level[v] = -1;
+      const int64_t e = bfs(best, t);
+      if (e <= ecc) {  // no longer growing: back to the previous root's levels
+        for (int64_t v : nodes) level[v] = -1;
+        bfs(root, t);
+        break;
+      }
+      root = best;
+      ecc = e;
+    }
+    if (ecc < 2) { number(nodes, task.lo); continue; }
+    const int64_t j = (ecc + 1) / 2;
+    std::vector<int64_t> low, high, sep;
+    for (int64_t v : nodes) {
+      if (level[v] < j) { low.push_back(v); continue; }
+      if (level[v] > j) { high.push_back(v); continue; }
+      bool touches = false;
+      for (int64_t p = sp[v]; p < sp[v + 1] && !touches; ++p)
+        touches = tag[si[p]] == t && level[si[p]] == j + 1;
+      (touches ? sep : low).push_back(v);
+    }
+    const int64_t lo = task.lo, nl = int64_t(low.size()), nh = int64_t(high.size());
+    number(sep, lo + nl + nh);
+    if (nl) stack.push_back({std::move(low), lo});
+    if (nh) stack.push_back({std::move(high), lo + nl});
+  }
+  return 0;
+}
+}  // namespace
+
+extern "C" int64_t simlib_nested_dissection(int64_t n, const int64_t* sp, const int64_t* si,
+                                            int64_t leaf, int64_t* order) {
+  try { return NestedDissection(n, sp, si, leaf, order); } catch (...) { return -1; }
+}
 
 extern "C" int64_t simlib_sparse_lu_count() { return sparse_lu_count.load(); }
 
