@@ -456,3 +456,86 @@ def test_measured_orders_on_a_dae_with_a_closed_form():
         print(name, "orders x:", orders[:, 0], "z:", orders[:, 1])
         lo_x, lo_z = expected[name]
         assert orders[1, 0] > lo_x - 0.3 and orders[1, 1] > lo_z - 0.3, (name, orders)
+
+
+# ------------------------------------------------- gradients: the step sequence is frozen
+FROZEN = sl.PIDController(differentiate_steps=False)
+
+
+@pytest.mark.slow
+def test_frozen_step_sizes_carry_no_derivative():
+    """``PIDController(differentiate_steps=False)`` freezes the adaptive step sequence for
+    derivatives (Bock's internal numerical differentiation): ``rtol`` moves only the
+    steps, so the derivative with respect to it is exactly zero with Rodas5P (no Newton
+    tolerance), with either adjoint; the default differentiates the steps (nonzero)."""
+    p = jnp.asarray(PARAMS)
+
+    def final(rtol, adjoint, controller):
+        sol = sl.solve(circuit, consistent_y0(), 0.0, T1, solver=sl.Rodas5P(), rtol=rtol,
+                       atol=1e-9, args=p, mass_matrix=circuit_mass(p), adjoint=adjoint,
+                       controller=controller)
+        return jnp.sum(sol.ys[-1])
+
+    for adjoint in (sl.ForwardMode(), sl.Direct()):
+        assert float(jax.grad(final)(1e-6, adjoint, FROZEN)) == 0.0
+    assert float(jax.grad(final)(1e-6, sl.Direct(), None)) != 0.0
+
+
+def test_frozen_steps_match_a_closed_form_the_default_misses():
+    """``y' = -p sinh(y)`` from ``y0 = 3`` (first step 2, which overflows and is rejected;
+    tests/test_nonfinite_attempts.py's problem): ``tanh(y/2) = tanh(y0/2) e^(-p t)``, so
+    ``dy(t)/dy0 = sinh(y(t)) / sinh(y0)``. With frozen steps the gradient of
+    ``y(0.5) + y(2)`` at rtol 1e-8 matches the closed form to 1e-6; differentiating the
+    step sizes (the default) gives 1.4e-4 off (measured), as do central differences of
+    the same solve."""
+    def loss(x, controller):
+        sol = sl.solve(lambda t, y, a: -a[0] * jnp.sinh(y), x[:1], 0.0, 2.0,
+                       solver=sl.Tsit5(), dt=2.0, rtol=1e-8, atol=1e-8, args=(x[1],),
+                       adjoint=sl.Direct(), saveat=sl.SaveAt(ts=jnp.array([0.5, 2.0])),
+                       controller=controller, max_steps=256)
+        return jnp.sum(sol.ys[:, 0])
+
+    y0, p = 3.0, 1.5
+    y = [2 * np.arctanh(np.tanh(y0 / 2) * np.exp(-p * t)) for t in (0.5, 2.0)]
+    exact_dy0 = sum(np.sinh(v) / np.sinh(y0) for v in y)
+    g = np.asarray(jax.grad(loss)(jnp.array([y0, p]), FROZEN))
+    np.testing.assert_allclose(g[0], exact_dy0, rtol=1e-6)
+    with pytest.raises(TypeError, match="differentiate_steps"):
+        sl.PIDController(differentiate_steps=1)
+
+
+@pytest.mark.slow
+def test_amplifier_gradient_matches_converged_central_differences():
+    """The transistor amplifier's d/dR of ``mean U8(t_i)^2`` on ``[0, 0.05]`` (Rodas5P,
+    rtol 1e-8, consistent start, frozen steps) against central differences at two
+    relative steps, which agree with each other to 1e-4 (converged). ``r1`` enters an
+    algebraic equation, ``r3`` a differential one. On [0, 0.2], differentiating the steps
+    (the default controller) gave 3.3e-4, -2.3e-4 (r0, r1) where the differences give
+    -6.0e-4, 5.3e-5 (docs/dae.md)."""
+    from simlib.systems import TRANSISTOR_AMPLIFIER as prob
+
+    t1 = 0.05
+    ts = jnp.linspace(t1 / 25, t1, 25)
+    head, tail = jnp.asarray(prob.args[:4]), jnp.asarray(prob.args[8:])
+    mass = prob.mass_matrix(prob.args)
+
+    def loss(r):  # r: r0..r3
+        args = (*head, *r, *tail)
+        sol = sl.solve(prob.vector_field, jnp.asarray(prob.y0), 0.0, t1, solver=sl.Rodas5P(),
+                       rtol=1e-8, atol=1e-11, args=args, mass_matrix=mass,
+                       saveat=sl.SaveAt(ts=ts), adjoint=sl.ForwardMode(), controller=FROZEN,
+                       initialize="consistent", max_steps=100_000)
+        return jnp.mean(sol.ys[:, 7] ** 2)
+
+    r = jnp.asarray(prob.args[4:8])
+    g = np.asarray(jax.jit(jax.grad(loss))(r))
+    f = jax.jit(loss)
+    fds = []
+    for rel in (1e-3, 1e-4):
+        h = rel * r
+        fds.append(np.array([(float(f(r.at[i].add(h[i]))) - float(f(r.at[i].add(-h[i]))))
+                             / (2 * float(h[i])) for i in range(4)]))
+    scale = np.abs(fds[1]).max()
+    np.testing.assert_allclose(fds[0], fds[1], atol=1e-4 * scale)  # converged
+    np.testing.assert_allclose(g, fds[1], atol=2e-4 * scale)
+    assert np.all(np.abs(fds[1]) > 1e-3 * scale)
