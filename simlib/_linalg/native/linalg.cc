@@ -39,10 +39,6 @@
 #include <unordered_map>
 #include <vector>
 
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
-
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -491,12 +487,6 @@ extern "C" int64_t simlib_sparse_register(int64_t key, int64_t n, int64_t nnz,
     }
     if (!ValidPattern(*pat)) return -1;
     Registry().emplace(key, std::move(pat));
-#if defined(__GLIBC__)
-    // A pattern is registered right after its symbolic analysis, whose freed temporaries
-    // (about 80 MB at 131,072 states) glibc keeps in the heap: hand them back to the system
-    // before the program is compiled, so that they do not add to the process's peak.
-    malloc_trim(0);
-#endif
     return 1;
   } catch (...) {
     return -3;
