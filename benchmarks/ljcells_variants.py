@@ -100,8 +100,14 @@ def main() -> None:
     ap.add_argument("--simulate", type=int, default=0,
                     help="also time simulate for this many NVE steps at each capacity")
     ap.add_argument("--configs", nargs="*", default=[],
-                    help="more simulate rows, each CAPACITY:SKIN:SHELL (e.g. 32:0.3:full)")
+                    help="more simulate rows, each CAPACITY:SKIN:SHELL (e.g. 32:0.3:full; "
+                         "CAPACITY 'auto' takes cell_list's default)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--simulate-only", action="store_true",
+                    help="time only the simulate rows (and jax-md): no single-pass variants")
+    ap.add_argument("--jaxmd", action="store_true",
+                    help="also run jax-md's neighbour-list LJ (NVE, --simulate steps) at this "
+                         "size, and print simlib's simulate rows as ratios to it")
     ap.add_argument("--json")
     a = ap.parse_args()
     pos, box = sp.lattice(a.cells, 0.8442)
@@ -130,6 +136,8 @@ def main() -> None:
         "full shell, r2 kernel": (jax.jit(lambda c: r2_pass(x, c, space, 2.5, True)), cl),
         "sort (build)": (jax.jit(lambda c: c.build(x).slot_atom), cl),
     }
+    if a.simulate_only:
+        contenders = {}
     for cap in a.capacities:
         c2 = sp.cell_list(space, x, r_cut=2.5, capacity=cap)
         contenders[f"library (capacity {cap})"] = (lambda c: lib(x, params, c), c2)
@@ -143,11 +151,13 @@ def main() -> None:
                                dt=0.005, n_steps=a.simulate, save_every=a.simulate,
                                neighbors=c).positions
 
-        for c in {cl.capacity: cl, **{c2.capacity: c2 for _, c2 in contenders.values()}}.values():
+        plain = {cl.capacity: cl, **{c2.capacity: c2 for _, c2 in contenders.values()}}
+        for c in ({} if a.simulate_only and a.configs else plain).values():
             contenders[f"simulate {a.simulate} steps (capacity {c.capacity})"] = (run, c)
         for config in a.configs:
             cap, skin, shell = config.split(":")
-            c = sp.cell_list(space, x, r_cut=2.5, capacity=int(cap), skin=float(skin),
+            c = sp.cell_list(space, x, r_cut=2.5, capacity=None if cap == "auto" else int(cap),
+                             skin=float(skin),
                              shell=shell)
             contenders[f"simulate {a.simulate} steps ({config}, grid {c.grid[0]})"] = (run, c)
     ref = np.asarray(lib(x, params, cl)[1], np.float64)
@@ -166,9 +176,25 @@ def main() -> None:
         rows.append(row)
         print(f"{name:42s} {1e3 * t.best:8.2f} ms  first {t.warmup:6.2f} s  slots/atom "
               f"{c.pair_slots() / n:6.0f}  {diff}", flush=True)
+    jaxmd = None
+    if a.jaxmd and a.simulate:
+        from _particle_peers import jaxmd_lj
+        try:
+            jaxmd = jaxmd_lj(a.cells, a.simulate, repeats=a.repeats, chunk=a.simulate,
+                             warmup=a.simulate)
+            print(f"jax-md OrderedSparse list, {a.simulate} steps: "
+                  f"{jaxmd['rate'] / 1e6:.2f} M atom-steps/s", flush=True)
+            for row in rows:
+                if row["name"].startswith("simulate"):
+                    ratio = n * a.simulate / row["best_s"] / jaxmd["rate"]
+                    row["vs_jaxmd"] = ratio
+                    print(f"  {row['name']:42s} {ratio:6.2f}x jax-md", flush=True)
+        except Exception as err:  # out of memory on the chip is a result, not a crash
+            jaxmd = dict(error=f"{type(err).__name__}: {str(err)[:500]}")
+            print(f"jax-md FAILED {jaxmd['error']}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(dict(n=n, backend=jax.default_backend(),
-                                                rows=rows), indent=1))
+                                                rows=rows, jax_md=jaxmd), indent=1))
 
 
 if __name__ == "__main__":

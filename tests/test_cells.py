@@ -226,9 +226,12 @@ def test_a_box_narrower_than_the_grid_is_flagged_and_bad_boxes_refused(fluid):
 def test_pair_search_picks_cells_on_accelerators_and_the_list_on_cpu(fluid):
     x, box, space, sigma, epsilon = fluid
     assert isinstance(sp.pair_search(space, x, R_CUT, backend="cpu"), sp.NeighborList)
-    on_chip = sp.pair_search(space, x, R_CUT, backend="tpu")
+    on_chip = sp.pair_search(space, x, R_CUT, skin=0.1, backend="tpu")
     assert isinstance(on_chip, sp.CellList) and on_chip.grid == (3, 3, 3)
-    assert isinstance(sp.pair_search(space, x, R_CUT, method="cells"), sp.CellList)
+    assert on_chip.skin == 0.1 and on_chip.shell == "half"
+    # the box (8.40) holds fewer than 3 cells of r_cut + the default skin 0.3
+    assert isinstance(sp.pair_search(space, x, R_CUT, backend="tpu"), sp.NeighborList)
+    assert isinstance(sp.pair_search(space, x, R_CUT, skin=0.1, method="cells"), sp.CellList)
     assert isinstance(sp.pair_search(space, x, R_CUT, method="list", backend="gpu"),
                       sp.NeighborList)
     # where cells cannot serve, the list: a box under 3 r_cut, and free space
@@ -243,7 +246,8 @@ def test_simulate_auto_picks_the_pair_structure_by_backend(fluid, monkeypatch):
     """``neighbors="auto"``: a neighbour list on the CPU, cells when the backend is an
     accelerator (the backend faked here), and clear errors where it cannot serve."""
     x, box, space, *_ = fluid
-    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
+    # r_cut 2.3: the box (8.40) holds 3 cells of r_cut + the default skin 0.3
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.3)
     params = dict(sigma=1.0, epsilon=1.0)
     state = sp.State(x, jnp.zeros_like(x), 1.0)
     run = dict(space=space, dt=0.002, n_steps=2, save_every=2, neighbors="auto")
@@ -251,7 +255,7 @@ def test_simulate_auto_picks_the_pair_structure_by_backend(fluid, monkeypatch):
     assert isinstance(on_cpu.neighbors, sp.NeighborList)
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     on_chip = sp.simulate(energy, state, params, **run)
-    assert isinstance(on_chip.neighbors, sp.CellList)
+    assert isinstance(on_chip.neighbors, sp.CellList) and on_chip.neighbors.skin == 0.3
     assert np.max(np.abs(np.asarray(on_chip.positions - on_cpu.positions))) < 1e-12
 
 

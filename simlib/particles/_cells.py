@@ -284,13 +284,17 @@ def pair_search(space: Space, positions: ArrayLike, r_cut: float, skin: float = 
 
     ``method="auto"`` gives :func:`~simlib.particles.neighbor_list` on the CPU (where the
     native list kernels run) and :func:`cell_list` on an accelerator (where per-pair gathers
-    are slow; docs/benchmarks.md, "Design measurements"), falling back to the list where
-    cells cannot serve (free space, or a box under ``3 r_cut`` on some side). ``"list"``
-    and ``"cells"`` choose one. Either result goes wherever ``neighbors=`` is taken.
+    are slow; docs/particles.md, "Accelerators"), falling back to the list where cells
+    cannot serve (free space, or a box under ``3 (r_cut + skin)`` on some side). The cells
+    take the same skin (sorted again only when some particle has moved half of it), the
+    half shell and 1.25 times the fullest cell's count as capacity: on one TPU v5e chip at
+    256,000 Lennard-Jones atoms that ran 2.5x the steps per second of cells sorted at every
+    step (benchmarks/results/accelerator_tpu_v5e_ljcells_skin.json). ``"list"`` and
+    ``"cells"`` choose one. Either result goes wherever ``neighbors=`` is taken.
 
     Args:
         space, positions, r_cut: As for :func:`~simlib.particles.neighbor_list`.
-        skin: The neighbour list's skin (cells are rebuilt at every update and take none).
+        skin: The skin of the list or of the cells.
         method: ``"auto"``, ``"list"`` or ``"cells"``.
         backend: The backend to choose for (default ``jax.default_backend()``).
     """
@@ -300,10 +304,10 @@ def pair_search(space: Space, positions: ArrayLike, r_cut: float, skin: float = 
     if method == "auto":
         backend = jax.default_backend() if backend is None else backend
         box = None if not (isinstance(space, Space) and space.periodic) else space.box
-        fits = box is not None and bool(np.all(np.asarray(box, float) >= 3 * r_cut))
+        fits = box is not None and bool(np.all(np.asarray(box, float) >= 3 * (r_cut + skin)))
         method = "cells" if backend != "cpu" and fits else "list"
     if method == "cells":
-        return cell_list(space, positions, r_cut)
+        return cell_list(space, positions, r_cut, skin=skin, capacity_multiplier=1.25)
     return neighbor_list(space, positions, r_cut, skin)
 
 
