@@ -112,6 +112,7 @@ DEFAULT_RTOLS = (1e-4, 1e-6, 1e-8)
 DENSE_MAX_STATES = 4096
 MAX_STEPS = 100_000
 WORKER_TIMEOUT_S = 1800
+GRADIENT_TAG = "[pde gradient] "  # the gradient worker's progress lines (JSON) on stderr
 ONCE_S = 30.0  # a run longer than this is timed once (its first call after compilation)
 
 SCIPY = ("scipy BDF", "scipy Radau")
@@ -306,8 +307,13 @@ def run_in_process(spec: dict, single_thread: bool, timeout: float) -> dict:
         cmd.append("--single-thread")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return dict(ok=False, message=f"timed out after {timeout:.0f} s")
+    except subprocess.TimeoutExpired as err:
+        out = dict(ok=False, message=f"timed out after {timeout:.0f} s")
+        stderr = err.stderr.decode() if isinstance(err.stderr, bytes) else err.stderr or ""
+        for line in stderr.splitlines():  # the gradient worker's finished parts
+            if line.startswith(GRADIENT_TAG):
+                out.update(json.loads(line[len(GRADIENT_TAG):]))
+        return out
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -438,6 +444,7 @@ def gradient_worker(spec: dict) -> dict:
     out = dict(n=prob.n, states=prob.states, t1=prob.t1, rtol=rtol,
                linear_solver=spec["linear_solver"], gmres_rtol=spec.get("gmres_rtol"),
                loss="mean(y(t1)^2)", wrt="(A, B, alpha)")
+    print(f"{GRADIENT_TAG}{json.dumps(out, default=float)}", file=sys.stderr, flush=True)
     calls = {"forward": lambda p: loss(p),
              "grad (default adjoint)": jax.grad(lambda p: loss(p)[0]),
              "grad (ForwardMode)": jax.grad(lambda p: loss(p, sl.ForwardMode())[0])}
@@ -455,7 +462,9 @@ def gradient_worker(spec: dict) -> dict:
             entry = dict(failed=f"{type(err).__name__}: {str(err)[:300]}")
         entry["rss_peak_mb"] = peak_rss_mb()
         out[label] = entry
-        print(f"[pde gradient] {label}: {entry}", file=sys.stderr, flush=True)
+        # one JSON line per label, so that a run stopped by the timeout keeps what it did
+        print(f"{GRADIENT_TAG}{json.dumps({label: entry}, default=float)}", file=sys.stderr,
+              flush=True)
     return out
 
 
@@ -586,6 +595,8 @@ def gradient_lines(grad: dict) -> list[str]:
                          f"{fmt_s(e['compile'])}  peak {e['rss_peak_mb']:.0f} MB"
                          + (f"  steps {e['steps']}" if "steps" in e else "")
                          + (f"  grad {[f'{g:.4g}' for g in e['grad']]}" if "grad" in e else ""))
+        if grad.get("message"):  # stopped by the timeout after these parts
+            lines.append(f"  then: {grad['message']}")
     elif grad:
         lines.append(f"gradient: FAILED: {grad.get('message')}"
                      + (f" ({grad['note']})" if grad.get("note") else ""))

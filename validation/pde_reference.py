@@ -26,8 +26,11 @@ the exact inverse of ``I - gamma alpha lap`` (the diffusion part, by FFT: the pe
 5-point Laplacian is diagonal in the discrete Fourier basis). :func:`cross_check`
 compares it on the 32 x 32 grid with scipy Radau at 1e-10 (measured: 8.5e-9 relative)
 and with itself at 1e-11 (6.0e-8). References are cached in
-``validation/pde_reference.npz``; ``python -m validation.pde_reference`` computes the
-missing ones (``--force``: all of them; ``--out`` writes a separate file to merge).
+``validation/pde_reference.npz`` (tracked); ``python -m validation.pde_reference`` computes
+the missing ones into it (``--force``: all of them; ``--out`` writes a separate file to
+merge). A reference that validation/pde.py or benchmarks/pde.py compute on the way (a span
+the tracked file lacks) goes to ``$SIMLIB_CACHE/pde_reference.npz`` (default
+``~/.cache/simlib``), outside the repository, and is read from there after the tracked file.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +50,13 @@ from scipy.integrate import solve_ivp
 
 from simlib import pde, systems
 
-CACHE = Path(__file__).resolve().parent / "pde_reference.npz"
+CACHE = Path(__file__).resolve().parent / "pde_reference.npz"  # tracked: the shipped references
+# References computed on the way (by validation/pde.py or benchmarks/pde.py, for a size or
+# span that CACHE lacks) go here, outside the repository, so that a run does not rewrite a
+# tracked file; ``python -m validation.pde_reference`` is the explicit way to add to CACHE.
+LOCAL_CACHE = Path(os.environ.get("SIMLIB_CACHE") or Path(
+    os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "simlib") / "pde_reference.npz"
+WRITE_TO: Path | None = None  # where reference() stores a new one (None: LOCAL_CACHE)
 REF_RTOL = 1e-10  # scipy Radau
 CVODE_REF_RTOL = 1e-12  # CVODE with the FFT preconditioner (large grids)
 SWITCH = 1.1  # the 2-D Brusselator's forcing switches on here
@@ -344,11 +354,16 @@ def compute_reference(prob: PDEProblem) -> tuple[np.ndarray, str]:
                f"{CVODE_REF_RTOL:g}{split}")
 
 
-def _load() -> dict:
-    if not CACHE.exists():
+def _load_file(path: Path) -> dict:
+    if not path.exists():
         return {}
-    with np.load(CACHE) as data:
+    with np.load(path) as data:
         return {k: data[k] for k in data.files}
+
+
+def _load() -> dict:
+    """The cached references: the local cache's, then the tracked file's (which win)."""
+    return {**_load_file(LOCAL_CACHE), **_load_file(CACHE)}
 
 
 def reference(prob: PDEProblem, compute: bool = True) -> np.ndarray | None:
@@ -363,9 +378,12 @@ def reference(prob: PDEProblem, compute: bool = True) -> np.ndarray | None:
     if not compute:
         return None
     y, how = compute_reference(prob)
-    cached[prob.key] = y
-    cached[prob.key + "__how"] = np.array(how)
-    np.savez_compressed(CACHE, **cached)
+    target = WRITE_TO or LOCAL_CACHE
+    stored = _load_file(target)
+    stored[prob.key] = y
+    stored[prob.key + "__how"] = np.array(how)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(target, **stored)
     return y
 
 
@@ -390,7 +408,7 @@ DEFAULT_SIZES = {"bruss1d": (500, 5000), "bruss2d": (32, 128, 256)}
 
 
 def main(argv=None) -> int:
-    global CACHE
+    global CACHE, WRITE_TO
     parser = argparse.ArgumentParser(description="Compute the cached PDE references.")
     parser.add_argument("--force", action="store_true", help="recompute cached ones too")
     parser.add_argument("--only", default=None,
@@ -403,6 +421,7 @@ def main(argv=None) -> int:
     opts = parser.parse_args(argv)
     if opts.out is not None:
         CACHE = opts.out
+    WRITE_TO = CACHE  # this command, and only it, writes the (tracked) cache file
     if opts.merge:
         cached = _load()
         for path in opts.merge:

@@ -11,6 +11,7 @@ Powell and Reid 1974; the graph view: Coleman and More, SIAM J. Numer. Anal. 20,
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +75,20 @@ def color_columns(pattern: sp.csr_matrix, order: str = "largest_first") -> np.nd
     return colors.astype(np.int32)
 
 
+def index_constant(owner: Any, name: str, values: np.ndarray) -> Array:
+    """``values`` as an int32 JAX array (int64 past 2^31), made once per ``owner`` and kept
+    on it: every use in a traced program is then the same constant, which JAX passes once,
+    where a NumPy array converted at each use enters the program once per use (a 2-D
+    Brusselator of 131,072 states had 14 copies of one index array)."""
+    cache = owner.__dict__.setdefault("_index_constants", {})
+    if name not in cache:
+        values = np.asarray(values)
+        small = values.size == 0 or (values.min() >= -2 ** 31 and values.max() < 2 ** 31)
+        with jax.ensure_compile_time_eval():
+            cache[name] = jnp.asarray(values, jnp.int32 if small else jnp.int64)
+    return cache[name]
+
+
 class CompressedPattern:
     """A static sparsity pattern with its colouring: the seeds, and the map from the
     compressed JVPs to the values of the CSR pattern.
@@ -114,11 +129,16 @@ class CompressedPattern:
 
     def seeds(self, dtype) -> Array:
         """``(ncolors, n)`` 0/1 seeds, one per colour."""
-        return jnp.asarray(np.arange(self.ncolors)[:, None] == self.colors[None, :], dtype)
+        # built in the program from the (n,) colours: a constant of n int32, not ncolors * n
+        colors = index_constant(self, "colors", self.colors)
+        return (jnp.arange(self.ncolors, dtype=jnp.int32)[:, None] == colors[None, :]).astype(dtype)
 
     def decompress(self, compressed: Array) -> Array:
         """The ``(nnz,)`` values (CSR order) from ``compressed[k] = J @ seed_k``."""
-        return compressed[jnp.asarray(self.colors[self.cols]), jnp.asarray(self.rows)]
+        # one index per value into the flattened (ncolors * n) JVPs
+        flat = index_constant(self, "flat",
+                              self.colors[self.cols].astype(np.int64) * self.n + self.rows)
+        return compressed.reshape(*compressed.shape[:-2], -1)[..., flat]
 
     def jacobian(self, linear_map, dtype) -> Array:
         """The values of ``linear_map``'s matrix on the pattern, from ``ncolors`` JVPs."""

@@ -5,12 +5,17 @@ returns ``None`` (with a warning) where they cannot be built, and the callers th
 their pure-JAX or host paths. Every FFI call takes a leading batch (``vmap`` passes the
 whole batch to one call, ``vmap_method="expand_dims"``: unbatched operands such as the
 pattern keep a batch of one, and factors shared by a batch of right-hand sides are not
-copied); the kernels loop over it.
+copied); the kernels loop over it. The sparse kernels take their pattern by key, from a
+registry in the library (:func:`register_pattern`), not as operands.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import hashlib
+import threading
+import weakref
 from pathlib import Path
 
 import jax
@@ -79,82 +84,158 @@ def band_solve_native(lu, b, transpose: bool):
     return call(u, mult, piv, b, jnp.asarray([lower, int(transpose)], jnp.int32))
 
 
-def _unbatched(x, batched: bool):
-    """A pattern operand (``fp``, ``fi``, ``diag``, flags) without its batch axis.
+class _PatternKeys:
+    """The key under which each symbolic factorisation is registered with the library.
 
-    These come from the host (the symbolic factorisation of a static pattern), so every
-    member of a batch holds the same copy: a batch axis on them only appears when a
-    transformation broadcasts them (``vmap`` of a ``lax.cond`` with a batched predicate
-    turns it into a ``select`` over both branches, broadcasting every operand), and the
-    kernels take one pattern with a batch of values."""
-    return x[0] if batched else x
+    A key is a hash of the pattern's contents (``fp, fi, diag, position``), so equal
+    patterns share one entry and the compiled programs that use them agree; it is kept per
+    object (weakly: the table does not keep a factorisation alive) and per process, so an
+    object unpickled in another process registers again, and a forked child inherits both
+    the table and the library's entries."""
+
+    def __init__(self) -> None:
+        self._keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def __call__(self, sym) -> int:
+        with self._lock:
+            key = self._keys.get(sym)
+        if key is None:
+            key = register_pattern(sym.fp, sym.fi, sym.diag, sym.position32)
+            with self._lock:
+                self._keys[sym] = key
+        return key
 
 
-def _sparse_lu_call(values, fp, fi, diag):
+pattern_key = _PatternKeys()
+
+
+def register_pattern(fp: np.ndarray, fi: np.ndarray, diag: np.ndarray,
+                     position: np.ndarray) -> int:
+    """Registers the closed pattern ``(fp, fi)`` (CSR, sorted columns), its diagonal slots
+    ``diag`` and ``position`` (``A``'s value ``j`` goes to slot ``position[j]``) with the
+    native library, and returns its key: the first 8 bytes of a BLAKE2b hash of the
+    contents, as a signed 64-bit integer. The kernels take this key (an FFI attribute)
+    instead of the arrays, which therefore never enter a compiled program. The library
+    reads the arrays in place: they are kept (made read-only) for the life of the process.
+    Registering the same contents again returns the same key; a bad pattern raises
+    ``ValueError``."""
+    _require()
+    arrays = [np.ascontiguousarray(x, np.int32) for x in (fp, fi, diag, position)]
+    fp, fi, diag, position = arrays
+    n, nnz, na = diag.size, fi.size, position.size
+    if fp.size != n + 1:
+        raise ValueError(f"sparse pattern: fp has {fp.size} entries, diag {n}")
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(np.asarray([n, nnz, na], np.int64).tobytes())
+    for x in arrays:
+        digest.update(memoryview(x).cast("B"))
+    key = int(np.frombuffer(digest.digest(), np.int64)[0])
+    with _PINNED_LOCK:
+        if key in _PINNED:  # registered: the library holds the first arrays
+            arrays = _PINNED[key]
+            same = all(np.array_equal(a, b) for a, b in zip(arrays, (fp, fi, diag, position),
+                                                            strict=True))
+            if not same:
+                raise RuntimeError(f"sparse pattern: hash collision on key {key}")
+            return key
+        status = _register(key, fp, fi, diag, position)
+        if status >= 0:
+            for x in (fp, fi, diag, position):
+                x.flags.writeable = False
+            _PINNED[key] = (fp, fi, diag, position)
+    if status == -1:
+        raise ValueError("sparse pattern: fp, fi, diag or position out of range, or columns "
+                         "unsorted, or a diagonal entry missing")
+    if status == -2:
+        raise RuntimeError(f"sparse pattern: hash collision on key {key}")
+    if status < 0:
+        raise MemoryError("sparse pattern: registration failed")
+    return key
+
+
+# The arrays of every registered pattern, by key: the library reads them in place (it does
+# not copy them), so they live, read-only, as long as the process.
+_PINNED: dict[int, tuple[np.ndarray, ...]] = {}
+_PINNED_LOCK = threading.Lock()
+
+
+def _register(key: int, fp, fi, diag, position) -> int:
+    n, nnz, na = diag.size, fi.size, position.size
+    f = load().simlib_sparse_register
+    f.restype = ctypes.c_int64
+    ptr = ctypes.POINTER(ctypes.c_int32)
+    status = f(ctypes.c_int64(key), ctypes.c_int64(n), ctypes.c_int64(nnz),
+               fp.ctypes.data_as(ptr), fi.ctypes.data_as(ptr), diag.ctypes.data_as(ptr),
+               ctypes.c_int64(na), position.ctypes.data_as(ptr))
+    return int(status)
+
+
+def registered_patterns() -> int:
+    """The number of patterns registered with the native library in this process."""
+    _require()
+    f = load().simlib_sparse_pattern_count
+    f.restype = ctypes.c_int64
+    return int(f())
+
+
+def _sparse_lu_call(values, key: int):
     call = jax.ffi.ffi_call(
         f"simlib_sparse_lu_{_suffix(values.dtype)}",
         (jax.ShapeDtypeStruct(values.shape, values.dtype),
          jax.ShapeDtypeStruct(values.shape[:-1], jnp.int32)),
         vmap_method="expand_dims")
-    return call(values, fp, fi, diag)
+    return call(values, pattern=np.int64(key))
 
 
-@jax.custom_batching.custom_vmap
-def sparse_lu_native(values, fp, fi, diag):
-    """LU (no pivoting) of the matrix with ``values`` on the closed pattern ``(fp, fi)``:
-    ``(lu values, info)``, ``info = 0`` or one plus the first row with a zero pivot.
-    ``values`` may carry leading batch axes (and ``vmap`` adds one); the pattern is
-    shared by the batch."""
-    return _sparse_lu_call(values, fp, fi, diag)
+def sparse_lu_native(values, key: int):
+    """LU (no pivoting) of the matrix with ``values`` on the closed pattern registered
+    under ``key`` (:func:`register_pattern`, :data:`pattern_key`): ``(lu values, info)``,
+    ``info = 0`` or one plus the first row with a zero pivot. ``values`` may carry leading
+    batch axes (and ``vmap`` adds one: the kernel loops over them)."""
+    return _sparse_lu_call(values, key)
 
 
-@sparse_lu_native.def_vmap
-def _sparse_lu_vmap(axis_size, in_batched, values, fp, fi, diag):
-    values_b, *pattern_b = in_batched
-    fp, fi, diag = (_unbatched(x, b) for x, b in zip((fp, fi, diag), pattern_b, strict=True))
-    # through the custom_vmap function again, so that an enclosing vmap is handled alike
-    out = sparse_lu_native(values, fp, fi, diag)
-    return out, (values_b, values_b)
-
-
-def _sparse_lu_masked_call(mask, values, old, position, fp, fi, diag):
+def _sparse_lu_masked_call(mask, values, old, key):
     call = jax.ffi.ffi_call(
         f"simlib_sparse_lu_masked_{_suffix(old.dtype)}",
         (jax.ShapeDtypeStruct(old.shape, old.dtype),
          jax.ShapeDtypeStruct(old.shape[:-1], jnp.int32)),
         vmap_method="expand_dims", input_output_aliases={1: 0})
-    return call(values, old, mask.astype(jnp.int32), position, fp, fi, diag)
+    return call(values, old, mask.astype(jnp.int32), pattern=np.int64(key))
 
 
-@jax.custom_batching.custom_vmap
-def _sparse_lu_masked(mask, values, old, position, fp, fi, diag):
-    # at the top level: nothing to do unless some member (of leading axes) asks
-    return lax.cond(jnp.any(mask),
-                    lambda: _sparse_lu_masked_call(mask, values, old, position, fp, fi, diag),
-                    lambda: (old, jnp.zeros(mask.shape, jnp.int32)))
+@functools.cache
+def _masked_for(key: int):
+    """The masked factorisation for one pattern key (a ``custom_vmap`` function takes array
+    operands only, so the key is closed over)."""
+
+    @jax.custom_batching.custom_vmap
+    def masked(mask, values, old):
+        # at the top level: nothing to do unless some member (of leading axes) asks
+        return lax.cond(jnp.any(mask), lambda: _sparse_lu_masked_call(mask, values, old, key),
+                        lambda: (old, jnp.zeros(mask.shape, jnp.int32)))
+
+    @masked.def_vmap
+    def _vmap(axis_size, in_batched, mask, values, old):
+        mask, values, old = (x if b else jnp.broadcast_to(x, (axis_size, *x.shape))
+                             for x, b in zip((mask, values, old), in_batched, strict=True))
+        return masked(mask, values, old), (True, True)
+
+    return masked
 
 
-@_sparse_lu_masked.def_vmap
-def _sparse_lu_masked_vmap(axis_size, in_batched, mask, values, old, position, fp, fi, diag):
-    *member_b, position_b, fp_b, fi_b, diag_b = in_batched
-    position, fp, fi, diag = (_unbatched(x, b) for x, b in
-                              zip((position, fp, fi, diag), (position_b, fp_b, fi_b, diag_b),
-                                  strict=True))
-    mask, values, old = (x if b else jnp.broadcast_to(x, (axis_size, *x.shape))
-                         for x, b in zip((mask, values, old), member_b, strict=True))
-    return _sparse_lu_masked(mask, values, old, position, fp, fi, diag), (True, True)
-
-
-def sparse_lu_masked(mask, values, old, position, fp, fi, diag):
+def sparse_lu_masked(mask, values, old, key: int):
     """:func:`sparse_lu_native` member by member: where ``mask``, the factors of the
     matrix with ``values`` on ``A``'s pattern (scattered into the closed pattern's slots
-    ``position`` by the kernel); elsewhere ``old``, untouched (the output is aliased to
-    it). Under ``vmap`` the batched ``mask`` goes into one kernel call, so that only the
-    members that ask are factorised (where ``vmap`` of a ``lax.cond`` factorises them all),
-    and the call is skipped when none asks. ``info`` is ``0`` for a kept member.
-    Operands carry no derivatives (the caller cuts them)."""
+    ``position``, registered with the pattern under ``key``, by the kernel); elsewhere
+    ``old``, untouched (the output is aliased to it). Under ``vmap`` the batched ``mask``
+    goes into one kernel call, so that only the members that ask are factorised (where
+    ``vmap`` of a ``lax.cond`` factorises them all), and the call is skipped when none asks.
+    ``info`` is ``0`` for a kept member. Operands carry no derivatives (the caller cuts
+    them)."""
     mask = jnp.broadcast_to(jnp.asarray(mask, bool), old.shape[:-1])
-    return _sparse_lu_masked(mask, values.astype(old.dtype), old, position, fp, fi, diag)
+    return _masked_for(int(key))(mask, values.astype(old.dtype), old)
 
 
 def sparse_lu_count() -> int:
@@ -166,42 +247,45 @@ def sparse_lu_count() -> int:
     return int(f())
 
 
-def _sparse_solve_call(lu, fp, fi, diag, b, flags):
+def _sparse_solve_call(lu, b, key, transpose):
     call = jax.ffi.ffi_call(f"simlib_sparse_solve_{_suffix(lu.dtype)}",
                             jax.ShapeDtypeStruct(b.shape, b.dtype),
                             vmap_method="expand_dims")
-    return call(lu, fp, fi, diag, b, flags)
+    return call(lu, b, pattern=np.int64(key), transpose=np.int64(transpose))
 
 
-@jax.custom_batching.custom_vmap
-def _sparse_solve(lu, fp, fi, diag, b, flags):
-    return _sparse_solve_call(lu, fp, fi, diag, b, flags)
+@functools.cache
+def _solve_for(key: int, transpose: bool):
+    """The solve for one pattern key and direction (closed over, as in :func:`_masked_for`)."""
+
+    @jax.custom_batching.custom_vmap
+    def solve(lu, b):
+        return _sparse_solve_call(lu, b, key, transpose)
+
+    @solve.def_vmap
+    def _vmap(axis_size, in_batched, lu, b):
+        lu_b, b_b = in_batched
+        # The kernel takes factors with b's leading axes, or without any (shared by every
+        # right-hand side). Keep to that: b gets this axis when lu has it, and factors with
+        # leading axes of their own get b's (a copy, under nested vmaps only).
+        if lu_b and not b_b:
+            b = jnp.broadcast_to(b, (axis_size, *b.shape))
+        lead = b.shape[:-1]
+        if lu.ndim > 1 and lu.shape[:-1] != lead:
+            if lu_b:  # (axis, nnz) against (axis, *inner)
+                lu = lu.reshape((axis_size,) + (1,) * (len(lead) - 1) + lu.shape[-1:])
+            lu = jnp.broadcast_to(lu, lead + lu.shape[-1:])
+        return solve(lu, b), lu_b or b_b
+
+    return solve
 
 
-@_sparse_solve.def_vmap
-def _sparse_solve_vmap(axis_size, in_batched, lu, fp, fi, diag, b, flags):
-    lu_b, fp_b, fi_b, diag_b, b_b, flags_b = in_batched
-    fp, fi, diag, flags = (_unbatched(x, f) for x, f in
-                           zip((fp, fi, diag, flags), (fp_b, fi_b, diag_b, flags_b),
-                               strict=True))
-    # The kernel takes factors with b's leading axes, or without any (shared by every
-    # right-hand side). Keep to that: b gets this axis when lu has it, and factors with
-    # leading axes of their own get b's (a copy, under nested vmaps only).
-    if lu_b and not b_b:
-        b = jnp.broadcast_to(b, (axis_size, *b.shape))
-    lead = b.shape[:-1]
-    if lu.ndim > 1 and lu.shape[:-1] != lead:
-        if lu_b:  # (axis, nnz) against (axis, *inner)
-            lu = lu.reshape((axis_size,) + (1,) * (len(lead) - 1) + lu.shape[-1:])
-        lu = jnp.broadcast_to(lu, lead + lu.shape[-1:])
-    return _sparse_solve(lu, fp, fi, diag, b, flags), lu_b or b_b
-
-
-def sparse_solve_native(lu, fp, fi, diag, b, transpose: bool):
-    """``A^-1 b`` (``A^-T b``) from :func:`sparse_lu_native`'s factors (``b`` and ``lu``
-    with the same leading batch axes, or ``lu`` unbatched: shared by every ``b``)."""
+def sparse_solve_native(lu, key: int, b, transpose: bool):
+    """``A^-1 b`` (``A^-T b``) from :func:`sparse_lu_native`'s factors on the pattern
+    registered under ``key`` (``b`` and ``lu`` with the same leading batch axes, or ``lu``
+    unbatched: shared by every ``b``)."""
     b = b.astype(lu.dtype)
-    return _sparse_solve(lu, fp, fi, diag, b, jnp.asarray([int(transpose)], jnp.int32))
+    return _solve_for(int(key), bool(transpose))(lu, b)
 
 
 def symbolic_fill(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

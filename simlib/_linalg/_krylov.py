@@ -227,8 +227,7 @@ class Krylov(LinearSolver):
             return inv, jnp.all(jnp.isfinite(inv))
         sym = self._ilu_symbolic()
         vals = jnp.zeros((sym.nnz,), a.dtype).at[sym.position].set(a)
-        lu, info = _kernels.sparse_lu_native(vals, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
-                                    jnp.asarray(sym.diag))
+        lu, info = _kernels.sparse_lu_native(vals, _kernels.pattern_key(sym))
         return lu, (info == 0) & jnp.all(jnp.isfinite(lu))
 
     def _ilu_symbolic(self) -> SymbolicLU:
@@ -251,8 +250,7 @@ class Krylov(LinearSolver):
         sym = self._ilu_symbolic()
 
         def apply(x):
-            return _kernels.sparse_solve_native(data, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
-                                       jnp.asarray(sym.diag), x, transpose)
+            return _kernels.sparse_solve_native(data, _kernels.pattern_key(sym), x, transpose)
 
         return apply
 

@@ -33,7 +33,7 @@ from jax import lax
 from .._static import register_static
 from . import _kernels
 from ._base import Array, Factorisation, Field, LinearSolver
-from ._coloring import CompressedPattern
+from ._coloring import CompressedPattern, index_constant
 from ._sparsity import jacobian_sparsity
 
 ORDERINGS = ("auto", "nd", "mmd", "rcm", "natural")
@@ -210,7 +210,7 @@ class Sparse(LinearSolver):
         diagonal, or values on the pattern)."""
         pat = self._pattern()
         a = -c.astype(jac.dtype) * jac
-        diag = jnp.asarray(pat.diag)
+        diag = index_constant(pat, "diag", pat.diag)
         if mass is None:
             return a.at[diag].add(1.0)
         mass = jnp.asarray(mass, jac.dtype)
@@ -225,7 +225,7 @@ class Sparse(LinearSolver):
                transpose: bool = False) -> Array:
         pat = self._pattern()
         vals = self.operator(jac, c, mass)
-        rows, cols = jnp.asarray(pat.rows), jnp.asarray(pat.cols)
+        rows, cols = index_constant(pat, "rows", pat.rows), index_constant(pat, "cols", pat.cols)
         if transpose:
             rows, cols = cols, rows
         return jax.ops.segment_sum(vals * x[cols], rows, num_segments=pat.n)
@@ -235,9 +235,9 @@ class Sparse(LinearSolver):
         if not self._use_native():
             return a, jnp.all(jnp.isfinite(a))
         sym = self.symbolic()
-        vals = jnp.zeros(a.shape[:-1] + (sym.nnz,), a.dtype).at[..., sym.position].set(a)
-        lu, info = _kernels.sparse_lu_native(vals, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
-                                    jnp.asarray(sym.diag))
+        position = index_constant(sym, "position", sym.position)
+        vals = jnp.zeros(a.shape[:-1] + (sym.nnz,), a.dtype).at[..., position].set(a)
+        lu, info = _kernels.sparse_lu_native(vals, _kernels.pattern_key(sym))
         return lu, (info == 0) & jnp.all(jnp.isfinite(lu))
 
     @property
@@ -257,9 +257,7 @@ class Sparse(LinearSolver):
         a = self.operator(jax.tree_util.tree_map(sg, jac), sg(c),
                           jax.tree_util.tree_map(sg, mass))
         sym = self.symbolic()
-        lu, info = _kernels.sparse_lu_masked(pred, a, sg(old.data), jnp.asarray(sym.position32),
-                                             jnp.asarray(sym.fp), jnp.asarray(sym.fi),
-                                             jnp.asarray(sym.diag))
+        lu, info = _kernels.sparse_lu_masked(pred, a, sg(old.data), _kernels.pattern_key(sym))
         ok = jnp.where(pred, info == 0, old.ok)
         c_new = jnp.where(pred, c.astype(jnp.result_type(old.c)), old.c)
         mass_new = (mass if mass is None else jax.tree_util.tree_map(
@@ -270,9 +268,9 @@ class Sparse(LinearSolver):
         if not self._use_native():
             return _host_solve(self._pattern(), fac.data, b, transpose)
         sym = self.symbolic()
-        x = _kernels.sparse_solve_native(fac.data, jnp.asarray(sym.fp), jnp.asarray(sym.fi),
-                                jnp.asarray(sym.diag), b[jnp.asarray(sym.order)], transpose)
-        return x[jnp.asarray(sym.inverse)]
+        x = _kernels.sparse_solve_native(fac.data, _kernels.pattern_key(sym),
+                                         b[index_constant(sym, "order", sym.order)], transpose)
+        return x[index_constant(sym, "inverse", sym.inverse)]
 
 
 def _host_solve(pat: CompressedPattern, values, b, transpose: bool):

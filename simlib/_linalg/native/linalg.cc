@@ -17,12 +17,26 @@
 // j > k in row k, where j is in row i's pattern. With F the symbolic fill of A (from
 // simlib_symbolic_*) this is the exact LU; with F = pattern(A) it is ILU(0) (updates
 // outside the pattern are dropped). The fill-reducing ordering is applied outside.
+//
+// The pattern (fp, fi, diag, and position: where A's values go in F) is not a kernel
+// operand: it is registered once from the host (simlib_sparse_register, through ctypes,
+// checked there) under a 64-bit key, a hash of its contents, and the kernels take that key
+// as an FFI attribute. So the compiled program holds no copy of the pattern (as constants,
+// XLA kept several: 1.7 GB while compiling a 131,072-state problem), a pattern is checked
+// once instead of at every call, and the same pattern compiled twice shares one entry. A
+// key registered again must come with the same contents (else the registration fails);
+// entries live until the process ends; a kernel called with a key unknown to this process
+// fails with an error instead of running.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -264,39 +278,67 @@ void SparseSolve(const T* lu, const int32_t* fp, const int32_t* fi, const int32_
   }
 }
 
-// the pattern arrays are checked once per call: fp non-decreasing within [0, nnz], column
-// indices in [0, n), diag[i] in row i with fi[diag[i]] == i
-ffi::Error CheckPattern(const int32_t* fp, const int32_t* fi, const int32_t* diag, int64_t n,
-                        int64_t nnz) {
-  if (fp[0] != 0 || fp[n] != nnz) return ffi::Error::InvalidArgument("pattern: fp ends");
+// A registered pattern: F's row pointers fp (n + 1), sorted columns fi (nnz), the diagonal's
+// slots diag (n), and position (na): A's value j goes to F's slot position[j]. The arrays
+// are not copied: the caller keeps them alive and unchanged for the life of the process
+// (simlib/_linalg/_kernels.py holds them, read-only, in a module-level table).
+struct Pattern {
+  int64_t n = 0, nnz = 0, na = 0;
+  const int32_t *fp = nullptr, *fi = nullptr, *diag = nullptr, *position = nullptr;
+};
+
+bool SameArray(const int32_t* a, const int32_t* b, int64_t size) {
+  return a == b || std::memcmp(a, b, sizeof(int32_t) * static_cast<size_t>(size)) == 0;
+}
+
+std::mutex registry_mutex;
+std::unordered_map<int64_t, std::shared_ptr<const Pattern>>& Registry() {
+  static auto* registry = new std::unordered_map<int64_t, std::shared_ptr<const Pattern>>();
+  return *registry;  // never destroyed: kernels may run while the process exits
+}
+
+std::shared_ptr<const Pattern> FindPattern(int64_t key) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  const auto it = Registry().find(key);
+  return it == Registry().end() ? nullptr : it->second;
+}
+
+// fp non-decreasing from 0 to nnz, column indices in [0, n) and increasing within a row,
+// diag[i] in row i with fi[diag[i]] == i, positions in [0, nnz): what the kernels index by
+bool ValidPattern(const Pattern& p) {
+  const int64_t n = p.n, nnz = p.nnz;
+  if (n <= 0 || nnz <= 0 || p.fp[0] != 0 || p.fp[n] != nnz) return false;
   for (int64_t i = 0; i < n; ++i) {
-    if (fp[i + 1] < fp[i]) return ffi::Error::InvalidArgument("pattern: fp decreasing");
-    if (diag[i] < fp[i] || diag[i] >= fp[i + 1] || fi[diag[i]] != i)
-      return ffi::Error::InvalidArgument("pattern: diagonal missing");
-    for (int32_t p = fp[i]; p < fp[i + 1]; ++p)
-      if (fi[p] < 0 || fi[p] >= n || (p > fp[i] && fi[p] <= fi[p - 1]))
-        return ffi::Error::InvalidArgument("pattern: columns out of range or unsorted");
+    if (p.fp[i + 1] < p.fp[i]) return false;
+    if (p.diag[i] < p.fp[i] || p.diag[i] >= p.fp[i + 1] || p.fi[p.diag[i]] != i) return false;
+    for (int32_t q = p.fp[i]; q < p.fp[i + 1]; ++q)
+      if (p.fi[q] < 0 || p.fi[q] >= n || (q > p.fp[i] && p.fi[q] <= p.fi[q - 1])) return false;
   }
-  return ffi::Error::Success();
+  for (int64_t j = 0; j < p.na; ++j)
+    if (p.position[j] < 0 || p.position[j] >= nnz) return false;
+  return true;
+}
+
+ffi::Error Unknown(const char* who) {
+  return ffi::Error::InvalidArgument(std::string(who) +
+                                     ": sparse pattern not registered in this process");
 }
 
 template <ffi::DataType DT>
-ffi::Error SparseLUHandler(ffi::Buffer<DT> a, ffi::Buffer<ffi::S32> fp,
-                           ffi::Buffer<ffi::S32> fi, ffi::Buffer<ffi::S32> diag,
-                           ffi::ResultBuffer<DT> lu, ffi::ResultBuffer<ffi::S32> info) {
+ffi::Error SparseLUHandler(ffi::Buffer<DT> a, ffi::ResultBuffer<DT> lu,
+                           ffi::ResultBuffer<ffi::S32> info, int64_t key) {
   using T = ffi::NativeType<DT>;
-  const int64_t n = static_cast<int64_t>(diag.element_count());
-  const int64_t nnz = static_cast<int64_t>(fi.element_count());
-  if (fp.element_count() != static_cast<size_t>(n + 1) || nnz == 0 ||
-      a.element_count() % nnz != 0 || lu->element_count() != a.element_count())
+  const std::shared_ptr<const Pattern> pat = FindPattern(key);
+  if (!pat) return Unknown("simlib_sparse_lu");
+  const int64_t n = pat->n, nnz = pat->nnz;
+  if (a.element_count() % nnz != 0 || lu->element_count() != a.element_count())
     return ffi::Error::InvalidArgument("simlib_sparse_lu: shapes");
   const int64_t batch = static_cast<int64_t>(a.element_count()) / nnz;
   if (info->element_count() != static_cast<size_t>(batch))
     return ffi::Error::InvalidArgument("simlib_sparse_lu: info shape");
-  ffi::Error check = CheckPattern(fp.typed_data(), fi.typed_data(), diag.typed_data(), n, nnz);
-  if (check.failure()) return check;
+  const int32_t *fp = pat->fp, *fi = pat->fi, *diag = pat->diag;
   try {
-    const Runs runs(fp.typed_data(), fi.typed_data(), diag.typed_data(), n);
+    const Runs runs(fp, fi, diag, n);
 #pragma omp parallel if (batch > 1)
     {
       std::vector<T> work(n, T(0));
@@ -304,8 +346,7 @@ ffi::Error SparseLUHandler(ffi::Buffer<DT> a, ffi::Buffer<ffi::S32> fp,
 #pragma omp for schedule(dynamic, 1)
       for (int64_t k = 0; k < batch; ++k) {
         std::fill(mark.begin(), mark.end(), -1);
-        info->typed_data()[k] = SparseLU<T>(a.typed_data() + k * nnz, fp.typed_data(),
-                                            fi.typed_data(), diag.typed_data(), runs, n,
+        info->typed_data()[k] = SparseLU<T>(a.typed_data() + k * nnz, fp, fi, diag, runs, n,
                                             lu->typed_data() + k * nnz, work, mark);
       }
     }
@@ -323,32 +364,25 @@ ffi::Error SparseLUHandler(ffi::Buffer<DT> a, ffi::Buffer<ffi::S32> fp,
 // else as simlib_sparse_lu's, or n + 1 for a non-finite factor off the diagonal.
 template <ffi::DataType DT>
 ffi::Error SparseLUMaskedHandler(ffi::Buffer<DT> a, ffi::Buffer<DT> old,
-                                 ffi::Buffer<ffi::S32> mask, ffi::Buffer<ffi::S32> position,
-                                 ffi::Buffer<ffi::S32> fp, ffi::Buffer<ffi::S32> fi,
-                                 ffi::Buffer<ffi::S32> diag, ffi::ResultBuffer<DT> lu,
-                                 ffi::ResultBuffer<ffi::S32> info) {
+                                 ffi::Buffer<ffi::S32> mask, ffi::ResultBuffer<DT> lu,
+                                 ffi::ResultBuffer<ffi::S32> info, int64_t key) {
   using T = ffi::NativeType<DT>;
-  const int64_t n = static_cast<int64_t>(diag.element_count());
-  const int64_t nnz = static_cast<int64_t>(fi.element_count());
-  const int64_t na = static_cast<int64_t>(position.element_count());
-  if (fp.element_count() != static_cast<size_t>(n + 1) || nnz == 0 || na == 0 ||
-      old.element_count() % nnz != 0 || lu->element_count() != old.element_count())
+  const std::shared_ptr<const Pattern> pat = FindPattern(key);
+  if (!pat) return Unknown("simlib_sparse_lu_masked");
+  const int64_t n = pat->n, nnz = pat->nnz, na = pat->na;
+  if (na == 0 || old.element_count() % nnz != 0 || lu->element_count() != old.element_count())
     return ffi::Error::InvalidArgument("simlib_sparse_lu_masked: shapes");
   const int64_t batch = static_cast<int64_t>(old.element_count()) / nnz;
   if (a.element_count() != static_cast<size_t>(batch * na) ||
       mask.element_count() != static_cast<size_t>(batch) ||
       info->element_count() != static_cast<size_t>(batch))
     return ffi::Error::InvalidArgument("simlib_sparse_lu_masked: batch shapes");
-  ffi::Error check = CheckPattern(fp.typed_data(), fi.typed_data(), diag.typed_data(), n, nnz);
-  if (check.failure()) return check;
-  const int32_t* pos = position.typed_data();
-  for (int64_t j = 0; j < na; ++j)
-    if (pos[j] < 0 || pos[j] >= nnz)
-      return ffi::Error::InvalidArgument("simlib_sparse_lu_masked: position out of range");
+  const int32_t *fp = pat->fp, *fi = pat->fi, *diag = pat->diag;
+  const int32_t* pos = pat->position;
   const bool aliased = lu->typed_data() == old.typed_data();
   int64_t done = 0;
   try {
-    const Runs runs(fp.typed_data(), fi.typed_data(), diag.typed_data(), n);
+    const Runs runs(fp, fi, diag, n);
 #pragma omp parallel if (batch > 1) reduction(+ : done)
     {
       std::vector<T> work(n, T(0));
@@ -368,8 +402,7 @@ ffi::Error SparseLUMaskedHandler(ffi::Buffer<DT> a, ffi::Buffer<DT> old,
         std::fill(mark.begin(), mark.end(), -1);
         // in place: row i's values are read into work before row i of the factors is
         // written, and rows k < i are already factors
-        int32_t status = SparseLU<T>(out, fp.typed_data(), fi.typed_data(),
-                                     diag.typed_data(), runs, n, out, work, mark);
+        int32_t status = SparseLU<T>(out, fp, fi, diag, runs, n, out, work, mark);
         if (status == 0)  // a non-finite factor off the diagonal: n + 1
           for (int64_t p = 0; p < nnz; ++p)
             if (!std::isfinite(out[p])) { status = static_cast<int32_t>(n + 1); break; }
@@ -385,15 +418,13 @@ ffi::Error SparseLUMaskedHandler(ffi::Buffer<DT> a, ffi::Buffer<DT> old,
 }
 
 template <ffi::DataType DT>
-ffi::Error SparseSolveHandler(ffi::Buffer<DT> lu, ffi::Buffer<ffi::S32> fp,
-                              ffi::Buffer<ffi::S32> fi, ffi::Buffer<ffi::S32> diag,
-                              ffi::Buffer<DT> b, ffi::Buffer<ffi::S32> flags,
-                              ffi::ResultBuffer<DT> x) {
+ffi::Error SparseSolveHandler(ffi::Buffer<DT> lu, ffi::Buffer<DT> b, ffi::ResultBuffer<DT> x,
+                              int64_t key, int64_t transpose) {
   using T = ffi::NativeType<DT>;
-  const int64_t n = static_cast<int64_t>(diag.element_count());
-  const int64_t nnz = static_cast<int64_t>(fi.element_count());
-  if (fp.element_count() != static_cast<size_t>(n + 1) || nnz == 0 || n == 0 ||
-      lu.element_count() % nnz != 0 || flags.element_count() < 1)
+  const std::shared_ptr<const Pattern> pat = FindPattern(key);
+  if (!pat) return Unknown("simlib_sparse_solve");
+  const int64_t n = pat->n, nnz = pat->nnz;
+  if (lu.element_count() % nnz != 0)
     return ffi::Error::InvalidArgument("simlib_sparse_solve: shapes");
   const int64_t lb = static_cast<int64_t>(lu.element_count()) / nnz;
   const int64_t batch = static_cast<int64_t>(b.element_count()) / n;
@@ -401,14 +432,11 @@ ffi::Error SparseSolveHandler(ffi::Buffer<DT> lu, ffi::Buffer<ffi::S32> fp,
       x->element_count() != b.element_count())
     return ffi::Error::InvalidArgument("simlib_sparse_solve: b shape");
   const int64_t ls = lb == 1 ? 0 : 1;  // factors shared by every right-hand side
-  ffi::Error check = CheckPattern(fp.typed_data(), fi.typed_data(), diag.typed_data(), n, nnz);
-  if (check.failure()) return check;
-  const bool transpose = flags.typed_data()[0] != 0;
+  const int32_t *fp = pat->fp, *fi = pat->fi, *diag = pat->diag;
 #pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
   for (int64_t k = 0; k < batch; ++k)
-    SparseSolve<T>(lu.typed_data() + ls * k * nnz, fp.typed_data(), fi.typed_data(),
-                   diag.typed_data(), n, b.typed_data() + k * n, transpose,
-                   x->typed_data() + k * n);
+    SparseSolve<T>(lu.typed_data() + ls * k * nnz, fp, fi, diag, n, b.typed_data() + k * n,
+                   transpose != 0, x->typed_data() + k * n);
   return ffi::Error::Success();
 }
 
@@ -579,6 +607,47 @@ extern "C" int64_t simlib_nested_dissection(int64_t n, const int64_t* sp, const 
 
 extern "C" int64_t simlib_sparse_lu_count() { return sparse_lu_count.load(); }
 
+// Registers a pattern under key (not copied: see Pattern). Returns 1 if added, 0 if the key
+// already holds the same contents (the new arrays are not kept), -1 for a pattern that fails
+// ValidPattern, -2 if the key holds a different pattern (a hash collision: nothing is
+// replaced), -3 on failure.
+extern "C" int64_t simlib_sparse_register(int64_t key, int64_t n, int64_t nnz,
+                                          const int32_t* fp, const int32_t* fi,
+                                          const int32_t* diag, int64_t na,
+                                          const int32_t* position) {
+  try {
+    if (n <= 0 || nnz <= 0 || na < 0) return -1;
+    auto pat = std::make_shared<Pattern>();
+    pat->n = n;
+    pat->nnz = nnz;
+    pat->na = na;
+    pat->fp = fp;
+    pat->fi = fi;
+    pat->diag = diag;
+    pat->position = position;
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    const auto it = Registry().find(key);
+    if (it != Registry().end()) {
+      const Pattern& q = *it->second;
+      const bool same = q.n == n && q.nnz == nnz && q.na == na && SameArray(q.fp, fp, n + 1) &&
+                        SameArray(q.fi, fi, nnz) && SameArray(q.diag, diag, n) &&
+                        SameArray(q.position, position, na);
+      return same ? 0 : -2;
+    }
+    if (!ValidPattern(*pat)) return -1;
+    Registry().emplace(key, std::move(pat));
+    return 1;
+  } catch (...) {
+    return -3;
+  }
+}
+
+// The number of registered patterns (for tests).
+extern "C" int64_t simlib_sparse_pattern_count() {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  return static_cast<int64_t>(Registry().size());
+}
+
 extern "C" int64_t simlib_symbolic_count(int64_t n, const int64_t* sp, const int64_t* si,
                                          int64_t* fp) {
   try { return Symbolic(n, sp, si, fp, nullptr); } catch (...) { return -1; }
@@ -608,32 +677,25 @@ extern "C" int64_t simlib_symbolic_fill(int64_t n, const int64_t* sp, const int6
   XLA_FFI_DEFINE_HANDLER_SYMBOL(simlib_sparse_lu_##SUFFIX, SparseLUHandler<DT>,       \
                                 ffi::Ffi::Bind()                                        \
                                     .Arg<ffi::Buffer<DT>>()                             \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
                                     .Ret<ffi::Buffer<DT>>()                             \
-                                    .Ret<ffi::Buffer<ffi::S32>>());                     \
+                                    .Ret<ffi::Buffer<ffi::S32>>()                       \
+                                    .Attr<int64_t>("pattern"));                         \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(simlib_sparse_lu_masked_##SUFFIX,                    \
                                 SparseLUMaskedHandler<DT>,                              \
                                 ffi::Ffi::Bind()                                        \
                                     .Arg<ffi::Buffer<DT>>()                             \
                                     .Arg<ffi::Buffer<DT>>()                             \
                                     .Arg<ffi::Buffer<ffi::S32>>()                       \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
                                     .Ret<ffi::Buffer<DT>>()                             \
-                                    .Ret<ffi::Buffer<ffi::S32>>());                     \
+                                    .Ret<ffi::Buffer<ffi::S32>>()                       \
+                                    .Attr<int64_t>("pattern"));                         \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(simlib_sparse_solve_##SUFFIX, SparseSolveHandler<DT>, \
                                 ffi::Ffi::Bind()                                        \
                                     .Arg<ffi::Buffer<DT>>()                             \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
                                     .Arg<ffi::Buffer<DT>>()                             \
-                                    .Arg<ffi::Buffer<ffi::S32>>()                       \
-                                    .Ret<ffi::Buffer<DT>>());
+                                    .Ret<ffi::Buffer<DT>>()                             \
+                                    .Attr<int64_t>("pattern")                           \
+                                    .Attr<int64_t>("transpose"));
 
 SIMLIB_LINALG_HANDLERS(f32, ffi::F32)
 SIMLIB_LINALG_HANDLERS(f64, ffi::F64)
