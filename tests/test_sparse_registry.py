@@ -74,7 +74,7 @@ def test_solves_through_the_registry_agree_with_scipy():
 def test_equal_patterns_share_one_entry_and_distinct_ones_do_not():
     pattern, *_ = pattern_and_values(3)
     other, *_ = pattern_and_values(4)
-    first = Sparse(pattern, kernel="native").symbolic()
+    first = Sparse(pattern, kernel="native", ordering="mmd").symbolic()
     key = _kernels.pattern_key(first)
     count = _kernels.registered_patterns()
     # a new pattern object with the same content: a new symbolic analysis, the same key
