@@ -136,8 +136,9 @@ def _particles_row() -> list[str]:
 def _pde_row() -> list[str]:
     """The 2-D Brusselator at 32,768 states: simlib's best BDF linear solver against scipy
     BDF and CVODE's best, at rtol 1e-6, on the full span if scipy ran it, else the shorter
-    span the benchmark timed them on (the key's ``_t<t1>``)."""
-    d = _load("pde.json")
+    span the benchmark timed them on (the key's ``_t<t1>``). From ``pde_128.json``, one run
+    of ``benchmarks/pde.py --sizes bruss2d_128 --t1 1.2`` with all three contenders."""
+    d = _load("pde_128.json")
     ok = [r for r in d["rows"] if r.get("ok") and r["rtol"] == 1e-6
           and r["key"].startswith("bruss2d_128")]
 
@@ -153,7 +154,7 @@ def _pde_row() -> list[str]:
     key = next((k for k in keys if best("scipy BDF", k) and best("simlib", k)), None)
     if key is None:
         return ["2-D Brusselator, 32,768 states", "not measured", "n/a", "n/a",
-                "`benchmarks/pde.py` -> `pde.json`"]
+                "`benchmarks/pde.py` -> `pde_128.json`"]
     simlib, scipy = best("simlib", key), best("scipy BDF", key)
     cvode = best("CVODE", key)
     span = f"t in [0, {scipy['t1']:g}]" if "_t" in key else "t in [0, 11.5]"
@@ -173,7 +174,7 @@ def _pde_row() -> list[str]:
         cells,
         "n/a (dense Jacobian only: 8.6 GB here)",
         "n/a",
-        f"`benchmarks/pde.py` -> `pde.json` ({_commit(d)})",
+        f"`benchmarks/pde.py` -> `pde_128.json` ({_commit(d)})",
     ]
 
 
