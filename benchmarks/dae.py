@@ -296,7 +296,8 @@ def bench_profile(repeats: int) -> dict:
 
 GRAD_ADJOINTS = ("ForwardMode", "ForwardMode/frozen", "default", "default/frozen")
 # "<adjoint>/frozen": with controller=PIDController(differentiate_steps=False), the step
-# sequence frozen for derivatives (docs/dae.md, "Gradients: which adjoint")
+# sequence frozen for derivatives (the default since 2026-12-06; docs/dae.md, "Gradients:
+# which adjoint"); the others with differentiate_steps=True (the default before)
 GRAD_PARAMS = [f"r{i}" for i in range(10)] + [f"c{i}" for i in range(1, 6)]
 FD_STEP = 1e-4  # central differences: relative step
 
@@ -357,8 +358,7 @@ def bench_gradient(repeats: int, adjoints: tuple[str, ...] = GRAD_ADJOINTS,
         level = log.level
         log.setLevel(logging.INFO)
         try:
-            controller = (sl.PIDController(differentiate_steps=False)
-                          if name.endswith("/frozen") else None)
+            controller = sl.PIDController(differentiate_steps=not name.endswith("/frozen"))
             grads[name], compile_s[name] = compile_jit(
                 jax.grad(make_loss(adjoint_of(name), controller)), rc)
         finally:

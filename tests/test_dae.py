@@ -467,7 +467,8 @@ def test_frozen_step_sizes_carry_no_derivative():
     """``PIDController(differentiate_steps=False)`` freezes the adaptive step sequence for
     derivatives (Bock's internal numerical differentiation): ``rtol`` moves only the
     steps, so the derivative with respect to it is exactly zero with Rodas5P (no Newton
-    tolerance), with either adjoint; the default differentiates the steps (nonzero)."""
+    tolerance), with either adjoint (the default); ``differentiate_steps=True``
+    differentiates the steps (nonzero)."""
     p = jnp.asarray(PARAMS)
 
     def final(rtol, adjoint, controller):
@@ -478,7 +479,10 @@ def test_frozen_step_sizes_carry_no_derivative():
 
     for adjoint in (sl.ForwardMode(), sl.Direct()):
         assert float(jax.grad(final)(1e-6, adjoint, FROZEN)) == 0.0
-    assert float(jax.grad(final)(1e-6, sl.Direct(), None)) != 0.0
+    for adjoint in (sl.ForwardMode(), sl.Direct()):
+        assert float(jax.grad(final)(1e-6, adjoint, None)) == 0.0      # the default
+    live = sl.PIDController(differentiate_steps=True)
+    assert float(jax.grad(final)(1e-6, sl.Direct(), live)) != 0.0
 
 
 def test_frozen_steps_match_a_closed_form_the_default_misses():
@@ -486,8 +490,8 @@ def test_frozen_steps_match_a_closed_form_the_default_misses():
     tests/test_nonfinite_attempts.py's problem): ``tanh(y/2) = tanh(y0/2) e^(-p t)``, so
     ``dy(t)/dy0 = sinh(y(t)) / sinh(y0)``. With frozen steps the gradient of
     ``y(0.5) + y(2)`` at rtol 1e-8 matches the closed form to 1e-6; differentiating the
-    step sizes (the default) gives 1.4e-4 off (measured), as do central differences of
-    the same solve."""
+    step sizes (``differentiate_steps=True``, the default until 2026-12-06) gives 1.4e-4
+    off, as do central differences of the same solve."""
     def loss(x, controller):
         sol = sl.solve(lambda t, y, a: -a[0] * jnp.sinh(y), x[:1], 0.0, 2.0,
                        solver=sl.Tsit5(), dt=2.0, rtol=1e-8, atol=1e-8, args=(x[1],),
@@ -500,6 +504,11 @@ def test_frozen_steps_match_a_closed_form_the_default_misses():
     exact_dy0 = sum(np.sinh(v) / np.sinh(y0) for v in y)
     g = np.asarray(jax.grad(loss)(jnp.array([y0, p]), FROZEN))
     np.testing.assert_allclose(g[0], exact_dy0, rtol=1e-6)
+    g = np.asarray(jax.grad(loss)(jnp.array([y0, p]), None))         # the default freezes
+    np.testing.assert_allclose(g[0], exact_dy0, rtol=1e-6)
+    live = np.asarray(jax.grad(loss)(jnp.array([y0, p]), sl.PIDController(
+        differentiate_steps=True)))
+    assert abs(live[0] / exact_dy0 - 1) > 1e-5                        # measured 1.4e-4
     with pytest.raises(TypeError, match="differentiate_steps"):
         sl.PIDController(differentiate_steps=1)
 
