@@ -4,7 +4,6 @@ The pure-JAX paths are the reference: the native kernels must give the same forc
 energies and neighbour sets, and simlib must work unchanged without them.
 """
 
-import functools
 import os
 import pickle
 import subprocess
@@ -15,28 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _native_required import native
 
 from simlib import particles as sp
 from simlib.particles import _native
 from simlib.particles._neighbors import _build_native, _build_pure
-
-REQUIRE_NATIVE = os.environ.get("SIMLIB_REQUIRE_NATIVE", "0") == "1"
-
-
-def native(test):
-    """Run ``test`` only where the native kernels load: skip elsewhere, but fail under
-    ``SIMLIB_REQUIRE_NATIVE=1`` (CI), so a broken build cannot pass as "skipped"."""
-
-    @functools.wraps(test)
-    def wrapper(*args, **kwargs):
-        if _native.load() is None:
-            message = f"native kernels unavailable: {_native.unavailable_reason()}"
-            if REQUIRE_NATIVE:
-                pytest.fail(message + " (SIMLIB_REQUIRE_NATIVE=1)")
-            pytest.skip(message)
-        return test(*args, **kwargs)
-
-    return wrapper
 
 
 def _numpy_gravity(x, m, G, eps):

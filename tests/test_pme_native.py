@@ -15,28 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _native_required import native
 
 from simlib import particles as sp
-from simlib.particles import _native
 
-REQUIRE_NATIVE = os.environ.get("SIMLIB_REQUIRE_NATIVE", "0") == "1"
 R_CUT = 0.7
-
-
-def native(test):
-    """Run ``test`` only where the native kernels load (fail instead under
-    ``SIMLIB_REQUIRE_NATIVE=1``, as in tests/test_native.py)."""
-
-    @functools.wraps(test)
-    def wrapper(*args, **kwargs):
-        if _native.load() is None:
-            message = f"native kernels unavailable: {_native.unavailable_reason()}"
-            if REQUIRE_NATIVE:
-                pytest.fail(message + " (SIMLIB_REQUIRE_NATIVE=1)")
-            pytest.skip(message)
-        return test(*args, **kwargs)
-
-    return wrapper
 
 
 @functools.cache
