@@ -3,7 +3,10 @@ PME kernels' tests)."""
 
 import functools
 import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
 from simlib.particles import _native
@@ -25,3 +28,19 @@ def native(test):
         return test(*args, **kwargs)
 
     return wrapper
+
+
+def with_and_without_native(script: str, tmp_path) -> tuple:
+    """Run ``script`` (``python -c``, writing an ``.npz`` to ``sys.argv[1]`` with a boolean
+    ``native``) under ``SIMLIB_NATIVE=1`` and ``=0``; check that the first used the native
+    kernels and the second did not, and return the two files' contents."""
+    out = {}
+    for flag in ("1", "0"):
+        path = tmp_path / f"native{flag}.npz"
+        run = subprocess.run([sys.executable, "-c", script, str(path)],
+                             env=dict(os.environ, SIMLIB_NATIVE=flag), capture_output=True,
+                             text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        out[flag] = np.load(path)
+    assert bool(out["1"]["native"]) and not bool(out["0"]["native"])
+    return out["1"], out["0"]

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _native_required import native
+from _native_required import native, with_and_without_native
 
 from simlib import particles as sp
 
@@ -301,16 +301,7 @@ _FALLBACK_SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 @native
 def test_water_equals_the_simlib_native_0_fallback(tmp_path):
-    out = {}
-    for flag in ("1", "0"):
-        path = tmp_path / f"native{flag}.npz"
-        run = subprocess.run([sys.executable, "-c", _FALLBACK_SCRIPT, str(path)],
-                             env=dict(os.environ, SIMLIB_NATIVE=flag), capture_output=True,
-                             text=True, timeout=600)
-        assert run.returncode == 0, run.stderr[-2000:]
-        out[flag] = np.load(path)
-    assert bool(out["1"]["native"]) and not bool(out["0"]["native"])
-    a, b = out["1"], out["0"]
+    a, b = with_and_without_native(_FALLBACK_SCRIPT, tmp_path)
     np.testing.assert_allclose(a["e"], b["e"], rtol=1e-12)
     np.testing.assert_allclose(a["f"], b["f"], atol=1e-11 * np.max(np.abs(b["f"])))
     np.testing.assert_allclose(a["w"], b["w"], rtol=1e-11)
