@@ -195,6 +195,7 @@ std::atomic<int64_t> sparse_lu_count{0};
 // consecutively, so the rows that carry most of the work have long runs.
 struct Runs {
   std::vector<int32_t> ptr, start, len;  // row k's runs: ptr[k] .. ptr[k + 1]
+  Runs() = default;
   Runs(const int32_t* fp, const int32_t* fi, const int32_t* diag, int64_t n) : ptr(n + 1, 0) {
     for (int64_t k = 0; k < n; ++k) {
       for (int32_t q = diag[k] + 1; q < fp[k + 1]; ++q) {
@@ -285,6 +286,7 @@ void SparseSolve(const T* lu, const int32_t* fp, const int32_t* fi, const int32_
 struct Pattern {
   int64_t n = 0, nnz = 0, na = 0;
   const int32_t *fp = nullptr, *fi = nullptr, *diag = nullptr, *position = nullptr;
+  Runs runs;  // of the factors' rows, built once at registration (not at every factorisation)
 };
 
 bool SameArray(const int32_t* a, const int32_t* b, int64_t size) {
@@ -338,7 +340,7 @@ ffi::Error SparseLUHandler(ffi::Buffer<DT> a, ffi::ResultBuffer<DT> lu,
     return ffi::Error::InvalidArgument("simlib_sparse_lu: info shape");
   const int32_t *fp = pat->fp, *fi = pat->fi, *diag = pat->diag;
   try {
-    const Runs runs(fp, fi, diag, n);
+    const Runs& runs = pat->runs;
 #pragma omp parallel if (batch > 1)
     {
       std::vector<T> work(n, T(0));
@@ -382,7 +384,7 @@ ffi::Error SparseLUMaskedHandler(ffi::Buffer<DT> a, ffi::Buffer<DT> old,
   const bool aliased = lu->typed_data() == old.typed_data();
   int64_t done = 0;
   try {
-    const Runs runs(fp, fi, diag, n);
+    const Runs& runs = pat->runs;
 #pragma omp parallel if (batch > 1) reduction(+ : done)
     {
       std::vector<T> work(n, T(0));
@@ -635,6 +637,7 @@ extern "C" int64_t simlib_sparse_register(int64_t key, int64_t n, int64_t nnz,
       return same ? 0 : -2;
     }
     if (!ValidPattern(*pat)) return -1;
+    pat->runs = Runs(fp, fi, diag, n);
     Registry().emplace(key, std::move(pat));
     return 1;
   } catch (...) {
