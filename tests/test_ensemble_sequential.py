@@ -92,6 +92,7 @@ def test_sequential_kernels_get_one_member_per_call():
     assert all(f"tensor<3x{nnz}xf64>" in c for c in vmap_calls), vmap_calls
 
 
+@pytest.mark.slow
 def test_sequential_failing_member_raises():
     f, pattern, n = _chain()
     ls = sl.SparseLU(pattern, kernel="native")
