@@ -108,8 +108,9 @@ def ensemble(fn: Callable[..., Any], in_axes: int | None | Sequence[int | None] 
             costs all members' work until the slowest is done, and a large sparse LU's
             factors (1 MB a member at 2,048 states) no longer stay in cache between a
             member's solves. On a CPU that made a 64-member ensemble of a 2,048-state stiff
-            PDE 2.4x slower than its members in turn (docs/pde.md). The in-graph failure
-            check (``throw=True``) then runs member by member and names no member.
+            PDE 3.1 times as costly as its members in turn (CPU seconds, docs/pde.md). The
+            in-graph failure check (``throw=True``) then runs member by member and names
+            no member.
 
     Returns:
         A function of the same positional arguments as ``fn``, whose outputs have a
