@@ -252,8 +252,10 @@ def single_thread_if_asked(argv: list[str]) -> bool:
     whether it did."""
     if "--single-thread" not in argv:
         return False
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
-                               "=false intra_op_parallelism_threads=1").strip()
+    # (a bare "intra_op_parallelism_threads=1" stood here: not an XLA flag, and XLA ignored
+    # every flag after it, such as a device count appended later)
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_cpu_multi_thread_eigen=false").strip()
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"
     return True
