@@ -10,6 +10,7 @@ one (:func:`molecular_pressure`).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, NamedTuple
 
 import jax
@@ -24,7 +25,7 @@ from ._dynamics import Carry, Integrator, inverse_mass, kinetic
 from ._energy import Energy, SumEnergy
 from ._neighbors import NeighborList, missing_pairs
 from ._settle import Settle, settle_positions, settle_velocities
-from ._space import Space
+from ._space import Space, box_checked_upstream
 from ._thermostats import bussi_kinetic, degrees_of_freedom
 
 
@@ -327,11 +328,36 @@ class StochasticCellRescaling(Integrator):
         return _molecular_virial(model.energy, model.space, x, f, params, nbrs, d,
                                  self.anisotropic)
 
-    def _thermostat(self, v, masses, nf, time, key, heat):
-        k = kinetic(v, masses)
+    def _energy_forces_virial(self, model, x, masses, params, nbrs, index):
+        """``(U, F, W)`` at ``x`` from one evaluation (:meth:`Energy.energy_forces_virial`:
+        one pass over the pairs for :func:`pair_energy`); ``W`` the (molecular) virial, its
+        diagonal when anisotropic."""
+        checked = box_checked_upstream() if model.box_checked else contextlib.nullcontext()
+        with checked:
+            e, f, w = model.energy.energy_forces_virial(x, params, nbrs,
+                                                        diagonal=self.anisotropic)
+        if self.constraints is not None:
+            d, _ = _molecular_parts(model.space, x, None, masses, *index)
+            w = w - (jnp.sum(d * f, axis=0) if self.anisotropic else jnp.sum(d * f))
+        return e, f, w
+
+    def _kinetic(self, v, masses):
+        """:math:`K` (``()``), or :math:`K_{aa}` (``(3,)``) when anisotropic: one reduction."""
+        if not self.anisotropic:
+            return kinetic(v, masses)
+        m = jnp.asarray(masses, v.dtype)
+        m = m[:, None] if m.ndim == 1 else m
+        return 0.5 * jnp.sum(m * v * v, axis=0)
+
+    def _thermostat(self, v, masses, nf, time, key, heat, k=None):
+        """Bussi rescaling over ``time``; returns ``(v, heat, alpha^2)``. ``k``: the
+        kinetic energy of ``v`` (or its diagonal), when known."""
+        k = self._kinetic(v, masses) if k is None else k
+        total = jnp.sum(k)
         c = jnp.exp(-time / jnp.asarray(self.tau_t, v.dtype))
-        new = bussi_kinetic(k, 0.5 * nf * jnp.asarray(self.kT, v.dtype), nf, c, key)
-        return jnp.sqrt(new / k) * v, heat + k - new
+        new = bussi_kinetic(total, 0.5 * nf * jnp.asarray(self.kT, v.dtype), nf, c, key)
+        scale2 = new / total
+        return jnp.sqrt(scale2) * v, heat + total - new, scale2
 
     # -- the integrator ------------------------------------------------------------------
     def init(self, model, carry: Carry, masses, params):
@@ -368,17 +394,23 @@ class StochasticCellRescaling(Integrator):
         old_space = Space(cell.box, True)
         settle = self.constraints
         # thermostat, the pressure at the step's start, half kick, drift (in the old box)
-        v, heat = self._thermostat(carry.velocities, masses, nf, half, k1, cell.heat)
+        volume = _volume(cell.box)
         if settle is None:
-            vc = v
+            # 2K after the thermostat is alpha^2 (2K before): no second reduction
+            k0 = self._kinetic(carry.velocities, masses)
+            v, heat, scale2 = self._thermostat(carry.velocities, masses, nf, half, k1,
+                                               cell.heat, k0)
+            two_k = 2.0 * scale2 * k0
         else:
+            v, heat, _ = self._thermostat(carry.velocities, masses, nf, half, k1, cell.heat)
             _, u = _molecular_parts(old_space, x0, v, masses, *index)
             vc = v - u
-        volume = _volume(cell.box)
+            two_k = (jnp.sum(vc * vc / inv_m, axis=0) if self.anisotropic
+                     else jnp.sum(vc * vc / inv_m))
         if self.anisotropic:
-            p_int = (jnp.sum(vc * vc / inv_m, axis=0) + cell.virial) / volume
+            p_int = (two_k + cell.virial) / volume
         else:
-            p_int = (jnp.sum(vc * vc / inv_m) + cell.virial) / (3.0 * volume)
+            p_int = (two_k + cell.virial) / (3.0 * volume)
         v = v + half * carry.forces * inv_m
         x1 = x0 + dt * v
         solved = cell.solved
@@ -409,14 +441,15 @@ class StochasticCellRescaling(Integrator):
         mu = jnp.exp(log_mu)
         box = mu * cell.box
         here = with_box(model, box)
-        k_before = kinetic(v, masses)
-        if settle is None:
+        if settle is None:     # K_aa scales by 1/mu_a^2 exactly: one reduction
+            d_kinetic = jnp.sum((1.0 / (mu * mu) - 1.0) * self._kinetic(v, masses))
             x, v = mu * x, v / mu
         else:                    # centres of mass scaled, each molecule moved rigidly
+            k_before = kinetic(v, masses)
             d, u = _molecular_parts(old_space, x, v, masses, *index)
             x = mu * x - (mu - 1.0) * d
             v = v / mu + (1.0 - 1.0 / mu) * u
-        d_kinetic = kinetic(v, masses) - k_before
+            d_kinetic = kinetic(v, masses) - k_before
         x = here.space.wrap(x)
         nbrs, build_box, builds = carry.neighbors, cell.build_box, cell.builds
         if nbrs is not None:
@@ -428,15 +461,14 @@ class StochasticCellRescaling(Integrator):
                                        jnp.where(fresh, jnp.inf, build_box))
             build_box = jnp.where(rebuilt, box, build_box)
             builds = nbrs.n_builds
-        e, f = here.energy_and_forces(x, params, nbrs)
+        e, f, virial = self._energy_forces_virial(here, x, masses, params, nbrs, index)
         v = v + half * f * inv_m
         if isinstance(settle, Rattle):
             v, ok = settle.constrain_velocities_on(here.space, x, v, masses)
             solved = solved & ok
         elif settle is not None:
             v = settle_velocities(here.space, x, v, settle.molecules, masses)
-        v, heat = self._thermostat(v, masses, nf, half, k2, heat)
-        virial = self._virial(here, x, f, masses, params, nbrs, index)
+        v, heat, _ = self._thermostat(v, masses, nf, half, k2, heat)
         # the energy this cell move removed: K and P0 V exactly, U to second order
         d_potential = -jnp.sum(jnp.broadcast_to(log_mu, jnp.shape(virial))
                                * 0.5 * (cell.virial + virial))
