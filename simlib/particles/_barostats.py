@@ -64,7 +64,17 @@ def follow_box(nbrs, positions, box, build_box):
     r2 = sum(moved.space.minimum_image(d[k], k) ** 2 for k in range(d.shape[0]))
     s = jnp.min(box / build_box)
     safe = 2.0 * jnp.sqrt(jnp.max(r2)) <= s * (nbrs.r_cut + nbrs.skin) - nbrs.r_cut
-    out = lax.cond(safe, lambda: moved, lambda: moved.build(positions))
+    # As in NeighborList.update: the kept list is the cond's false branch (XLA's branch 0),
+    # returned as it came, and the box move is applied after the cond. Otherwise (the kept
+    # list as the true branch) XLA copied the (n, capacity) indices twice a step,
+    # into the branch's result and back into the loop's carry (measured: 12.5 MB a step at
+    # 32,000 atoms, tests/test_npt.py checks the compiled loop).
+    out = lax.cond(~safe, lambda: moved.build(positions), lambda: nbrs)
+    out = out.replace(space=moved.space,
+                      reference_positions=jnp.where(safe, moved.reference_positions,
+                                                    out.reference_positions),
+                      cell_size=moved.cell_size,
+                      overflow=jnp.where(safe, moved.overflow, out.overflow))
     if nbrs.debug:
         out = out.replace(missed_pairs=out.missed_pairs + missing_pairs(out, positions))
     return out, ~safe
