@@ -539,6 +539,7 @@ def test_fused_virial_is_the_energy_derivative_under_box_scaling(mixed):
                                        atol=1e-12 * float(jnp.max(jnp.abs(f_ref))))
 
 
+@pytest.mark.slow
 def test_fused_virial_has_derivatives():
     """Gradients of the fused W_aa (the native kernel's custom_jvp rule) in epsilon and in
     the positions, against central differences of the same call."""

@@ -26,7 +26,7 @@ from ._energy import Energy, SumEnergy
 from ._neighbors import NeighborList, missing_pairs
 from ._settle import Settle, settle_positions, settle_velocities
 from ._space import Space, box_checked_upstream
-from ._thermostats import bussi_kinetic, degrees_of_freedom
+from ._thermostats import bussi_draws, bussi_kinetic_from, degrees_of_freedom
 
 
 def _volume(box):
@@ -359,13 +359,15 @@ class StochasticCellRescaling(Integrator):
         m = m[:, None] if m.ndim == 1 else m
         return 0.5 * jnp.sum(m * v * v, axis=0)
 
-    def _thermostat(self, v, masses, nf, time, key, heat, k=None):
-        """Bussi rescaling over ``time``; returns ``(v, heat, alpha^2)``. ``k``: the
-        kinetic energy of ``v`` (or its diagonal), when known."""
+    def _thermostat(self, v, masses, nf, time, draws, heat, k=None):
+        """Bussi rescaling over ``time`` with ``draws = (r1, s)`` (:func:`bussi_draws`);
+        returns ``(v, heat, alpha^2)``. ``k``: the kinetic energy of ``v`` (or its
+        diagonal), when known."""
         k = self._kinetic(v, masses) if k is None else k
         total = jnp.sum(k)
         c = jnp.exp(-time / jnp.asarray(self.tau_t, v.dtype))
-        new = bussi_kinetic(total, 0.5 * nf * jnp.asarray(self.kT, v.dtype), nf, c, key)
+        new = bussi_kinetic_from(total, 0.5 * nf * jnp.asarray(self.kT, v.dtype), nf, c,
+                                 *draws)
         scale2 = new / total
         return jnp.sqrt(scale2) * v, heat + total - new, scale2
 
@@ -397,7 +399,12 @@ class StochasticCellRescaling(Integrator):
         x0 = carry.positions
         nf = self._dof(x0)
         index = self._index(x0.shape[0])
-        k1, k2, k3 = jax.random.split(jax.random.fold_in(key, carry.step), 3)
+        # all the step's random numbers in two draws: the two thermostat half-steps' (r1, s)
+        # and the cell's noise (one normal, or three when anisotropic)
+        n_cell = 3 if self.anisotropic else 1
+        normals, s = bussi_draws(jax.random.fold_in(key, carry.step), nf, 2, n_cell,
+                                 carry.velocities.dtype)
+        first, second, z = (normals[0], s[0]), (normals[1], s[1]), normals[2:]
         cell = carry.extra
         half = 0.5 * dt
         inv_m = inverse_mass(masses, carry.velocities)
@@ -408,11 +415,11 @@ class StochasticCellRescaling(Integrator):
         if settle is None:
             # 2K after the thermostat is alpha^2 (2K before): no second reduction
             k0 = self._kinetic(carry.velocities, masses)
-            v, heat, scale2 = self._thermostat(carry.velocities, masses, nf, half, k1,
+            v, heat, scale2 = self._thermostat(carry.velocities, masses, nf, half, first,
                                                cell.heat, k0)
             two_k = 2.0 * scale2 * k0
         else:
-            v, heat, _ = self._thermostat(carry.velocities, masses, nf, half, k1, cell.heat)
+            v, heat, _ = self._thermostat(carry.velocities, masses, nf, half, first, cell.heat)
             _, u = _molecular_parts(old_space, x0, v, masses, *index)
             vc = v - u
             two_k = (jnp.sum(vc * vc / inv_m, axis=0) if self.anisotropic
@@ -441,11 +448,10 @@ class StochasticCellRescaling(Integrator):
         p0 = jnp.asarray(self.pressure, dtype)
         if self.anisotropic:
             rate = beta / (3.0 * tau_p)
-            z = jax.random.normal(k3, (3,), dtype)
             log_mu = (-rate * (p0 - p_int - kT / volume) * dt
                       + jnp.sqrt(2.0 * kT * rate * dt / volume) * z)
         else:
-            z = jax.random.normal(k3, (), dtype)
+            z = z[0]
             log_mu = (-beta / tau_p * (p0 - p_int - kT / volume) * dt
                       + jnp.sqrt(2.0 * kT * beta * dt / (volume * tau_p)) * z) / 3.0
         mu = jnp.exp(log_mu)
@@ -478,7 +484,7 @@ class StochasticCellRescaling(Integrator):
             solved = solved & ok
         elif settle is not None:
             v = settle_velocities(here.space, x, v, settle.molecules, masses)
-        v, heat, _ = self._thermostat(v, masses, nf, half, k2, heat)
+        v, heat, _ = self._thermostat(v, masses, nf, half, second, heat)
         # the energy this cell move removed: K and P0 V exactly, U to second order
         d_potential = -jnp.sum(jnp.broadcast_to(log_mu, jnp.shape(virial))
                                * 0.5 * (cell.virial + virial))
