@@ -612,14 +612,16 @@ def _lj_ffi(config, positions, idx, sigma, epsilon, box):
         epsilon = MIXING_RULES["epsilon"](epsilon, epsilon)[None]
     else:                                          # Lorentz-Berthelot in the kernel
         sigma, epsilon = jnp.broadcast_to(sigma, (n,)), jnp.broadcast_to(epsilon, (n,))
-    name = "simlib_lj_f32" if positions.dtype == jnp.float32 else "simlib_lj_f64"
+    kind = "simlib_lj_diag" if diagonal else "simlib_lj"    # W_aa (3,), or W
+    name = kind + ("_f32" if positions.dtype == jnp.float32 else "_f64")
     call = jax.ffi.ffi_call(
         name, (jax.ShapeDtypeStruct(positions.shape, positions.dtype),
                jax.ShapeDtypeStruct((), positions.dtype),
-               jax.ShapeDtypeStruct((4,), positions.dtype)), vmap_method="sequential")
+               jax.ShapeDtypeStruct((3,) if diagonal else (), positions.dtype)),
+        vmap_method="sequential")
     forces, e, w = call(positions, idx, sigma, epsilon, box, r_cut=float(r_cut),
-                        shift=int(shift), periodic=int(periodic), diagonal=int(diagonal))
-    return e, forces, (w[1:] if diagonal else w[0])      # w: W, W_xx, W_yy, W_zz
+                        shift=int(shift), periodic=int(periodic))
+    return e, forces, w
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))

@@ -10,7 +10,7 @@
 // (W, the pair virial, is the pressure's share of the forces, P = (2K + W) / (3V), and
 // W_aa the diagonal of the virial tensor, P_aa = (2K_aa + W_aa) / V, for an orthorhombic
 // barostat; both come out of the same pass over the pairs, so a constant-pressure step
-// visits its pairs once. The diagonal is summed only when asked for (`diagonal` = 1, a
+// visits its pairs once. The diagonal is summed only by the simlib_lj_diag targets (a
 // separate instantiation of the loops), so the plain force call pays nothing for it.)
 // (Lennard-Jones, Proc. R. Soc. A 106, 463 (1924); truncation and shift as in Allen &
 // Tildesley, Computer Simulation of Liquids, 2nd ed. (2017), section 1.6.) The list is the
@@ -222,13 +222,15 @@ void Dispatch(bool periodic, bool mixed, const T* x, const int32_t* nb, int64_t 
 
 }  // namespace
 
-template <typename T, ffi::DataType DT>
+// Diag = false: `virial` is the scalar W (target simlib_lj_f32/f64); Diag = true: it is the
+// diagonal (W_xx, W_yy, W_zz) (target simlib_lj_diag_f32/f64).
+template <typename T, ffi::DataType DT, bool Diag>
 static ffi::Error LennardJones(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> neighbors,
                                ffi::Buffer<DT> sigma, ffi::Buffer<DT> epsilon,
                                ffi::Buffer<DT> box, ffi::ResultBuffer<DT> forces,
                                ffi::ResultBuffer<DT> energy, ffi::ResultBuffer<DT> virial,
                                double r_cut, int64_t shift,
-                               int64_t periodic, int64_t diagonal) {
+                               int64_t periodic) {
   const auto dims = positions.dimensions();
   if (dims.size() != 2 || dims[1] != 3) {
     return ffi::Error::InvalidArgument("simlib_lj: positions must have shape (n, 3)");
@@ -243,10 +245,10 @@ static ffi::Error LennardJones(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> 
   const bool mixed = ns == static_cast<size_t>(n) && n > 1;
   if (ns != ne || !(ns == 1 || ns == static_cast<size_t>(n)) || box.element_count() < 3 ||
       forces->element_count() != static_cast<size_t>(3 * n) || energy->element_count() < 1 ||
-      virial->element_count() != 4) {
+      (Diag ? virial->element_count() != 3 : virial->element_count() < 1)) {
     return ffi::Error::InvalidArgument("simlib_lj: need sigma and epsilon both (1,) or both "
                                        "(n,), box (3,), forces (n, 3), a scalar energy and "
-                                       "a virial (4,): W, W_xx, W_yy, W_zz");
+                                       "a scalar virial (its diagonal (3,) for simlib_lj_diag)");
   }
   if (!(r_cut > 0.0) || !std::isfinite(r_cut)) {
     return ffi::Error::InvalidArgument("simlib_lj: r_cut must be positive and finite");
@@ -254,7 +256,7 @@ static ffi::Error LennardJones(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> 
   T* vout = virial->typed_data();
   if (n == 0) {
     energy->typed_data()[0] = T(0);
-    for (int k = 0; k < 4; ++k) vout[k] = T(0);
+    for (int k = 0; k < (Diag ? 3 : 1); ++k) vout[k] = T(0);
     return ffi::Error::Success();
   }
   const T rc2 = static_cast<T>(r_cut * r_cut);
@@ -268,21 +270,21 @@ static ffi::Error LennardJones(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> 
     const T* bx = box.typed_data();
     T* out = forces->typed_data();
     const bool sh = shift != 0;
-    if (diagonal != 0) {
-      Dispatch<T, true>(periodic != 0, mixed, x, nb, n, cap, sg, ep, bx, rc2, sh, out, e, vir);
-    } else {
-      Dispatch<T, false>(periodic != 0, mixed, x, nb, n, cap, sg, ep, bx, rc2, sh, out, e, vir);
-    }
+    Dispatch<T, Diag>(periodic != 0, mixed, x, nb, n, cap, sg, ep, bx, rc2, sh, out, e, vir);
   } catch (const std::exception& err) {     // never let an exception cross the FFI
     return ffi::Error(ffi::ErrorCode::kResourceExhausted, std::string("simlib_lj: ") + err.what());
   }
   energy->typed_data()[0] = static_cast<T>(e);
-  for (int k = 0; k < 4; ++k) vout[k] = static_cast<T>(vir[k]);
+  if constexpr (Diag) {
+    for (int k = 0; k < 3; ++k) vout[k] = static_cast<T>(vir[k + 1]);
+  } else {
+    vout[0] = static_cast<T>(vir[0]);
+  }
   return ffi::Error::Success();
 }
 
-#define SIMLIB_LJ_HANDLER(NAME, T, DT)                                          \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (LennardJones<T, DT>),                    \
+#define SIMLIB_LJ_HANDLER(NAME, T, DT, DIAG)                                    \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (LennardJones<T, DT, DIAG>),              \
                                 ffi::Ffi::Bind()                                \
                                     .Arg<ffi::Buffer<DT>>()                     \
                                     .Arg<ffi::Buffer<ffi::S32>>()               \
@@ -294,8 +296,9 @@ static ffi::Error LennardJones(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> 
                                     .Ret<ffi::Buffer<DT>>()                     \
                                     .Attr<double>("r_cut")                      \
                                     .Attr<int64_t>("shift")                     \
-                                    .Attr<int64_t>("periodic")            \
-                                    .Attr<int64_t>("diagonal"));
+                                    .Attr<int64_t>("periodic"));
 
-SIMLIB_LJ_HANDLER(simlib_lj_f32, float, ffi::F32)
-SIMLIB_LJ_HANDLER(simlib_lj_f64, double, ffi::F64)
+SIMLIB_LJ_HANDLER(simlib_lj_f32, float, ffi::F32, false)
+SIMLIB_LJ_HANDLER(simlib_lj_f64, double, ffi::F64, false)
+SIMLIB_LJ_HANDLER(simlib_lj_diag_f32, float, ffi::F32, true)
+SIMLIB_LJ_HANDLER(simlib_lj_diag_f64, double, ffi::F64, true)
