@@ -6,7 +6,8 @@ LJ float32, r_cut 2.5, density 0.8442, from the fcc lattice melted by ``--melt``
 at T 1.44; cells ``cell_list(capacity=40, skin=0.3, shell="half")`` (what ``pair_search``
 builds on accelerators). Rows: one ``energy_and_forces`` over the cells, one build (the
 sort by cell), and ``simulate`` for ``--steps`` NVE steps with its number of builds. Warm-up
-first, best of ``--repeats``, compile time apart.
+first, best of ``--repeats``, compile time apart. ``--block-elements`` times the force pass
+at each chunk size of the cell pass (``_cells.BLOCK_ELEMENTS``: pair slots per chunk).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import best_of  # noqa: E402
 
 import simlib.particles as sp  # noqa: E402
+from simlib.particles import _cells  # noqa: E402
 
 
-def split(n_cells: int, melt: int, steps: int, repeats: int) -> dict:
+def split(n_cells: int, melt: int, steps: int, repeats: int, block_elements=()) -> dict:
     pos, box = sp.lattice(n_cells, 0.8442)
     n = pos.shape[0]
     x = jnp.asarray(np.mod(np.asarray(pos), box), jnp.float32)
@@ -52,7 +54,18 @@ def split(n_cells: int, melt: int, steps: int, repeats: int) -> dict:
     v = jnp.asarray(sp.maxwell_boltzmann(1.0, 1.0, key=jax.random.key(3), n=n), jnp.float32)
     force = jax.jit(energy.energy_and_forces)
     build = jax.jit(lambda c, x: c.build(x).slot_atom)
-    out = dict(n=n, grid=list(c.grid), capacity=c.capacity, melt_steps=melt, melt_s=melt_s)
+    out = dict(n=n, grid=list(c.grid), capacity=c.capacity, melt_steps=melt, melt_s=melt_s,
+               block_elements=_cells.BLOCK_ELEMENTS)
+    default = _cells.BLOCK_ELEMENTS
+    for b in block_elements:
+        _cells.BLOCK_ELEMENTS = b
+        pass_b = jax.jit(lambda x, params, c: energy.energy_and_forces(x, params, c))  # a new
+        t = best_of(lambda f=pass_b: f(x, params, c), repeats=repeats)     # trace per size
+        chunks = -(-c.capacity ** 2 * c.n_cells // b)
+        out[f"force pass, {chunks} chunks"] = dict(best_s=t.best, first_s=t.warmup,
+                                                   block_elements=b)
+        print(f"{n:>9,} force pass, {chunks:3d} chunks {1e3 * t.best:9.2f} ms", flush=True)
+    _cells.BLOCK_ELEMENTS = default
     for name, fn in (("force pass", lambda: force(x, params, c)),
                      ("build (sort)", lambda: build(c, x)),
                      (f"simulate {steps} steps", lambda: run(x, v, c, steps))):
@@ -75,9 +88,10 @@ def main() -> None:
     ap.add_argument("--melt", type=int, default=100)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--block-elements", type=int, nargs="*", default=[])
     ap.add_argument("--json")
     a = ap.parse_args()
-    rows = [split(k, a.melt, a.steps, a.repeats) for k in a.cells]
+    rows = [split(k, a.melt, a.steps, a.repeats, a.block_elements) for k in a.cells]
     if a.json:
         Path(a.json).write_text(json.dumps(dict(backend=jax.default_backend(), rows=rows),
                                            indent=1))

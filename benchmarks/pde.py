@@ -305,8 +305,14 @@ def run_in_process(spec: dict, single_thread: bool, timeout: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
     if single_thread:
         cmd.append("--single-thread")
+    env = dict(os.environ)
+    if spec.get("contender") in ENSEMBLE_TWO_DEVICES:
+        # first: XLA stops reading its flags at --single-thread's bare
+        # "intra_op_parallelism_threads=1" (the device count after it was ignored)
+        env["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=2 "
+                            + env.get("XLA_FLAGS", "")).strip()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as err:
         out = dict(ok=False, message=f"timed out after {timeout:.0f} s")
         stderr = err.stderr.decode() if isinstance(err.stderr, bytes) else err.stderr or ""
@@ -336,7 +342,10 @@ def lu_probe(prob: ref.PDEProblem) -> dict:
 
 
 ENSEMBLE_CONTENDERS = ("scipy BDF loop", "simlib BDF (sparse) vmap",
+                       "simlib BDF (sparse) sequential", "simlib BDF (sparse) sequential x2",
                        "simlib BDF (Krylov 1e-4) vmap", "simlib BDF (Krylov) vmap")
+# contenders run on two CPU devices (XLA's host platform split in two: one thread each)
+ENSEMBLE_TWO_DEVICES = ("simlib BDF (sparse) sequential x2",)
 ENSEMBLE_KEPT = 8  # members whose final states come back, for the errors
 
 
@@ -375,6 +384,8 @@ def ensemble_worker(spec: dict) -> dict:
     else:
         linear_solver = {
             "simlib BDF (sparse) vmap": sl.SparseLU(prob.sparsity),
+            "simlib BDF (sparse) sequential": sl.SparseLU(prob.sparsity),
+            "simlib BDF (sparse) sequential x2": sl.SparseLU(prob.sparsity),
             "simlib BDF (Krylov) vmap": sl.NewtonKrylov("ilu0", prob.sparsity),
             "simlib BDF (Krylov 1e-4) vmap": sl.NewtonKrylov("ilu0", prob.sparsity,
                                                              rtol=KRYLOV_LOOSE_RTOL),
@@ -387,13 +398,16 @@ def ensemble_worker(spec: dict) -> dict:
                            linear_solver=linear_solver)
             return sol.ys[-1], sol.stats["num_accepted"], sol.result
 
-        compiled, compile_s = compile_jit(jax.vmap(member), jnp.asarray(params))
+        batched = (sl.ensemble(member, sequential=True, gather=True) if "sequential" in name
+                   else jax.vmap(member))
+        compiled, compile_s = compile_jit(batched, jnp.asarray(params))
         jax.block_until_ready(compiled(jnp.asarray(params)))  # warm-up
         with Timer() as clock:
             value, secs = timed(lambda: compiled(jnp.asarray(params)))
         y, steps, result = (np.asarray(x) for x in value)
         finals = list(y[:ENSEMBLE_KEPT])
         out.update(seconds_64=secs, cpu_64=clock.cpu, compile=compile_s,
+                   devices=len(jax.devices()),
                    steps=steps.tolist(),
                    ok=bool(np.all(result == 0)), failed=int(np.sum(result != 0)))
     out.update(finals=[np.asarray(f).tolist() for f in finals[:ENSEMBLE_KEPT]],
@@ -561,6 +575,8 @@ def report(results: dict) -> str:
             lines.append(f"  {cname:32s} {fmt_s(r['seconds_64']):>9s}  speed-up {speed:>7s}  "
                          f"error {_fmt_err(r.get('error'))}  steps {min(steps)}-{max(steps)}  "
                          f"peak {r.get('rss_peak_mb', 0):.0f} MB  {how}"
+                         + (f"  on {r['devices']} CPU devices" if r.get("devices", 1) > 1
+                            else "")
                          + (f"  FAILED members {r['failed']}" if r.get("failed") else ""))
     elif ens:
         lines.append(f"ensemble baseline: {ens['members']} parameter sets of bruss2d_32 at "

@@ -4,6 +4,10 @@ Each device runs ``jax.vmap(fn)`` on its own slice of the members inside one
 ``jax.shard_map``: its loops (an adaptive solve's ``while_loop``) stop when its own
 slowest member is done, with no collective per step, and the in-graph failure check
 (``throw=True``) runs on each device's slice. Padding makes any member count fit the mesh.
+With ``sequential=True`` each device runs its members one after another (``lax.map``)
+instead: no member waits for another's steps or Newton iterations, at the price of no
+vectorisation across members (the better choice for large sparse implicit solves on a CPU,
+docs/pde.md).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -72,7 +77,8 @@ def _pad(x, n_pad: int):
 
 
 def ensemble(fn: Callable[..., Any], in_axes: int | None | Sequence[int | None] = 0, *,
-             mesh: Mesh | None = None, gather: bool = False) -> Callable[..., Any]:
+             mesh: Mesh | None = None, gather: bool = False,
+             sequential: bool = False) -> Callable[..., Any]:
     """``jax.vmap(fn, in_axes)``, jitted, with the members sharded over ``mesh``.
 
     ``fn`` maps one member's arguments to a pytree of arrays (a :class:`~simlib.Solution`,
@@ -96,6 +102,15 @@ def ensemble(fn: Callable[..., Any], in_axes: int | None | Sequence[int | None] 
         gather: Return the results replicated on every device (so that ``np.asarray``
             works in every process) instead of sharded over the mesh along the member
             axis (``NamedSharding(mesh, PartitionSpec(axes))``, the default).
+        sequential: Run each device's members one at a time (``lax.map``, in one compiled
+            program) instead of ``vmap``-ed together. Under ``vmap`` an adaptive solve's
+            members step in lockstep: every batched step, and every Newton iteration in it,
+            costs all members' work until the slowest is done, and a large sparse LU's
+            factors (1 MB a member at 2,048 states) no longer stay in cache between a
+            member's solves. On a CPU that made a 64-member ensemble of a 2,048-state stiff
+            PDE 3.1 times as costly as its members in turn (CPU seconds, docs/pde.md). The
+            in-graph failure check (``throw=True``) then runs member by member and names
+            no member.
 
     Returns:
         A function of the same positional arguments as ``fn``, whose outputs have a
@@ -122,16 +137,34 @@ def ensemble(fn: Callable[..., Any], in_axes: int | None | Sequence[int | None] 
         axes = _normalise_in_axes(in_axes, len(args))
         n = _member_count(args, axes)
         m = ensemble_mesh() if mesh is None else mesh
-        return _run(fn, axes, m, bool(gather), n, *args)
+        return _run(fn, axes, m, bool(gather), bool(sequential), n, *args)
 
     return run
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
-def _run(fn, in_axes, mesh: Mesh, gather: bool, n: int, *args):
+def _in_turn(fn: Callable[..., Any], in_axes: tuple[int | None, ...]) -> Callable[..., Any]:
+    """``jax.vmap(fn, in_axes)``'s result with the members run one at a time
+    (``lax.map`` over the batched arguments; the shared ones are closed over)."""
+
+    def run(*args):
+        batched = tuple(a for a, ax in zip(args, in_axes, strict=True) if ax == 0)
+
+        def one(member):
+            it = iter(member)
+            return fn(*(next(it) if ax == 0 else a for a, ax in zip(args, in_axes,
+                                                                   strict=True)))
+
+        return lax.map(one, batched)
+
+    return run
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5))
+def _run(fn, in_axes, mesh: Mesh, gather: bool, sequential: bool, n: int, *args):
     names = tuple(mesh.axis_names)
     member = P(names)
     n_dev = mesh.size
+    batch = _in_turn(fn, in_axes) if sequential else jax.vmap(fn, in_axes=in_axes)
     if n == 0:  # nothing to split: plain vmap
         return jax.vmap(fn, in_axes=in_axes)(*args)
     n_pad = -n % n_dev
@@ -141,7 +174,7 @@ def _run(fn, in_axes, mesh: Mesh, gather: bool, n: int, *args):
         leaves, tree = jax.tree_util.tree_flatten(arg)
         leaves = [place(x if ax is None else _pad(x, n_pad), mesh, spec) for x in leaves]
         padded.append(jax.tree_util.tree_unflatten(tree, leaves))
-    per_device = shard_map(jax.vmap(fn, in_axes=in_axes), mesh, in_specs, member)
+    per_device = shard_map(batch, mesh, in_specs, member)
     # each device's failure candidate is shared over the mesh, so that every process
     # raises (not only the one holding the failing member, leaving the others blocked)
     with failure_check_shared_over(mesh):

@@ -133,3 +133,46 @@ def test_a_pickled_solver_solves_alike():
         return solver.solve(fac, b)
 
     np.testing.assert_array_equal(run(clone, jnp.asarray(jac)), run(ls, jnp.asarray(jac)))
+
+
+def _ilu0_dense(a: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """ILU(0) by the textbook IKJ loop on a dense copy (Saad 2003, Algorithm 10.3): updates
+    outside ``keep`` are dropped. The L (unit diagonal, strict lower) and U in one array."""
+    lu = a.copy()
+    n = a.shape[0]
+    for i in range(1, n):
+        for k in range(i):
+            if not keep[i, k]:
+                continue
+            lu[i, k] /= lu[k, k]
+            for j in range(k + 1, n):
+                if keep[i, j]:
+                    lu[i, j] -= lu[i, k] * lu[k, j]
+    return np.where(keep, lu, 0.0)
+
+
+def test_a_symbolic_fill_is_closed_and_a_chordless_cycle_is_not():
+    # The kernel skips the per-entry pattern check only on a closed pattern (registration
+    # checks it). A symbolic fill is closed; a 4-cycle (0-1-2-3-0, no chord: not closed
+    # under elimination) is not, and its ILU(0), which must drop the fill entry (1, 3) and
+    # (3, 1), equals the textbook ILU(0) on a dense copy, not the exact LU
+    pattern, *_ = pattern_and_values(4)
+    sym = Sparse(pattern, kernel="native").symbolic()
+    assert _kernels.pattern_is_closed(_kernels.pattern_key(sym))
+    cycle = sp.csr_matrix(np.eye(4) + np.roll(np.eye(4), 1, 1) + np.roll(np.eye(4), -1, 1))
+    cycle.sort_indices()
+    ilu = SymbolicLU(Sparse(cycle, kernel="native")._pattern(), "natural", fill=False)
+    key = _kernels.pattern_key(ilu)
+    assert not _kernels.pattern_is_closed(key)
+    a = np.where(cycle.toarray() > 0, np.random.default_rng(5).normal(size=(4, 4)), 0.0)
+    a += 4 * np.eye(4)
+    vals = np.zeros(ilu.nnz)
+    rows, cols = cycle.nonzero()
+    vals[ilu.position] = a[np.sort(rows), cols[np.lexsort((cols, rows))]]
+    lu, info = jax.jit(lambda v: _kernels.sparse_lu_native(v, key))(jnp.asarray(vals))
+    assert int(info) == 0
+    got = sp.csr_matrix((np.asarray(lu), ilu.fi, ilu.fp), shape=(4, 4)).toarray()
+    np.testing.assert_allclose(got, _ilu0_dense(a, cycle.toarray() > 0), rtol=1e-14,
+                               atol=1e-14)
+    with pytest.raises(KeyError):
+        _kernels.pattern_is_closed(12345)

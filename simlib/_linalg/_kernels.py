@@ -171,6 +171,20 @@ def _register(key: int, fp, fi, diag, position) -> int:
     return int(status)
 
 
+def pattern_is_closed(key: int) -> bool:
+    """Whether the pattern registered under ``key`` is closed under elimination (checked
+    by the library at registration: structurally symmetric, its order a perfect
+    elimination ordering), so that its LU updates every entry of a row without checking
+    that the row holds it. A symbolic fill is; ILU(0)'s pattern usually is not."""
+    _require()
+    f = load().simlib_sparse_pattern_closed
+    f.restype = ctypes.c_int64
+    status = int(f(ctypes.c_int64(key)))
+    if status < 0:
+        raise KeyError(f"no sparse pattern registered under key {key}")
+    return bool(status)
+
+
 def registered_patterns() -> int:
     """The number of patterns registered with the native library in this process."""
     _require()

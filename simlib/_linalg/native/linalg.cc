@@ -208,16 +208,39 @@ struct Runs {
   }
 };
 
-template <typename T>
-int32_t SparseLU(const T* a, const int32_t* fp, const int32_t* fi, const int32_t* diag,
-                 const Runs& runs, int64_t n, T* lu, std::vector<T>& work,
-                 std::vector<int32_t>& mark) {
+// Row k's update of the work row w (row i), by runs. Closed: every column of row k's
+// strict upper part is in row i's pattern (a closed fill, Pattern::closed), so no entry is
+// checked; otherwise (ILU(0)) only the columns marked with row i are updated.
+template <typename T, bool Closed>
+inline void UpdateRow(T* w, const int32_t* m, int32_t ii, T lik, const T* lu,
+                      const int32_t* fi, const Runs& runs, int32_t k) {
+  for (int32_t r = runs.ptr[k]; r < runs.ptr[k + 1]; ++r) {
+    const int32_t q0 = runs.start[r], len = runs.len[r], j0 = fi[q0];
+    T* __restrict__ wj = w + j0;
+    const T* __restrict__ u = lu + q0;
+    if (Closed) {
+#pragma omp simd
+      for (int32_t t = 0; t < len; ++t) wj[t] -= lik * u[t];
+    } else {
+      const int32_t* mj = m + j0;
+      for (int32_t t = 0; t < len; ++t) wj[t] -= (mj[t] == ii ? lik : T(0)) * u[t];
+    }
+  }
+}
+
+template <typename T, bool Closed>
+int32_t SparseLUImpl(const T* a, const int32_t* fp, const int32_t* fi, const int32_t* diag,
+                     const Runs& runs, int64_t n, T* lu, std::vector<T>& work,
+                     std::vector<int32_t>& mark) {
   int32_t info = 0;
   T* w = work.data();
-  const int32_t* m = mark.data();
+  int32_t* m = mark.data();
   for (int64_t i = 0; i < n; ++i) {
     const int32_t ii = static_cast<int32_t>(i);
-    for (int32_t p = fp[i]; p < fp[i + 1]; ++p) { w[fi[p]] = a[p]; mark[fi[p]] = ii; }
+    for (int32_t p = fp[i]; p < fp[i + 1]; ++p) {
+      w[fi[p]] = a[p];
+      if (!Closed) m[fi[p]] = ii;
+    }
     for (int32_t p = fp[i]; p < diag[i]; ++p) {  // k < i, ascending
       const int32_t k = fi[p];
       const T ukk = lu[diag[k]];
@@ -226,19 +249,21 @@ int32_t SparseLU(const T* a, const int32_t* fp, const int32_t* fi, const int32_t
       if (lik == T(0)) continue;
       // a_ij -= l_ik u_kj for the j of row k that row i's pattern holds (all of them
       // when F is the closed fill; ILU(0) drops the others)
-      for (int32_t r = runs.ptr[k]; r < runs.ptr[k + 1]; ++r) {
-        const int32_t q0 = runs.start[r], len = runs.len[r], j0 = fi[q0];
-        T* wj = w + j0;
-        const int32_t* mj = m + j0;
-        const T* u = lu + q0;
-        for (int32_t t = 0; t < len; ++t) wj[t] -= (mj[t] == ii ? lik : T(0)) * u[t];
-      }
+      UpdateRow<T, Closed>(w, m, ii, lik, lu, fi, runs, k);
     }
     for (int32_t p = fp[i]; p < fp[i + 1]; ++p) { lu[p] = w[fi[p]]; w[fi[p]] = T(0); }
     const T piv = lu[diag[i]];
     if (info == 0 && (piv == T(0) || !std::isfinite(piv))) info = static_cast<int32_t>(i + 1);
   }
   return info;
+}
+
+template <typename T>
+int32_t SparseLU(const T* a, const int32_t* fp, const int32_t* fi, const int32_t* diag,
+                 const Runs& runs, bool closed, int64_t n, T* lu, std::vector<T>& work,
+                 std::vector<int32_t>& mark) {
+  return closed ? SparseLUImpl<T, true>(a, fp, fi, diag, runs, n, lu, work, mark)
+                : SparseLUImpl<T, false>(a, fp, fi, diag, runs, n, lu, work, mark);
 }
 
 // sum_p lu[p] x[fi[p]] over p in [begin, end), in four partial sums: the rows of the
@@ -287,6 +312,7 @@ struct Pattern {
   int64_t n = 0, nnz = 0, na = 0;
   const int32_t *fp = nullptr, *fi = nullptr, *diag = nullptr, *position = nullptr;
   Runs runs;  // of the factors' rows, built once at registration (not at every factorisation)
+  bool closed = false;  // elimination on F creates no entry outside F (Closed, at registration)
 };
 
 bool SameArray(const int32_t* a, const int32_t* b, int64_t size) {
@@ -321,6 +347,33 @@ bool ValidPattern(const Pattern& p) {
   return true;
 }
 
+// Whether elimination on F (a valid pattern) stays inside F, so that the factorisation
+// needs no check per entry. True when F is structurally symmetric and its order is a
+// perfect elimination ordering of F's graph: for every k, the higher neighbours of k
+// other than the first, p, are neighbours of p (Rose, Tarjan and Lueker, SIAM J. Comput.
+// 5, 1976, 266-283: then the higher neighbours of every k form a clique, so row k's update
+// of row i, for i and j both above k, finds j in row i). The symbolic fill of a symmetric
+// pattern (simlib_symbolic_fill) has this property; ILU(0)'s pattern usually does not.
+// O(nnz log) by binary searches in the sorted rows.
+bool InRow(const int32_t* fp, const int32_t* fi, int32_t row, int32_t col) {
+  return std::binary_search(fi + fp[row], fi + fp[row + 1], col);
+}
+
+bool ClosedPattern(const Pattern& p) {
+  const int32_t *fp = p.fp, *fi = p.fi, *diag = p.diag;
+  for (int64_t i = 0; i < p.n; ++i)
+    for (int32_t q = fp[i]; q < fp[i + 1]; ++q)
+      if (!InRow(fp, fi, fi[q], static_cast<int32_t>(i))) return false;
+  for (int64_t k = 0; k < p.n; ++k) {
+    const int32_t first = diag[k] + 1;
+    if (first >= fp[k + 1]) continue;
+    const int32_t parent = fi[first];
+    for (int32_t q = first + 1; q < fp[k + 1]; ++q)
+      if (!InRow(fp, fi, parent, fi[q])) return false;
+  }
+  return true;
+}
+
 ffi::Error Unknown(const char* who) {
   return ffi::Error::InvalidArgument(std::string(who) +
                                      ": sparse pattern not registered in this process");
@@ -348,8 +401,9 @@ ffi::Error SparseLUHandler(ffi::Buffer<DT> a, ffi::ResultBuffer<DT> lu,
 #pragma omp for schedule(dynamic, 1)
       for (int64_t k = 0; k < batch; ++k) {
         std::fill(mark.begin(), mark.end(), -1);
-        info->typed_data()[k] = SparseLU<T>(a.typed_data() + k * nnz, fp, fi, diag, runs, n,
-                                            lu->typed_data() + k * nnz, work, mark);
+        info->typed_data()[k] = SparseLU<T>(a.typed_data() + k * nnz, fp, fi, diag, runs,
+                                            pat->closed, n, lu->typed_data() + k * nnz,
+                                            work, mark);
       }
     }
   } catch (const std::exception& err) {
@@ -404,7 +458,7 @@ ffi::Error SparseLUMaskedHandler(ffi::Buffer<DT> a, ffi::Buffer<DT> old,
         std::fill(mark.begin(), mark.end(), -1);
         // in place: row i's values are read into work before row i of the factors is
         // written, and rows k < i are already factors
-        int32_t status = SparseLU<T>(out, fp, fi, diag, runs, n, out, work, mark);
+        int32_t status = SparseLU<T>(out, fp, fi, diag, runs, pat->closed, n, out, work, mark);
         if (status == 0)  // a non-finite factor off the diagonal: n + 1
           for (int64_t p = 0; p < nnz; ++p)
             if (!std::isfinite(out[p])) { status = static_cast<int32_t>(n + 1); break; }
@@ -638,11 +692,19 @@ extern "C" int64_t simlib_sparse_register(int64_t key, int64_t n, int64_t nnz,
     }
     if (!ValidPattern(*pat)) return -1;
     pat->runs = Runs(fp, fi, diag, n);
+    pat->closed = ClosedPattern(*pat);
     Registry().emplace(key, std::move(pat));
     return 1;
   } catch (...) {
     return -3;
   }
+}
+
+// 1 if the pattern under key is closed (its factorisation checks no entry), 0 if not, -1 if
+// no pattern is registered under key (for tests).
+extern "C" int64_t simlib_sparse_pattern_closed(int64_t key) {
+  const std::shared_ptr<const Pattern> pat = FindPattern(key);
+  return pat ? static_cast<int64_t>(pat->closed) : -1;
 }
 
 // The number of registered patterns (for tests).
