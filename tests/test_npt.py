@@ -11,6 +11,7 @@ the Johnson-Zollweg-Gubbins equation of state, and the cubic symmetry of an fcc 
 """
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -454,3 +455,162 @@ def test_neighbour_cells_follow_an_orthorhombic_box():
     assert np.all(boxes[-1] < 0.95 * boxes[0]) and np.ptp(boxes[-1]) > 0.1, boxes[-1]
     assert int(traj.stats["n_reallocations"]) >= 1
     assert int(traj.neighbors.missed_pairs) == 0
+
+
+# -- one pass over the pairs: the fused virial -------------------------------------------
+
+def _lj_box_system(mixed):
+    """A perturbed fcc block of 256 atoms in an orthorhombic box (float64)."""
+    x, box = sp.lattice(4, 0.8442, dtype=jnp.float64)
+    sides = jnp.asarray([1.0, 1.07, 0.96]) * box
+    x = x * sides / box + jnp.asarray(np.random.default_rng(3).normal(scale=0.07,
+                                                                      size=x.shape))
+    space = sp.periodic(sides)
+    x = space.wrap(x)
+    n = x.shape[0]
+    if mixed:
+        kind = np.arange(n) % 3 == 0
+        params = dict(sigma=jnp.asarray(np.where(kind, 1.08, 0.97)),
+                      epsilon=jnp.asarray(np.where(kind, 0.8, 1.1)))
+    else:
+        params = dict(sigma=1.02, epsilon=0.95)
+    return x, sides, params
+
+
+@pytest.mark.parametrize("mixed", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_fused_virial_is_the_energy_derivative_under_box_scaling(mixed):
+    """energy_forces_virial's W and W_aa (one pass with the forces; the native kernel's
+    where it is built, and the pure-JAX pass of an unrecognised potential) against central
+    differences of the energy when axis a and the box are scaled by 1 + h (W_aa =
+    -dU/d ln L_a for a pair potential; shifted, so U is continuous, and no pair crosses
+    the cutoff),
+    and the energy and forces against energy_and_forces."""
+    from simlib.particles import _native
+
+    if not jax.config.jax_enable_x64:
+        pytest.skip("needs float64")
+    x, sides, params = _lj_box_system(mixed)
+    # A cutoff with no pair within 0.01% of it (numpy distances), so that no pair crosses it
+    # under the scalings below (the shifted force jumps there).
+    d = np.asarray(x)[:, None, :] - np.asarray(x)[None, :, :]
+    d -= np.asarray(sides) * np.round(d / np.asarray(sides))
+    r = np.sqrt(np.sum(d * d, axis=-1))[np.triu_indices(len(d), 1)]
+    grid = np.linspace(2.3, 2.7, 4001)
+    gaps = np.array([np.min(np.abs(r - c)) / c for c in grid])
+    r_cut = float(grid[np.argmax(gaps)])
+    assert np.max(gaps) > 1e-4
+    nbrs = sp.neighbor_list(sp.periodic(sides), x, r_cut=r_cut, skin=0.3)
+
+    def energy_in(s, potential=sp.lennard_jones):
+        return sp.pair_energy(potential, sp.periodic(s), r_cut=r_cut, shift=True)
+
+    @jax.jit
+    def energy_scaled(scale):
+        return energy_in(sides * scale)(x * scale, params, nbrs)
+
+    def u(a, h):                    # axis a (and the box) scaled by 1 + h; the same list
+        return float(energy_scaled(jnp.ones(3).at[a].set(1.0 + h)))
+
+    h = 1e-5
+    fd = np.array([-(u(a, h) - u(a, -h)) / (2 * h) for a in range(3)])
+    native = energy_in(sides)
+    pure = energy_in(sides, lambda r, p: sp.lennard_jones(r, p))
+    assert not pure._native_lj(x, params, nbrs)
+    assert native._native_lj(x, params, nbrs) == (_native.load() is not None)
+    e_ref, f_ref = native.energy_and_forces(x, params, nbrs)
+    for energy in (native, pure):
+        e, f, w = jax.jit(energy.energy_forces_virial)(x, params, nbrs)
+        ed, fd_, wd = jax.jit(lambda y, p, nb, en=energy: en.energy_forces_virial(
+            y, p, nb, diagonal=True))(x, params, nbrs)
+        assert wd.shape == (3,) and w.shape == ()
+        # central differences err by ~h^2 U''' ~ 1e-6 of the energy's scale
+        scale = np.max(np.abs(fd))
+        np.testing.assert_allclose(np.asarray(wd), fd, rtol=0, atol=1e-8 * scale)
+        np.testing.assert_allclose(float(w), fd.sum(), rtol=0, atol=3e-8 * scale)
+        # the same pairs as the separate calls, to round-off
+        np.testing.assert_allclose(np.asarray(wd),
+                                   np.diagonal(np.asarray(energy.virial_tensor(x, params,
+                                                                               nbrs))),
+                                   rtol=1e-12)
+        np.testing.assert_allclose(float(w), float(energy.virial(x, params, nbrs)),
+                                   rtol=1e-12)
+        for ee, ff in ((e, f), (ed, fd_)):
+            np.testing.assert_allclose(float(ee), float(e_ref), rtol=1e-12)
+            np.testing.assert_allclose(np.asarray(ff), np.asarray(f_ref),
+                                       atol=1e-12 * float(jnp.max(jnp.abs(f_ref))))
+
+
+@pytest.mark.slow
+def test_fused_virial_has_derivatives():
+    """Gradients of the fused W_aa (the native kernel's custom_jvp rule) in epsilon and in
+    the positions, against central differences of the same call."""
+    if not jax.config.jax_enable_x64:
+        pytest.skip("needs float64")
+    x, sides, params = _lj_box_system(False)
+    nbrs = sp.neighbor_list(sp.periodic(sides), x, r_cut=2.5, skin=0.3)
+    energy = sp.pair_energy(sp.lennard_jones, sp.periodic(sides), r_cut=2.5,
+                            tail_correction=True)
+    weights = jnp.asarray([1.0, -0.7, 0.4])
+
+    def g(eps, y):
+        return jnp.sum(weights * energy.energy_forces_virial(
+            y, dict(params, epsilon=eps), nbrs, diagonal=True)[2])
+
+    de, dx = jax.jit(jax.grad(g, argnums=(0, 1)))(0.95, x)
+    g = jax.jit(g)
+    h = 1e-6
+    fd_e = (g(0.95 + h, x) - g(0.95 - h, x)) / (2 * h)
+    assert abs(float(de) - float(fd_e)) < 1e-7 * abs(float(fd_e))
+    direction = jnp.asarray(np.random.default_rng(5).normal(size=x.shape))
+    fd_x = (g(0.95, x + h * direction) - g(0.95, x - h * direction)) / (2 * h)
+    assert abs(float(jnp.sum(dx * direction)) - float(fd_x)) < 1e-6 * abs(float(fd_x))
+
+
+@pytest.mark.parametrize("anisotropic,compiled", [
+    (False, False), pytest.param(True, True, marks=pytest.mark.slow),
+    pytest.param(False, True, marks=pytest.mark.slow)])
+def test_npt_step_visits_the_pairs_once(anisotropic, compiled, monkeypatch):
+    """A StochasticCellRescaling step evaluates the pair kernel once: energy, forces and
+    virial (or its diagonal) from one call. Natively: one custom call of the Lennard-Jones
+    kernel in the step's jaxpr and in its compiled program; in pure JAX (the kernel
+    switched off): one pass over the neighbour list traced. The code before evaluated the
+    virial in a second pass (two of each)."""
+    from simlib.particles import _energy, _native
+
+    x, sides, params = _lj_box_system(False)
+    x, sides = x.astype(jnp.float32), sides.astype(jnp.float32)
+    space = sp.periodic(sides)
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5, tail_correction=True)
+    nbrs = sp.neighbor_list(space, x, r_cut=2.5, skin=0.3)
+    integrator = sp.StochasticCellRescaling(1.0, 1.0, 0.1, 1.0, 0.1, anisotropic=anisotropic)
+    model = sp.Model(energy, space)
+    masses = jnp.float32(1.0)
+    carry = integrator.start(model, sp.State(x, jnp.zeros_like(x), masses), params, nbrs)
+
+    def step(c):
+        return integrator.step(model, c, masses, params, jnp.float32(0.005),
+                               jax.random.key(0))
+
+    if _native.load() is not None:
+        assert energy._native_lj(x, params, nbrs)
+        text = str(jax.make_jaxpr(step)(carry))        # the diagonal: simlib_lj_diag_f32
+        assert text.count("simlib_lj_f32") + text.count("simlib_lj_diag_f32") == 1
+        if compiled:     # steps in a loop: one kernel call, the list updated in place
+            hlo = jax.jit(lambda c: jax.lax.fori_loop(0, 2, lambda i, c: step(c), c)).lower(
+                carry).compile().as_text()
+            assert len(re.findall(r'custom_call_target="simlib_lj_(diag_)?f32"', hlo)) == 1
+            idx = f"s32[{x.shape[0]},{nbrs.idx.shape[1]}]"
+            body = hlo[:hlo.index("\nENTRY")]                  # the loop, not its entry
+            assert body.count(f"{idx}{{1,0}} copy(") == 0, "the loop copies the list"
+    monkeypatch.setattr(_native, "load", lambda: None)            # the pure-JAX path
+    assert not energy._native_lj(x, params, nbrs)
+    passes = []
+    pass_ = _energy.PairEnergy._neighbor_pass
+
+    def counted(self, *args):
+        passes.append(1)
+        return pass_(self, *args)
+
+    monkeypatch.setattr(_energy.PairEnergy, "_neighbor_pass", counted)
+    jax.make_jaxpr(lambda c: step(c))(carry)          # a new function: traced afresh
+    assert len(passes) == 1, len(passes)

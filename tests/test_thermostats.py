@@ -86,6 +86,32 @@ def test_chi_square_follows_the_chi_square_law(k):
     assert sum(sizes) == (k if k <= 256 else 24), sizes
 
 
+@pytest.mark.parametrize("nf", [pytest.param(201, marks=pytest.mark.slow), 95_998])
+def test_bussi_draws_follow_their_laws_and_are_two_draws(nf):
+    """bussi_draws (the barostat's step: two thermostat half-steps and the cell's noise in
+    one go): each chi-square variate against scipy's chi-square law of nf - 1 degrees of
+    freedom and each normal against the normal law (KS, 4,000 float32 draws), the two
+    chi-square variates uncorrelated, and above the switch two random-bit draws of
+    2 (1 + 12) + 3 and 2 * 12 numbers in the jaxpr (separate bussi_kinetic calls: six)."""
+    from simlib.particles._thermostats import bussi_draws
+
+    keys = jax.random.split(jax.random.key(12), 4_000)
+    normals, s = jax.jit(jax.vmap(lambda key: bussi_draws(key, nf, 2, 3, jnp.float32)))(keys)
+    normals, s = np.asarray(normals, np.float64), np.asarray(s, np.float64)
+    assert normals.shape == (4_000, 5) and s.shape == (4_000, 2)
+    alpha = 0.01 / 7                     # seven KS tests: 1% for the family (Bonferroni)
+    for i in range(2):
+        assert stats.kstest(s[:, i], stats.chi2(nf - 1).cdf).pvalue > alpha
+    for i in range(5):
+        assert stats.kstest(normals[:, i], stats.norm.cdf).pvalue > alpha
+    assert abs(np.corrcoef(s[:, 0], s[:, 1])[0, 1]) < 0.065                # 4 sigma
+    jaxpr = str(jax.make_jaxpr(lambda key: bussi_draws(key, nf, 2, 3, jnp.float32))(keys[0]))
+    shapes = re.findall(r"random_bits\[bit_width=32 shape=\(([\d, ]+)\)\]", jaxpr)
+    sizes = sorted(math.prod(int(n) for n in sh.split(",") if n.strip()) for sh in shapes)
+    if nf - 1 > 256:
+        assert sizes == [24, 29], sizes
+
+
 def test_kinetic_energy_is_canonical(thermostat):
     """K follows the gamma law of shape N_f/2 and scale kT (N_f = 3(n - 1)): KS test on
     frames 0.5 time units apart (several thermostat times, so nearly independent)."""

@@ -10,6 +10,7 @@ one (:func:`molecular_pressure`).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, NamedTuple
 
 import jax
@@ -24,8 +25,8 @@ from ._dynamics import Carry, Integrator, inverse_mass, kinetic
 from ._energy import Energy, SumEnergy
 from ._neighbors import NeighborList, missing_pairs
 from ._settle import Settle, settle_positions, settle_velocities
-from ._space import Space
-from ._thermostats import bussi_kinetic, degrees_of_freedom
+from ._space import Space, box_checked_upstream
+from ._thermostats import bussi_draws, bussi_kinetic_from, degrees_of_freedom
 
 
 def _volume(box):
@@ -63,7 +64,17 @@ def follow_box(nbrs, positions, box, build_box):
     r2 = sum(moved.space.minimum_image(d[k], k) ** 2 for k in range(d.shape[0]))
     s = jnp.min(box / build_box)
     safe = 2.0 * jnp.sqrt(jnp.max(r2)) <= s * (nbrs.r_cut + nbrs.skin) - nbrs.r_cut
-    out = lax.cond(safe, lambda: moved, lambda: moved.build(positions))
+    # As in NeighborList.update: the kept list is the cond's false branch (XLA's branch 0),
+    # returned as it came, and the box move is applied after the cond. Otherwise (the kept
+    # list as the true branch) XLA copied the (n, capacity) indices twice a step,
+    # into the branch's result and back into the loop's carry (measured: 12.5 MB a step at
+    # 32,000 atoms, tests/test_npt.py checks the compiled loop).
+    out = lax.cond(~safe, lambda: moved.build(positions), lambda: nbrs)
+    out = out.replace(space=moved.space,
+                      reference_positions=jnp.where(safe, moved.reference_positions,
+                                                    out.reference_positions),
+                      cell_size=moved.cell_size,
+                      overflow=jnp.where(safe, moved.overflow, out.overflow))
     if nbrs.debug:
         out = out.replace(missed_pairs=out.missed_pairs + missing_pairs(out, positions))
     return out, ~safe
@@ -327,11 +338,38 @@ class StochasticCellRescaling(Integrator):
         return _molecular_virial(model.energy, model.space, x, f, params, nbrs, d,
                                  self.anisotropic)
 
-    def _thermostat(self, v, masses, nf, time, key, heat):
-        k = kinetic(v, masses)
+    def _energy_forces_virial(self, model, x, masses, params, nbrs, index):
+        """``(U, F, W)`` at ``x`` from one evaluation (:meth:`Energy.energy_forces_virial`:
+        one pass over the pairs for :func:`pair_energy`); ``W`` the (molecular) virial, its
+        diagonal when anisotropic."""
+        checked = box_checked_upstream() if model.box_checked else contextlib.nullcontext()
+        with checked:
+            e, f, w = model.energy.energy_forces_virial(x, params, nbrs,
+                                                        diagonal=self.anisotropic)
+        if self.constraints is not None:
+            d, _ = _molecular_parts(model.space, x, None, masses, *index)
+            w = w - (jnp.sum(d * f, axis=0) if self.anisotropic else jnp.sum(d * f))
+        return e, f, w
+
+    def _kinetic(self, v, masses):
+        """:math:`K` (``()``), or :math:`K_{aa}` (``(3,)``) when anisotropic: one reduction."""
+        if not self.anisotropic:
+            return kinetic(v, masses)
+        m = jnp.asarray(masses, v.dtype)
+        m = m[:, None] if m.ndim == 1 else m
+        return 0.5 * jnp.sum(m * v * v, axis=0)
+
+    def _thermostat(self, v, masses, nf, time, draws, heat, k=None):
+        """Bussi rescaling over ``time`` with ``draws = (r1, s)`` (:func:`bussi_draws`);
+        returns ``(v, heat, alpha^2)``. ``k``: the kinetic energy of ``v`` (or its
+        diagonal), when known."""
+        k = self._kinetic(v, masses) if k is None else k
+        total = jnp.sum(k)
         c = jnp.exp(-time / jnp.asarray(self.tau_t, v.dtype))
-        new = bussi_kinetic(k, 0.5 * nf * jnp.asarray(self.kT, v.dtype), nf, c, key)
-        return jnp.sqrt(new / k) * v, heat + k - new
+        new = bussi_kinetic_from(total, 0.5 * nf * jnp.asarray(self.kT, v.dtype), nf, c,
+                                 *draws)
+        scale2 = new / total
+        return jnp.sqrt(scale2) * v, heat + total - new, scale2
 
     # -- the integrator ------------------------------------------------------------------
     def init(self, model, carry: Carry, masses, params):
@@ -361,24 +399,35 @@ class StochasticCellRescaling(Integrator):
         x0 = carry.positions
         nf = self._dof(x0)
         index = self._index(x0.shape[0])
-        k1, k2, k3 = jax.random.split(jax.random.fold_in(key, carry.step), 3)
+        # all the step's random numbers in two draws: the two thermostat half-steps' (r1, s)
+        # and the cell's noise (one normal, or three when anisotropic)
+        n_cell = 3 if self.anisotropic else 1
+        normals, s = bussi_draws(jax.random.fold_in(key, carry.step), nf, 2, n_cell,
+                                 carry.velocities.dtype)
+        first, second, z = (normals[0], s[0]), (normals[1], s[1]), normals[2:]
         cell = carry.extra
         half = 0.5 * dt
         inv_m = inverse_mass(masses, carry.velocities)
         old_space = Space(cell.box, True)
         settle = self.constraints
         # thermostat, the pressure at the step's start, half kick, drift (in the old box)
-        v, heat = self._thermostat(carry.velocities, masses, nf, half, k1, cell.heat)
+        volume = _volume(cell.box)
         if settle is None:
-            vc = v
+            # 2K after the thermostat is alpha^2 (2K before): no second reduction
+            k0 = self._kinetic(carry.velocities, masses)
+            v, heat, scale2 = self._thermostat(carry.velocities, masses, nf, half, first,
+                                               cell.heat, k0)
+            two_k = 2.0 * scale2 * k0
         else:
+            v, heat, _ = self._thermostat(carry.velocities, masses, nf, half, first, cell.heat)
             _, u = _molecular_parts(old_space, x0, v, masses, *index)
             vc = v - u
-        volume = _volume(cell.box)
+            two_k = (jnp.sum(vc * vc / inv_m, axis=0) if self.anisotropic
+                     else jnp.sum(vc * vc / inv_m))
         if self.anisotropic:
-            p_int = (jnp.sum(vc * vc / inv_m, axis=0) + cell.virial) / volume
+            p_int = (two_k + cell.virial) / volume
         else:
-            p_int = (jnp.sum(vc * vc / inv_m) + cell.virial) / (3.0 * volume)
+            p_int = (two_k + cell.virial) / (3.0 * volume)
         v = v + half * carry.forces * inv_m
         x1 = x0 + dt * v
         solved = cell.solved
@@ -399,24 +448,24 @@ class StochasticCellRescaling(Integrator):
         p0 = jnp.asarray(self.pressure, dtype)
         if self.anisotropic:
             rate = beta / (3.0 * tau_p)
-            z = jax.random.normal(k3, (3,), dtype)
             log_mu = (-rate * (p0 - p_int - kT / volume) * dt
                       + jnp.sqrt(2.0 * kT * rate * dt / volume) * z)
         else:
-            z = jax.random.normal(k3, (), dtype)
+            z = z[0]
             log_mu = (-beta / tau_p * (p0 - p_int - kT / volume) * dt
                       + jnp.sqrt(2.0 * kT * beta * dt / (volume * tau_p)) * z) / 3.0
         mu = jnp.exp(log_mu)
         box = mu * cell.box
         here = with_box(model, box)
-        k_before = kinetic(v, masses)
-        if settle is None:
+        if settle is None:     # K_aa scales by 1/mu_a^2 exactly: one reduction
+            d_kinetic = jnp.sum((1.0 / (mu * mu) - 1.0) * self._kinetic(v, masses))
             x, v = mu * x, v / mu
         else:                    # centres of mass scaled, each molecule moved rigidly
+            k_before = kinetic(v, masses)
             d, u = _molecular_parts(old_space, x, v, masses, *index)
             x = mu * x - (mu - 1.0) * d
             v = v / mu + (1.0 - 1.0 / mu) * u
-        d_kinetic = kinetic(v, masses) - k_before
+            d_kinetic = kinetic(v, masses) - k_before
         x = here.space.wrap(x)
         nbrs, build_box, builds = carry.neighbors, cell.build_box, cell.builds
         if nbrs is not None:
@@ -428,15 +477,14 @@ class StochasticCellRescaling(Integrator):
                                        jnp.where(fresh, jnp.inf, build_box))
             build_box = jnp.where(rebuilt, box, build_box)
             builds = nbrs.n_builds
-        e, f = here.energy_and_forces(x, params, nbrs)
+        e, f, virial = self._energy_forces_virial(here, x, masses, params, nbrs, index)
         v = v + half * f * inv_m
         if isinstance(settle, Rattle):
             v, ok = settle.constrain_velocities_on(here.space, x, v, masses)
             solved = solved & ok
         elif settle is not None:
             v = settle_velocities(here.space, x, v, settle.molecules, masses)
-        v, heat = self._thermostat(v, masses, nf, half, k2, heat)
-        virial = self._virial(here, x, f, masses, params, nbrs, index)
+        v, heat, _ = self._thermostat(v, masses, nf, half, second, heat)
         # the energy this cell move removed: K and P0 V exactly, U to second order
         d_potential = -jnp.sum(jnp.broadcast_to(log_mu, jnp.shape(virial))
                                * 0.5 * (cell.virial + virial))

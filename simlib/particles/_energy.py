@@ -67,6 +67,25 @@ class Energy:
         pressure tensor; its trace is :meth:`virial`."""
         raise NotImplementedError(f"{type(self).__name__} has no virial tensor")
 
+    def energy_forces_virial(self, positions: jax.Array, params,
+                             neighbors=None, *, diagonal: bool = False
+                             ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        r"""``(U, F, W)``: the energy, the forces and the virial
+        :math:`W = \sum_{i<j} r_{ij}\cdot f_{ij}` (``diagonal=True``: the diagonal
+        :math:`W_{aa}` of the virial tensor, ``(d,)``), what a constant-pressure step needs
+        at its new positions (Allen & Tildesley, *Computer Simulation of Liquids*, 2nd ed.
+        2017, §2.4). By default :meth:`energy_and_forces` and then :meth:`virial` (or
+        :meth:`virial_tensor`); :func:`pair_energy` gives all three from one pass over the
+        pairs."""
+        e, f = self.energy_and_forces(positions, params, neighbors)
+        return e, f, self._virial_of(positions, params, neighbors, diagonal)
+
+    def _virial_of(self, positions, params, neighbors, diagonal):
+        if not diagonal:
+            return self.virial(positions, params, neighbors)
+        w = self.virial_tensor(positions, params, neighbors)
+        return jnp.diagonal(w) if w.ndim == 2 else w
+
     def __add__(self, other):
         if not isinstance(other, Energy):
             return NotImplemented
@@ -102,6 +121,14 @@ class SumEnergy(Energy):
 
     def virial(self, positions, params, neighbors=None):
         return sum(t.virial(positions, params, neighbors) for t in self.terms)
+
+    def energy_forces_virial(self, positions: jax.Array, params, neighbors=None, *,
+                             diagonal: bool = False
+                             ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """The terms' ``(U, F, W)`` summed (:meth:`Energy.energy_forces_virial`)."""
+        parts = [t.energy_forces_virial(positions, params, neighbors, diagonal=diagonal)
+                 for t in self.terms]
+        return tuple(sum(p[k] for p in parts) for k in range(3))
 
     def virial_tensor(self, positions, params, neighbors=None):
         """The terms' virial tensors summed, ``(d, d)``; only the diagonal ``(d,)`` where
@@ -351,6 +378,35 @@ class PairEnergy(Energy):
         forces = jnp.moveaxis(f, 1, 2).reshape(-1, d)[:n]
         return 0.5 * jnp.sum(e), forces
 
+    def energy_forces_virial(self, positions: jax.Array, params, neighbors=None, *,
+                             diagonal: bool = False
+                             ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        r"""``(U, F, W)`` from one pass over the pairs: the energy, the forces and the
+        virial :math:`W = -\sum_{i<j} r u'(r)` (``diagonal=True``: the diagonal of the
+        virial tensor, :math:`W_{aa} = -\sum_{i<j} r_a^2 u'(r)/r`, ``(d,)``), tail terms
+        included (:meth:`tail_energy`, :meth:`tail_virial`, a third of it on each diagonal
+        entry). Over a neighbour list the native Lennard-Jones kernel sums all three in its
+        force loop; the pure-JAX pass reuses its pair terms. Other cases: the energy and
+        forces, then :meth:`virial` or :meth:`virial_tensor`."""
+        if isinstance(neighbors, CellList) or neighbors is None:
+            return super().energy_forces_virial(positions, params, neighbors,
+                                                diagonal=diagonal)
+        positions, code = self._check(positions, neighbors)
+        d = positions.shape[1]
+        if self._native_lj(positions, params, neighbors):
+            e, f, w = _lj_native_all(positions, params, neighbors, self, diagonal)
+        else:
+            u, c, r, dr = self._neighbor_pass(positions, params, neighbors, True)
+            e = 0.5 * jnp.sum(u)
+            f = jnp.stack([-jnp.sum(c * dr[k], axis=1) for k in range(d)], axis=1)
+            w = (-0.5 * jnp.stack([jnp.sum(c * dr[k] * dr[k]) for k in range(d)]) if diagonal
+                 else -0.5 * jnp.sum(c * r * r))
+        if self.tail:
+            e = e + self.tail_energy(positions, params)
+            tail = self.tail_virial(positions, params)
+            w = w + (tail / d if diagonal else tail)
+        return nan_unless_valid(code, e, f, w)
+
     def virial(self, positions, params, neighbors=None):
         r"""The pair virial :math:`W = \sum_{i<j} r_{ij}\cdot f_{ij} = -\sum_{i<j} r u'(r)`."""
         positions, code = self._check(positions, neighbors)
@@ -508,13 +564,14 @@ class _Rows(NamedTuple):
     idx: jax.Array
 
 
-def _lj_native_all(positions, params, neighbors, energy: PairEnergy):
-    """``(U, forces, W)`` from the native Lennard-Jones kernel over a neighbour list."""
+def _lj_native_all(positions, params, neighbors, energy: PairEnergy, diagonal=False):
+    """``(U, forces, W)`` from the native Lennard-Jones kernel over a neighbour list; ``W``
+    the virial, or with ``diagonal`` the diagonal of the virial tensor ``(3,)``."""
     dtype = positions.dtype
     d = positions.shape[1]
     box = (energy.space.box_vector(d, dtype) if energy.space.periodic
            else jnp.zeros(d, dtype))
-    config = (energy.r_cut, energy.shift, energy.space.periodic, energy.tile)
+    config = (energy.r_cut, energy.shift, energy.space.periodic, energy.tile, bool(diagonal))
     return _lj_kernel(config, positions, neighbors.idx, jnp.asarray(params["sigma"], dtype),
                       jnp.asarray(params["epsilon"], dtype), box)
 
@@ -532,28 +589,36 @@ def _lj_native_virial(positions, params, neighbors, energy: PairEnergy):
 
 
 def _lj_pure(config, positions, idx, sigma, epsilon, box):
-    r_cut, shift, periodic, tile = config
+    """The native kernel's ``(U, forces, W)`` in pure JAX (its reference, fallback and
+    derivative); ``W`` the virial, or the diagonal of the virial tensor ``(3,)``."""
+    r_cut, shift, periodic, tile, diagonal = config
     space = Space(box, True) if periodic else free()
     energy = PairEnergy(lennard_jones, space, r_cut, shift, None, tile)
     params = dict(sigma=sigma, epsilon=epsilon)
-    e, f = energy._energy_and_forces(positions, params, _Rows(idx))
-    _, c, r, _ = energy._neighbor_pass(positions, params, _Rows(idx), True)
-    return e, f, -0.5 * jnp.sum(c * r * r)
+    u, c, r, dr = energy._neighbor_pass(positions, params, _Rows(idx), True)
+    f = jnp.stack([-jnp.sum(c * dr[k], axis=1) for k in range(3)], axis=1)
+    if diagonal:
+        w = -0.5 * jnp.stack([jnp.sum(c * dr[k] * dr[k]) for k in range(3)])
+    else:
+        w = -0.5 * jnp.sum(c * r * r)
+    return 0.5 * jnp.sum(u), f, w
 
 
 def _lj_ffi(config, positions, idx, sigma, epsilon, box):
-    r_cut, shift, periodic, _ = config
+    r_cut, shift, periodic, _, diagonal = config
     n = positions.shape[0]
     if sigma.ndim == 0 and epsilon.ndim == 0:      # the pair values, as PairParams mixes them
         sigma = MIXING_RULES["sigma"](sigma, sigma)[None]
         epsilon = MIXING_RULES["epsilon"](epsilon, epsilon)[None]
     else:                                          # Lorentz-Berthelot in the kernel
         sigma, epsilon = jnp.broadcast_to(sigma, (n,)), jnp.broadcast_to(epsilon, (n,))
-    name = "simlib_lj_f32" if positions.dtype == jnp.float32 else "simlib_lj_f64"
+    kind = "simlib_lj_diag" if diagonal else "simlib_lj"    # W_aa (3,), or W
+    name = kind + ("_f32" if positions.dtype == jnp.float32 else "_f64")
     call = jax.ffi.ffi_call(
         name, (jax.ShapeDtypeStruct(positions.shape, positions.dtype),
                jax.ShapeDtypeStruct((), positions.dtype),
-               jax.ShapeDtypeStruct((), positions.dtype)), vmap_method="sequential")
+               jax.ShapeDtypeStruct((3,) if diagonal else (), positions.dtype)),
+        vmap_method="sequential")
     forces, e, w = call(positions, idx, sigma, epsilon, box, r_cut=float(r_cut),
                         shift=int(shift), periodic=int(periodic))
     return e, forces, w

@@ -200,11 +200,17 @@ def chi_square(key, k: int, dtype) -> jax.Array:
     """
     if k <= CHI_SQUARE_NORMALS:
         return jnp.sum(jax.random.normal(key, (k,), dtype) ** 2)
-    d = k / 2.0 - 1.0 / 3.0
-    c = 1.0 / math.sqrt(9.0 * d)
     key_x, key_u = jax.random.split(key)
     x = jax.random.normal(key_x, (_CANDIDATES,), dtype)
     u = jax.random.uniform(key_u, (_CANDIDATES,), dtype, minval=jnp.finfo(dtype).tiny)
+    return _marsaglia_tsang(x, u, k)
+
+
+def _marsaglia_tsang(x, u, k: int):
+    """:func:`chi_square` above :data:`CHI_SQUARE_NORMALS` from its candidates: standard
+    normals ``x`` and uniforms ``u`` in (0, 1), ``(_CANDIDATES,)`` each."""
+    d = k / 2.0 - 1.0 / 3.0
+    c = 1.0 / math.sqrt(9.0 * d)
     y = c * x
     series = jnp.zeros_like(y)                          # sum_{n=4}^{13} (-1)^(n+1) y^n / n
     for n in range(13, 3, -1):
@@ -237,8 +243,45 @@ def bussi_kinetic(kinetic_energy, target, nf: int, c, key):
     key_r, key_s = jax.random.split(key)
     r1 = jax.random.normal(key_r, (), dtype)
     s = chi_square(key_s, nf - 1, dtype)
+    return _bussi_update(kinetic_energy, target, nf, c, r1, s)
+
+
+def _bussi_update(kinetic_energy, target, nf, c, r1, s):
+    """:func:`bussi_kinetic`'s update from its draws: ``r1`` standard normal, ``s``
+    chi-square with ``nf - 1`` degrees of freedom."""
     return (kinetic_energy + (1.0 - c) * (target * (s + r1 * r1) / nf - kinetic_energy)
             + 2.0 * r1 * jnp.sqrt(kinetic_energy * target / nf * (1.0 - c) * c))
+
+
+def bussi_draws(key: jax.Array, nf: int, count: int, extra: int,
+                dtype: jnp.dtype) -> tuple[jax.Array, jax.Array]:
+    r"""The random numbers of ``count`` :func:`bussi_kinetic` updates with ``nf`` degrees
+    of freedom, and ``extra`` more standard normals, drawn at once: ``(normals, s)`` with
+    ``normals`` ``(count + extra,)`` (the updates' :math:`R_1`, then the extra ones) and
+    ``s`` ``(count,)`` chi-square variates of ``nf - 1`` degrees of freedom
+    (:func:`chi_square`'s method). Above :data:`CHI_SQUARE_NORMALS` degrees of freedom it
+    is two draws of random bits whatever ``count`` (one of normals, one of uniforms), where
+    separate calls of :func:`bussi_kinetic` make six per update: on the CPU each draw is
+    several small XLA kernels, and a constant-pressure step with two thermostat half-steps
+    spent half its kernels on them."""
+    k = nf - 1
+    if k <= CHI_SQUARE_NORMALS:
+        key_n, key_s = jax.random.split(key)
+        s = jax.vmap(lambda kk: chi_square(kk, k, dtype))(jax.random.split(key_s, count))
+        return jax.random.normal(key_n, (count + extra,), dtype), s
+    key_n, key_u = jax.random.split(key)
+    normals = jax.random.normal(key_n, (count * (1 + _CANDIDATES) + extra,), dtype)
+    u = jax.random.uniform(key_u, (count, _CANDIDATES), dtype, minval=jnp.finfo(dtype).tiny)
+    x = normals[count + extra:].reshape(count, _CANDIDATES)
+    s = jnp.stack([_marsaglia_tsang(x[i], u[i], k) for i in range(count)])
+    return normals[:count + extra], s
+
+
+def bussi_kinetic_from(kinetic_energy: jax.Array, target: jax.Array, nf: int, c: jax.Array,
+                       r1: jax.Array, s: jax.Array) -> jax.Array:
+    r""":func:`bussi_kinetic` with its draws given (from :func:`bussi_draws`): ``r1``
+    standard normal, ``s`` chi-square with ``nf - 1`` degrees of freedom."""
+    return _bussi_update(kinetic_energy, target, nf, c, r1, s)
 
 
 @jax.tree_util.register_pytree_node_class
