@@ -52,10 +52,39 @@ KB = 0.00831446261815324  # kJ/mol/K
 COULOMB_KJ_NM = 138.935457644382  # kJ nm/mol/e^2 (CODATA 2018, as OpenMM)
 
 
-def simlib_runner(water, r_cut, tolerance, steps, dt, temperature):
-    """``run()`` for ``steps`` NVE SETTLE steps, its compile time, and the PME settings."""
+def openmm_pme_parameters(water, r_cut, tolerance):
+    """OpenMM's own PME parameters ``(alpha, grid, order)`` for ``ewaldErrorTolerance``
+    ``tolerance`` on this box (``NonbondedForce.getPMEParametersInContext``)."""
+    import openmm as mm
+
+    system = mm.System()
+    force = mm.NonbondedForce()
+    for q in np.asarray(water.charges, float):
+        system.addParticle(1.0)
+        force.addParticle(q, 1.0, 0.0)
+    box = float(water.box)
+    system.setDefaultPeriodicBoxVectors(mm.Vec3(box, 0, 0), mm.Vec3(0, box, 0),
+                                        mm.Vec3(0, 0, box))
+    force.setNonbondedMethod(mm.NonbondedForce.PME)
+    force.setCutoffDistance(r_cut)
+    force.setEwaldErrorTolerance(tolerance)
+    system.addForce(force)
+    context = mm.Context(system, mm.VerletIntegrator(0.001),
+                         mm.Platform.getPlatformByName("Reference"))
+    alpha, nx, ny, nz = force.getPMEParametersInContext(context)
+    return float(alpha), (int(nx), int(ny), int(nz)), 5
+
+
+def simlib_runner(water, r_cut, tolerance, steps, dt, temperature, pme_settings=None):
+    """``run()`` for ``steps`` NVE SETTLE steps, its compile time, and the PME settings
+    (simlib's from ``tolerance``, or ``pme_settings`` ``(alpha, grid, order)`` given)."""
     space = sp.periodic(water.box)
-    energy = sp.spce_energy(water, r_cut, tolerance=tolerance)
+    if pme_settings is None:
+        energy = sp.spce_energy(water, r_cut, tolerance=tolerance)
+    else:
+        alpha, grid, order = pme_settings
+        energy = sp.spce_energy(water, r_cut, tolerance=tolerance, alpha=alpha, grid=grid,
+                                order=order)
     pme = energy.terms[1]
     settle = sp.Settle(water.molecules, water.d_oh, water.d_hh)
     v = sp.maxwell_boltzmann(water.masses, KB * temperature, key=jax.random.key(1))
@@ -224,6 +253,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--r-cut", type=float, default=0.9)
     ap.add_argument("--tolerance", type=float, default=5e-4)
+    ap.add_argument("--pme", choices=["openmm", "simlib"], default="openmm",
+                    help="PME alpha and grid: OpenMM's own choice for ewaldErrorTolerance "
+                         "--openmm-tolerance, used by every contender (like for like), or "
+                         "simlib's from --tolerance")
+    ap.add_argument("--openmm-tolerance", type=float, default=5e-4,
+                    help="OpenMM's ewaldErrorTolerance (its default 5e-4) for --pme openmm")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--lammps", nargs="*", default=["same", "auto"], choices=["same", "auto"],
                     help="LAMMPS variants: pppm with simlib's alpha and grid, or LAMMPS's own "
@@ -242,8 +277,10 @@ def main() -> None:
     for w in a.molecules:
         water = sp.spce_water(w)
         n = water.positions.shape[0]
+        given = (openmm_pme_parameters(water, a.r_cut, a.openmm_tolerance)
+                 if a.pme == "openmm" else None)
         run_simlib, first, settings, init = simlib_runner(water, a.r_cut, a.tolerance,
-                                                          a.steps, dt, temperature)
+                                                          a.steps, dt, temperature, given)
         calls, initial = {"simlib": run_simlib}, {"simlib": init}
         try:
             calls["openmm"], initial["openmm"] = openmm_runner(
@@ -294,7 +331,7 @@ def main() -> None:
     out = dict(simlib=simlib.__version__, jax=jax.__version__, cpus=os.cpu_count(),
                threads=a.threads, lammps_ranks=a.lammps_ranks, lammps_suffix=suffix,
                command="python " + " ".join(sys.argv), dtype=str(jnp.zeros(()).dtype),
-               r_cut=a.r_cut,
+               r_cut=a.r_cut, pme_choice=a.pme, openmm_tolerance=a.openmm_tolerance,
                tolerance=a.tolerance, load_start=fmt_load(start_load),
                load_end=fmt_load(load_average()), rows=rows)
     try:
