@@ -441,7 +441,7 @@ def test_spce_box_with_a_neighbour_list_matches_openmm():
     water = sp.spce_water(216, key=jax.random.key(4))
     energy = sp.spce_energy(water, 0.9, tolerance=1e-6)
     coulomb = energy.terms[1]
-    nbrs = sp.neighbor_list(sp.periodic(water.box), water.positions, r_cut=0.9, skin=0.1)
+    nbrs = sp.neighbor_list(sp.periodic(water.box), water.positions, r_cut=0.9, skin=0.02)
     e0, f0 = _openmm_spce(water, 0.9, float(coulomb.alpha), coulomb.grid)
     e, f = energy.energy_and_forces(water.positions, water.params, nbrs)
     f = np.asarray(f)
