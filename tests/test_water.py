@@ -448,3 +448,37 @@ def test_spce_box_with_a_neighbour_list_matches_openmm():
     assert abs(float(e) - e0) < 1e-9 * abs(e0), (float(e), e0)
     rel = np.sqrt(np.mean((f - f0) ** 2)) / np.sqrt(np.mean(f0 ** 2))
     assert rel < 1e-5, rel
+
+
+@pytest.mark.slow
+@native
+def test_fused_water_pass_is_deterministic_across_thread_counts(tmp_path):
+    """The fused pass adds each pair's reaction into fixed blocks' buffers summed in block
+    order: one and two OpenMP threads give the same bits (energy and forces)."""
+    import os
+    import subprocess
+    import sys
+
+    out = {}
+    for threads in ("1", "2"):
+        path = tmp_path / f"forces{threads}.npy"
+        run = subprocess.run([sys.executable, "-c", _FUSED_THREADS_SCRIPT, str(path)],
+                             env=dict(os.environ, OMP_NUM_THREADS=threads),
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        out[threads] = np.load(path)
+    np.testing.assert_array_equal(out["1"], out["2"])
+
+
+_FUSED_THREADS_SCRIPT = """
+import sys
+import jax, numpy as np
+from simlib import particles as sp
+from simlib.particles import _native
+assert _native.load() is not None
+water = sp.spce_water(125, key=jax.random.key(6))
+nbrs = sp.neighbor_list(sp.periodic(water.box), water.positions, r_cut=0.6, skin=0.1)
+energy = sp.spce_energy(water, 0.6, tolerance=1e-4)
+e, f = energy.energy_and_forces(water.positions, water.params, nbrs)
+np.save(sys.argv[1], np.concatenate([np.ravel(e), np.ravel(f)]))
+"""
