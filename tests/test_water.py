@@ -407,6 +407,9 @@ def test_spce_forces_take_one_fused_pair_pass_equal_to_the_terms_apart(shift):
     x, p = water.positions, water.params
     assert _ffi_targets(lambda x: energy.energy_and_forces(x, p, nbrs), x) == {
         "simlib_ewald_lj_f64"}
+    # the energy as a traced argument, as simulate passes it (one box leaf for both terms)
+    assert _ffi_targets(lambda e, x: e.energy_and_forces(x, p, nbrs), energy, x) == {
+        "simlib_ewald_lj_f64"}
     assert _ffi_targets(lambda x: apart.energy_and_forces(x, p, nbrs), x) == {
         "simlib_ewald_f64", "simlib_lj_f64"}
     e1, f1 = energy.energy_and_forces(x, p, nbrs)

@@ -17,7 +17,7 @@ import numpy as np
 from jax.typing import DTypeLike
 
 from ._electrostatics import pme
-from ._energy import Energy, SumEnergy, pair_energy
+from ._energy import Energy, PairEnergy, SumEnergy, pair_energy
 from ._potentials import lennard_jones
 from ._space import periodic
 
@@ -181,7 +181,18 @@ class _DispersionTail(Energy):
 @jax.tree_util.register_pytree_node_class
 class _WaterEnergy(SumEnergy):
     """``lj + coulomb (+ tail)`` whose forces take the Lennard-Jones and real-space Coulomb
-    pairs in one native pass where it serves (the same sum as the terms apart)."""
+    pairs in one native pass where it serves (the same sum as the terms apart). As a pytree
+    the Lennard-Jones term shares the Coulomb term's space (one box leaf), so that under
+    ``jit`` both see the same box and the fused pass applies."""
+
+    def tree_flatten(self):
+        lj, coulomb, *rest = self.terms
+        return (coulomb, tuple(rest)), lj.tree_flatten()[1]
+
+    @classmethod
+    def tree_unflatten(cls, static, children):
+        coulomb, rest = children
+        return cls((PairEnergy.tree_unflatten(static, (coulomb.space,)), coulomb, *rest))
 
     def energy_and_forces(self, positions, params, neighbors=None):
         lj, coulomb, *rest = self.terms
