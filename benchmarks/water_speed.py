@@ -4,13 +4,18 @@
 
 The same box for both: ``sp.spce_water(w)`` (a lattice at 0.997 g/cm^3), rigid SPC/E
 (SETTLE in both), the oxygen Lennard-Jones plainly truncated and smooth PME at the same
-cutoff (0.9 nm), Ewald alpha, grid and order 5 (simlib's, chosen from ``--tolerance``, handed
-to OpenMM), NVE with a 2 fs step from 300 K velocities, float32 (OpenMM's CPU platform
-computes in single precision). simlib keeps a neighbour list (skin 0.1 nm) and runs
-``simulate`` with ``Settle``; OpenMM runs ``VerletIntegrator.step`` with ``Threads`` set to
-the machine's core count (``--threads``). Each contender is warmed up first (simlib's
-compilation is reported apart), then timed ``--repeats`` times, round-robin; the best is
-kept. Sizes: 1,000 and 8,000 molecules are the issue's ~3,000 and ~24,000 atoms.
+cutoff (0.9 nm), Ewald alpha, grid and order 5 the same for every contender: by default
+(``--pme openmm``) OpenMM's own choice for its default ``ewaldErrorTolerance`` 5e-4
+(``getPMEParametersInContext``: alpha 2.92/nm, grid 28³ at 1,000 molecules, 56³ at 8,000),
+handed to simlib and LAMMPS, a like-for-like comparison; ``--pme simlib`` takes simlib's
+from ``--tolerance`` instead (its rule is sized for random charges and picks 40³ and 80³
+here: docs/electrostatics.md). NVE with a 2 fs step from 300 K velocities, float32
+(OpenMM's CPU platform computes in single precision). simlib keeps a neighbour list (skin
+0.1 nm) and runs ``simulate`` with ``Settle``; OpenMM runs ``VerletIntegrator.step`` with
+``Threads`` set to the machine's core count (``--threads``). Each contender is warmed up
+first (simlib's compilation is reported apart), then timed ``--repeats`` times,
+round-robin; the best is kept. Sizes: 1,000 and 8,000 molecules are the issue's ~3,000
+and ~24,000 atoms.
 
 LAMMPS (``mpiexec -n --lammps-ranks lmp``, one thread a rank; ``--lammps`` variants) runs
 the same box from a data file of the same coordinates and the same initial velocities
@@ -18,7 +23,7 @@ the same box from a data file of the same coordinates and the same initial veloc
 truncation at the same cutoff, ``-sf --lammps-suffix``), intramolecular pairs excluded
 (``special_bonds lj/coul 0 0 0``), ``kspace_style pppm`` of order 5, rigid water by ``fix
 shake`` (tolerance 1e-6; LAMMPS has no SETTLE), ``fix nve``, 2 fs, skin 0.1 nm. PPPM
-settings: ``same`` takes simlib's alpha and grid (``kspace_modify gewald``, ``mesh``);
+settings: ``same`` takes the shared alpha and grid (``kspace_modify gewald``, ``mesh``);
 ``auto`` lets LAMMPS choose them for the same accuracy (simlib's relative force error is
 in units of ``k_e q_rms^2 / l^2``, l the mean spacing (V/N)^(1/3), LAMMPS's in ``k_e e^2/Å^2``:
 ``accuracy = tolerance q_rms^2 / l^2``, l in Å). Every LAMMPS process does ``run 0`` (the
@@ -52,10 +57,39 @@ KB = 0.00831446261815324  # kJ/mol/K
 COULOMB_KJ_NM = 138.935457644382  # kJ nm/mol/e^2 (CODATA 2018, as OpenMM)
 
 
-def simlib_runner(water, r_cut, tolerance, steps, dt, temperature):
-    """``run()`` for ``steps`` NVE SETTLE steps, its compile time, and the PME settings."""
+def openmm_pme_parameters(water, r_cut, tolerance):
+    """OpenMM's own PME parameters ``(alpha, grid, order)`` for ``ewaldErrorTolerance``
+    ``tolerance`` on this box (``NonbondedForce.getPMEParametersInContext``)."""
+    import openmm as mm
+
+    system = mm.System()
+    force = mm.NonbondedForce()
+    for q in np.asarray(water.charges, float):
+        system.addParticle(1.0)
+        force.addParticle(q, 1.0, 0.0)
+    box = float(water.box)
+    system.setDefaultPeriodicBoxVectors(mm.Vec3(box, 0, 0), mm.Vec3(0, box, 0),
+                                        mm.Vec3(0, 0, box))
+    force.setNonbondedMethod(mm.NonbondedForce.PME)
+    force.setCutoffDistance(r_cut)
+    force.setEwaldErrorTolerance(tolerance)
+    system.addForce(force)
+    context = mm.Context(system, mm.VerletIntegrator(0.001),
+                         mm.Platform.getPlatformByName("Reference"))
+    alpha, nx, ny, nz = force.getPMEParametersInContext(context)
+    return float(alpha), (int(nx), int(ny), int(nz)), 5
+
+
+def simlib_runner(water, r_cut, tolerance, steps, dt, temperature, pme_settings=None):
+    """``run()`` for ``steps`` NVE SETTLE steps, its compile time, and the PME settings
+    (simlib's from ``tolerance``, or ``pme_settings`` ``(alpha, grid, order)`` given)."""
     space = sp.periodic(water.box)
-    energy = sp.spce_energy(water, r_cut, tolerance=tolerance)
+    if pme_settings is None:
+        energy = sp.spce_energy(water, r_cut, tolerance=tolerance)
+    else:
+        alpha, grid, order = pme_settings
+        energy = sp.spce_energy(water, r_cut, tolerance=tolerance, alpha=alpha, grid=grid,
+                                order=order)
     pme = energy.terms[1]
     settle = sp.Settle(water.molecules, water.d_oh, water.d_hh)
     v = sp.maxwell_boltzmann(water.masses, KB * temperature, key=jax.random.key(1))
@@ -135,7 +169,7 @@ def openmm_runner(water, r_cut, pme_settings, steps, dt, velocities, threads):
 def lammps_runner(water, r_cut, pme_settings, tolerance, steps, dt, velocities, ranks,
                   pppm, suffix, records):
     """``run()``: one LAMMPS process (``run 0``, warm-up, ``steps`` timed), its result
-    appended to ``records``; ``pppm`` ``"same"`` (simlib's alpha and grid) or ``"auto"``."""
+    appended to ``records``; ``pppm`` ``"same"`` (the shared alpha and grid) or ``"auto"``."""
     alpha, grid, order = pme_settings
     q = np.asarray(water.charges, float)
     m = np.asarray(water.masses, float)
@@ -224,9 +258,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--r-cut", type=float, default=0.9)
     ap.add_argument("--tolerance", type=float, default=5e-4)
+    ap.add_argument("--pme", choices=["openmm", "simlib"], default="openmm",
+                    help="PME alpha and grid: OpenMM's own choice for ewaldErrorTolerance "
+                         "--openmm-tolerance, used by every contender (like for like), or "
+                         "simlib's from --tolerance")
+    ap.add_argument("--openmm-tolerance", type=float, default=5e-4,
+                    help="OpenMM's ewaldErrorTolerance (its default 5e-4) for --pme openmm")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--lammps", nargs="*", default=["same", "auto"], choices=["same", "auto"],
-                    help="LAMMPS variants: pppm with simlib's alpha and grid, or LAMMPS's own "
+                    help="LAMMPS variants: pppm with the shared alpha and grid, or LAMMPS's own "
                          "for the same accuracy (none: skip LAMMPS)")
     ap.add_argument("--lammps-ranks", type=int, default=2)
     ap.add_argument("--split", action="store_true",
@@ -242,8 +282,10 @@ def main() -> None:
     for w in a.molecules:
         water = sp.spce_water(w)
         n = water.positions.shape[0]
+        given = (openmm_pme_parameters(water, a.r_cut, a.openmm_tolerance)
+                 if a.pme == "openmm" else None)
         run_simlib, first, settings, init = simlib_runner(water, a.r_cut, a.tolerance,
-                                                          a.steps, dt, temperature)
+                                                          a.steps, dt, temperature, given)
         calls, initial = {"simlib": run_simlib}, {"simlib": init}
         try:
             calls["openmm"], initial["openmm"] = openmm_runner(
@@ -294,7 +336,7 @@ def main() -> None:
     out = dict(simlib=simlib.__version__, jax=jax.__version__, cpus=os.cpu_count(),
                threads=a.threads, lammps_ranks=a.lammps_ranks, lammps_suffix=suffix,
                command="python " + " ".join(sys.argv), dtype=str(jnp.zeros(()).dtype),
-               r_cut=a.r_cut,
+               r_cut=a.r_cut, pme_choice=a.pme, openmm_tolerance=a.openmm_tolerance,
                tolerance=a.tolerance, load_start=fmt_load(start_load),
                load_end=fmt_load(load_average()), rows=rows)
     try:

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _native_required import native
 
 import simlib as sl
 from simlib import particles as sp
@@ -376,3 +377,111 @@ def test_pressure_tensor_of_water_is_nan_where_pme_gives_no_value():
     assert np.all(np.isnan(np.asarray(p)[~np.eye(3, dtype=bool)]))
     scalar = sp.pressure(energy, water.positions, v, water.masses, water.params)
     assert abs(float(np.trace(p)) / 3 - float(scalar)) < 1e-10 * abs(float(scalar))
+
+
+def _ffi_targets(fn, *args):
+    """The native kernels (FFI custom calls) in ``fn``'s compiled CPU program."""
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    return {name for name in ("simlib_ewald_lj_f64", "simlib_ewald_f64", "simlib_lj_f64")
+            if f'"{name}"' in text}
+
+
+def _fused_and_apart(shift=False):
+    """64 molecules with a neighbour list: spce_energy and its terms summed apart."""
+    from simlib.particles._energy import SumEnergy
+
+    water = sp.spce_water(64, key=jax.random.key(5))
+    nbrs = sp.neighbor_list(sp.periodic(water.box), water.positions, r_cut=0.5, skin=0.1)
+    energy = sp.spce_energy(water, 0.5, tolerance=1e-4, shift=shift)
+    return water, nbrs, energy, SumEnergy(energy.terms)
+
+
+@native
+@pytest.mark.parametrize("shift", [pytest.param(False, marks=pytest.mark.slow), True])
+def test_spce_forces_take_one_fused_pair_pass_equal_to_the_terms_apart(shift):
+    """Mechanism: with a neighbour list, spce_energy's forces run one native pass for the
+    Lennard-Jones and real-space Coulomb pairs (``simlib_ewald_lj``, no separate LJ or Ewald
+    kernel), and its energy and forces equal the two terms summed apart (each checked
+    against OpenMM and the pure-JAX sums elsewhere) to round-off."""
+    water, nbrs, energy, apart = _fused_and_apart(shift)
+    x, p = water.positions, water.params
+    assert _ffi_targets(lambda x: energy.energy_and_forces(x, p, nbrs), x) == {
+        "simlib_ewald_lj_f64"}
+    # the energy as a traced argument, as simulate passes it (one box leaf for both terms)
+    assert _ffi_targets(lambda e, x: e.energy_and_forces(x, p, nbrs), energy, x) == {
+        "simlib_ewald_lj_f64"}
+    assert _ffi_targets(lambda x: apart.energy_and_forces(x, p, nbrs), x) == {
+        "simlib_ewald_f64", "simlib_lj_f64"}
+    e1, f1 = energy.energy_and_forces(x, p, nbrs)
+    e0, f0 = apart.energy_and_forces(x, p, nbrs)
+    assert abs(float(e1 - e0)) < 1e-12 * abs(float(e0))
+    assert float(jnp.max(jnp.abs(f1 - f0))) < 1e-12 * float(jnp.max(jnp.abs(f0)))
+
+
+@pytest.mark.slow
+@native
+def test_fused_water_pass_has_the_gradients_of_the_terms_apart():
+    """Gradients of the fused pass's energy with respect to positions, charges, sigma and
+    epsilon are those of the terms apart (its custom JVP differentiates them)."""
+    water, nbrs, energy, apart = _fused_and_apart()
+
+    def total(e):
+        return lambda x, p: e.energy_and_forces(x, p, nbrs)[0]
+
+    g1 = jax.grad(total(energy), argnums=(0, 1))(water.positions, water.params)
+    g0 = jax.grad(total(apart), argnums=(0, 1))(water.positions, water.params)
+    for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g0), strict=True):
+        assert float(jnp.max(jnp.abs(a - b))) <= 1e-10 * (1 + float(jnp.max(jnp.abs(b))))
+
+
+@pytest.mark.slow
+@native
+def test_spce_box_with_a_neighbour_list_matches_openmm():
+    """As test_spce_box_matches_openmm, through a neighbour list (the fused native pass of
+    Lennard-Jones and real-space Coulomb): OpenMM's reference platform gives the same
+    energy to 1e-9 and forces to 1e-5 relative (RMS)."""
+    pytest.importorskip("openmm")
+    water = sp.spce_water(216, key=jax.random.key(4))
+    energy = sp.spce_energy(water, 0.9, tolerance=1e-6)
+    coulomb = energy.terms[1]
+    nbrs = sp.neighbor_list(sp.periodic(water.box), water.positions, r_cut=0.9, skin=0.02)
+    e0, f0 = _openmm_spce(water, 0.9, float(coulomb.alpha), coulomb.grid)
+    e, f = energy.energy_and_forces(water.positions, water.params, nbrs)
+    f = np.asarray(f)
+    assert abs(float(e) - e0) < 1e-9 * abs(e0), (float(e), e0)
+    rel = np.sqrt(np.mean((f - f0) ** 2)) / np.sqrt(np.mean(f0 ** 2))
+    assert rel < 1e-5, rel
+
+
+@pytest.mark.slow
+@native
+def test_fused_water_pass_is_deterministic_across_thread_counts(tmp_path):
+    """The fused pass adds each pair's reaction into fixed blocks' buffers summed in block
+    order: one and two OpenMP threads give the same bits (energy and forces)."""
+    import os
+    import subprocess
+    import sys
+
+    out = {}
+    for threads in ("1", "2"):
+        path = tmp_path / f"forces{threads}.npy"
+        run = subprocess.run([sys.executable, "-c", _FUSED_THREADS_SCRIPT, str(path)],
+                             env=dict(os.environ, OMP_NUM_THREADS=threads),
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        out[threads] = np.load(path)
+    np.testing.assert_array_equal(out["1"], out["2"])
+
+
+_FUSED_THREADS_SCRIPT = """
+import sys
+import jax, numpy as np
+from simlib import particles as sp
+from simlib.particles import _native
+assert _native.load() is not None
+water = sp.spce_water(125, key=jax.random.key(6))
+nbrs = sp.neighbor_list(sp.periodic(water.box), water.positions, r_cut=0.6, skin=0.1)
+energy = sp.spce_energy(water, 0.6, tolerance=1e-4)
+e, f = energy.energy_and_forces(water.positions, water.params, nbrs)
+np.save(sys.argv[1], np.concatenate([np.ravel(e), np.ravel(f)]))
+"""

@@ -46,7 +46,8 @@ from jax.typing import ArrayLike
 from .._util import is_tracer
 from . import _native
 from ._energy import Energy, PairEnergy
-from ._space import Space
+from ._potentials import lennard_jones
+from ._space import Space, nan_unless_valid
 
 
 class EwaldParameters(NamedTuple):
@@ -301,6 +302,32 @@ class _Coulomb(Energy):
         return (jnp.where(ok, k * (e_real + e_long), jnp.nan),
                 jnp.where(ok, k * (f_real - g_long), jnp.nan))
 
+    def _with_lj_energy_and_forces(self, lj, positions, params, neighbors):
+        """``(U, F)`` of ``lj + self`` with the real-space Coulomb and Lennard-Jones pairs
+        in one native pass (:func:`_ewald_lj`), or ``None`` where that pass does not serve
+        the call (then sum the terms apart). ``lj`` shares this energy's space."""
+        positions, q = self._prepare(positions, params, neighbors)
+        if not _fusable_lj(self, lj, positions, q, params, neighbors):
+            return None
+        positions, code = lj._check(positions, neighbors)
+        e, f = _with_lj_jit(self, lj, positions, q, params["sigma"], params["epsilon"],
+                            neighbors)
+        return nan_unless_valid(code, e, f)
+
+    def _with_lj(self, lj, positions, q, sigma, epsilon, neighbors):
+        box = self._box(positions.dtype)
+        ok = self._valid(box)
+        n, dtype = positions.shape[0], positions.dtype
+        sigma = jnp.broadcast_to(jnp.asarray(sigma, dtype), (n,))
+        epsilon = jnp.broadcast_to(jnp.asarray(epsilon, dtype), (n,))
+        k = jnp.asarray(self.coulomb_constant, dtype)
+        e_c, e_lj, f_pairs = _ewald_lj((self.r_cut, lj.shift, lj.tile), positions,
+                                       neighbors.idx, q, sigma, epsilon, box,
+                                       jnp.asarray(self.alpha, dtype), k)
+        e_long, g_long = jax.value_and_grad(self._long_range)(positions, q, box)
+        return (jnp.where(ok, e_lj + k * (e_c + e_long), jnp.nan),
+                jnp.where(ok, f_pairs - k * g_long, jnp.nan))
+
     def virial_tensor(self, positions, params, neighbors=None):
         r"""The diagonal of the virial, :math:`W_{aa} = -L_a\,\partial U/\partial L_a` at fixed
         scaled coordinates ``(3,)``: the exact box derivative of this energy (with
@@ -390,10 +417,79 @@ def _ewald_real_jvp(r_cut, primals, tangents):
     return out, (t_energy, *t_rest)
 
 
+def _ewald_lj_unfused(config, positions, idx, q, sigma, epsilon, box, alpha, k):
+    """``(U_c, U_lj, k F_c + F_lj)`` from the two kernels apart: :func:`_ewald_real` and
+    :func:`pair_energy`'s Lennard-Jones kernel (native or pure JAX, with their derivatives)."""
+    r_cut, shift, tile = config
+    e_c, f_c, *_ = _ewald_real(r_cut, positions, idx, q, box, alpha)
+    lj = PairEnergy(lennard_jones, Space(box, True), r_cut, shift, None, tile)
+    e_lj, f_lj = lj._pair_energy_and_forces(positions, dict(sigma=sigma, epsilon=epsilon),
+                                            _Rows(idx))
+    return e_c, e_lj, k * f_c + f_lj
+
+
+def _ewald_lj_ffi(config, positions, idx, q, sigma, epsilon, box, alpha, k):
+    r_cut, shift, _ = config
+    dtype = positions.dtype
+    name = "simlib_ewald_lj_f32" if dtype == jnp.float32 else "simlib_ewald_lj_f64"
+    out = (jax.ShapeDtypeStruct((), dtype), jax.ShapeDtypeStruct((), dtype),
+           jax.ShapeDtypeStruct(positions.shape, dtype))
+    call = jax.ffi.ffi_call(name, out, vmap_method="sequential")
+    return tuple(call(positions, idx, q, sigma, epsilon, box, alpha, k, r_cut=float(r_cut),
+                      shift=int(shift)))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _ewald_lj(config, positions, idx, q, sigma, epsilon, box, alpha, k):
+    r"""The real-space Ewald sum and Lennard-Jones (per-atom ``sigma``, ``epsilon``, mixed
+    by Lorentz-Berthelot) over one neighbour list and cutoff, in one pass on the CPU
+    (``_native/ewald.cc``, ``simlib_ewald_lj``): ``(U_c, U_lj, k F_c + F_lj)``, ``U_c``
+    without the Coulomb constant ``k``. Elsewhere, and for every derivative (``custom_jvp``),
+    the two kernels apart (:func:`_ewald_lj_unfused`), which are its reference."""
+    return lax.platform_dependent(
+        positions, idx, q, sigma, epsilon, box, alpha, k,
+        cpu=lambda *a: _ewald_lj_ffi(config, *a),
+        default=lambda *a: _ewald_lj_unfused(config, *a))
+
+
+@_ewald_lj.defjvp
+def _ewald_lj_jvp(config, primals, tangents):
+    positions, idx, q, sigma, epsilon, box, alpha, k = primals
+    tx, _, tq, ts, te, tb, ta, tk = tangents
+    return jax.jvp(lambda x, q, s, e, b, a, k: _ewald_lj_unfused(config, x, idx, q, s, e, b, a,
+                                                                 k),
+                   (positions, q, sigma, epsilon, box, alpha, k),
+                   (tx, tq, ts, te, tb, ta, tk))
+
+
+def _fusable_lj(coulomb, lj, positions, q, params, neighbors) -> bool:
+    """Whether ``lj`` (a :func:`pair_energy` term) and ``coulomb`` can share one native
+    pass: Lennard-Jones with Lorentz-Berthelot mixing of per-atom (or scalar) ``sigma`` and
+    ``epsilon`` over the same cutoff, in a periodic space, no tail correction, and the
+    native real-space kernel serving ``coulomb``."""
+    return (isinstance(lj, PairEnergy) and lj.potential is lennard_jones
+            and getattr(lj, "r_cut", None) == coulomb.r_cut
+            and not lj.tail and lj.space.periodic and _same_box(lj.space, coulomb.space)
+            and _native_real(positions, q, neighbors)
+            and lj._native_lj(positions, params, neighbors))
+
+
+def _same_box(a: Space, b: Space) -> bool:
+    """Whether two spaces have the same box: equal values, or one traced array."""
+    if a.box is b.box:
+        return True
+    if is_tracer((a.box, b.box)):
+        return False
+    return bool(np.array_equal(np.broadcast_to(np.asarray(a.box), (3,)),
+                               np.broadcast_to(np.asarray(b.box), (3,))))
+
+
 # one compiled program per energy structure (the energy is a pytree argument)
 _energy_jit = jax.jit(lambda energy, x, q, nbrs: energy._energy(x, q, nbrs))
 _energy_and_forces_jit = jax.jit(lambda energy, x, q, nbrs: energy._energy_and_forces(x, q, nbrs))
 _virial_jit = jax.jit(lambda energy, x, q, nbrs: energy._virial(x, q, nbrs))
+_with_lj_jit = jax.jit(lambda energy, lj, x, q, sigma, epsilon, nbrs: energy._with_lj(
+    lj, x, q, sigma, epsilon, nbrs))
 
 
 def _exclusions(exclusions, exclusion_scale):

@@ -17,7 +17,7 @@ import numpy as np
 from jax.typing import DTypeLike
 
 from ._electrostatics import pme
-from ._energy import Energy, pair_energy
+from ._energy import Energy, PairEnergy, SumEnergy, pair_energy
 from ._potentials import lennard_jones
 from ._space import periodic
 
@@ -178,6 +178,34 @@ class _DispersionTail(Energy):
         return self.virial(positions, params) / 3.0 * jnp.eye(3, dtype=positions.dtype)
 
 
+@jax.tree_util.register_pytree_node_class
+class _WaterEnergy(SumEnergy):
+    """``lj + coulomb (+ tail)`` whose forces take the Lennard-Jones and real-space Coulomb
+    pairs in one native pass where it serves (the same sum as the terms apart). As a pytree
+    the Lennard-Jones term shares the Coulomb term's space (one box leaf), so that under
+    ``jit`` both see the same box and the fused pass applies."""
+
+    def tree_flatten(self):
+        lj, coulomb, *rest = self.terms
+        return (coulomb, tuple(rest)), lj.tree_flatten()[1]
+
+    @classmethod
+    def tree_unflatten(cls, static, children):
+        coulomb, rest = children
+        return cls((PairEnergy.tree_unflatten(static, (coulomb.space,)), coulomb, *rest))
+
+    def energy_and_forces(self, positions, params, neighbors=None):
+        lj, coulomb, *rest = self.terms
+        fused = coulomb._with_lj_energy_and_forces(lj, positions, params, neighbors)
+        if fused is None:
+            return super().energy_and_forces(positions, params, neighbors)
+        e, f = fused
+        for term in rest:
+            e_t, f_t = term.energy_and_forces(positions, params, neighbors)
+            e, f = e + e_t, f + f_t
+        return e, f
+
+
 def spce_energy(water: Water, r_cut: float, *, tolerance: float = 1e-6,
                 alpha: float | None = None, grid: tuple[int, int, int] | int | None = None,
                 order: int = 5, shift: bool = False,
@@ -197,5 +225,5 @@ def spce_energy(water: Water, r_cut: float, *, tolerance: float = 1e-6,
     coulomb = pme(space, r_cut, tolerance=tolerance, alpha=alpha, grid=grid, order=order,
                   exclusions=water.exclusions, coulomb_constant=COULOMB_KJ_NM)
     if tail_correction:
-        return lj + coulomb + _DispersionTail(space, r_cut)
-    return lj + coulomb
+        return _WaterEnergy((lj, coulomb, _DispersionTail(space, r_cut)))
+    return _WaterEnergy((lj, coulomb))

@@ -25,7 +25,8 @@ _LIBRARY = NativeLibrary(
     targets=("simlib_gravity_f32", "simlib_gravity_f64", "simlib_neighbors_f32",
              "simlib_neighbors_f64", "simlib_lj_f32", "simlib_lj_f64", "simlib_lj_diag_f32",
              "simlib_lj_diag_f64", "simlib_ewald_f32",
-             "simlib_ewald_f64", "simlib_pme_spread_f32", "simlib_pme_spread_f64",
+             "simlib_ewald_f64", "simlib_ewald_lj_f32", "simlib_ewald_lj_f64",
+             "simlib_pme_spread_f32", "simlib_pme_spread_f64",
              "simlib_pme_gather_f32", "simlib_pme_gather_f64"),
     library="libsimlib_native.so",
 )

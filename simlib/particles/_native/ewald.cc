@@ -247,6 +247,149 @@ void Rows(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* q, co
   }
 }
 
+// The real-space Ewald sum fused with Lennard-Jones 12-6 over the same list and cutoff, for
+// rigid-water force fields (one pass over the pairs where two kernels would make two):
+//   U_c = sum_{i<j} q_i q_j g(r),   U_lj = sum_{i<j} 4 eps [(s/r)^12 - (s/r)^6]
+//         (minus the same at r_c when shift), s = (sigma_i + sigma_j)/2,
+//         eps = sqrt(eps_i eps_j) (Lorentz-Berthelot),
+//   F_i = k F_c,i + F_lj,i  (F_c as in Rows; F_lj = 24 eps [2 (s/r)^12 - (s/r)^6] d / r^2).
+// Each pair is evaluated once, from the row of its lower index (the list is the full,
+// symmetric one simlib builds, so row i holds every j > i in its cutoff), and its force is
+// added to both atoms (Newton's third law): half the erfc and exp of Rows. So that the sums
+// do not depend on the threads, the rows are cut into kBlocks fixed blocks of consecutive
+// rows, each block is one task that adds its pairs in row and slot order into a force
+// buffer of its own, and the buffers are summed in block order. The same slots, masks,
+// minimum image and NaN rule as Rows (a row with a listed neighbour at a non-finite
+// displacement gets NaN forces; the symmetric list gives that neighbour NaN forces too).
+// A row whose eps_i is 0 (a hydrogen) skips the Lennard-Jones terms (they are 0).
+constexpr int64_t kBlocks = 16;
+
+template <typename T>
+void RowsLJ(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* q, const T* sig,
+            const T* eps, const T* box, T alpha, T k, T rc2, bool shift, T* f,
+            std::vector<double>& row_c, std::vector<double>& row_lj) {
+  const T bx = box[0], by = box[1], bz = box[2];
+  const T ibx = T(1) / bx, iby = T(1) / by, ibz = T(1) / bz;
+  const T two_alpha_pi = T(2) * alpha * T(0.56418958354775628695);   // 2 alpha / sqrt(pi)
+  const T alpha2 = alpha * alpha;
+  const T inv_rc2 = T(1) / rc2;
+  const int32_t n32 = static_cast<int32_t>(n);
+  const int64_t blocks = n < kBlocks ? 1 : kBlocks;
+  std::vector<T> soa(3 * n);
+  T* xs = soa.data();
+  T* ys = xs + n;
+  T* zs = ys + n;
+  std::vector<T> acc(static_cast<size_t>(blocks) * 3 * n, T(0));   // per block: x, y, z rows
+  std::vector<unsigned char> row_ok(n);
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      xs[i] = x[3 * i]; ys[i] = x[3 * i + 1]; zs[i] = x[3 * i + 2];
+    }
+    const size_t c1 = static_cast<size_t>(cap > 0 ? cap : 1);
+    std::vector<int32_t> inside(c1);
+    std::vector<unsigned char> flag(c1);
+    std::vector<T> coef(c1), ddx(c1), ddy(c1), ddz(c1);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      T* ax = acc.data() + static_cast<size_t>(b) * 3 * n;
+      T* ay = ax + n;
+      T* az = ay + n;
+      const int64_t lo = b * n / blocks, hi = (b + 1) * n / blocks;
+      for (int64_t i = lo; i < hi; ++i) {
+        const int32_t* row = idx + i * cap;
+        const int32_t self = static_cast<int32_t>(i);
+        const T xi = xs[i], yi = ys[i], zi = zs[i], qi = q[i], si = sig[i], ei = eps[i];
+        T bad = 0;
+        unsigned char* fl = flag.data();
+#pragma omp simd reduction(+ : bad)
+        for (int64_t s = 0; s < cap; ++s) {
+          const int32_t j = row[s];
+          const bool valid = static_cast<uint32_t>(j) < static_cast<uint32_t>(n32);
+          const int32_t jj = valid ? j : self;   // never an index from outside [0, n)
+          T dx = xi - xs[jj], dy = yi - ys[jj], dz = zi - zs[jj];
+          dx -= bx * std::rint(dx * ibx);
+          dy -= by * std::rint(dy * iby);
+          dz -= bz * std::rint(dz * ibz);
+          const T r2 = dx * dx + dy * dy + dz * dz;
+          fl[s] = valid & (j > self) & (r2 < rc2);   // each pair once, from its lower index
+          bad += (std::isfinite(dx) & std::isfinite(dy) & std::isfinite(dz)) ? T(0) : T(1);
+        }
+        int64_t m = 0;
+        int32_t* in = inside.data();
+        for (int64_t s = 0; s < cap; ++s) {
+          in[m] = row[s];
+          m += fl[s];
+        }
+        T* cf = coef.data();
+        T* ex = ddx.data();
+        T* ey = ddy.data();
+        T* ez = ddz.data();
+        T pot = 0;
+#pragma omp simd reduction(+ : pot)
+        for (int64_t t = 0; t < m; ++t) {
+          const int32_t j = in[t];
+          T dx = xi - xs[j], dy = yi - ys[j], dz = zi - zs[j];
+          dx -= bx * std::rint(dx * ibx);
+          dy -= by * std::rint(dy * iby);
+          dz -= bz * std::rint(dz * ibz);
+          const T r2 = dx * dx + dy * dy + dz * dz;
+          const T r = std::sqrt(r2);
+          const T inv_r = T(1) / r;
+          const T gauss = ExpNonpositive(-alpha2 * r2);
+          const T g = gauss * Erfcx(alpha * r) * inv_r;
+          const T qj = q[j];
+          cf[t] = k * qi * qj * (g + two_alpha_pi * gauss) * inv_r * inv_r;
+          ex[t] = dx; ey[t] = dy; ez[t] = dz;
+          pot += qj * g;
+        }
+        T u = 0;
+        if (ei != T(0)) {                        // Lennard-Jones: the same compacted pairs
+#pragma omp simd reduction(+ : u)
+          for (int64_t t = 0; t < m; ++t) {
+            const int32_t j = in[t];
+            const T r2 = ex[t] * ex[t] + ey[t] * ey[t] + ez[t] * ez[t];
+            const T sg = T(0.5) * (si + sig[j]);
+            const T ep = std::sqrt(ei * eps[j]);
+            const T c2 = sg * sg * inv_rc2, c6 = c2 * c2 * c2;
+            const T sh = shift ? T(4) * ep * (c6 * c6 - c6) : T(0);
+            const T inv2 = T(1) / r2;
+            const T s2 = sg * sg * inv2;
+            const T s6 = s2 * s2 * s2;
+            cf[t] += T(24) * ep * (T(2) * s6 * s6 - s6) * inv2;
+            u += T(4) * ep * (s6 * s6 - s6) - sh;
+          }
+        }
+        T fx = 0, fy = 0, fz = 0;
+        for (int64_t t = 0; t < m; ++t) {        // the reactions, in slot order
+          const int32_t j = in[t];
+          const T cx = cf[t] * ex[t], cy = cf[t] * ey[t], cz = cf[t] * ez[t];
+          fx += cx; fy += cy; fz += cz;
+          ax[j] -= cx; ay[j] -= cy; az[j] -= cz;
+        }
+        ax[i] += fx; ay[i] += fy; az[i] += fz;
+        row_ok[i] = bad == T(0);
+        row_c[i] = static_cast<double>(qi) * static_cast<double>(pot);
+        row_lj[i] = static_cast<double>(u);
+      }
+    }
+    constexpr T nan = std::numeric_limits<T>::quiet_NaN();
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {            // the blocks' buffers, in block order
+      T sx = 0, sy = 0, sz = 0;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const T* ax = acc.data() + static_cast<size_t>(b) * 3 * n;
+        sx += ax[i]; sy += ax[n + i]; sz += ax[2 * n + i];
+      }
+      const bool ok = row_ok[i] != 0;
+      f[3 * i] = ok ? sx : nan;
+      f[3 * i + 1] = ok ? sy : nan;
+      f[3 * i + 2] = ok ? sz : nan;
+    }
+  }
+}
+
 }  // namespace
 
 template <typename T, ffi::DataType DT>
@@ -324,3 +467,78 @@ static ffi::Error EwaldReal(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> nei
 
 SIMLIB_EWALD_HANDLER(simlib_ewald_f32, float, ffi::F32)
 SIMLIB_EWALD_HANDLER(simlib_ewald_f64, double, ffi::F64)
+
+template <typename T, ffi::DataType DT>
+static ffi::Error EwaldLJ(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> neighbors,
+                          ffi::Buffer<DT> charges, ffi::Buffer<DT> sigma,
+                          ffi::Buffer<DT> epsilon, ffi::Buffer<DT> box, ffi::Buffer<DT> alpha,
+                          ffi::Buffer<DT> coulomb, ffi::ResultBuffer<DT> energy_c,
+                          ffi::ResultBuffer<DT> energy_lj, ffi::ResultBuffer<DT> forces,
+                          double r_cut, int64_t shift) {
+  const auto dims = positions.dimensions();
+  if (dims.size() != 2 || dims[1] != 3) {
+    return ffi::Error::InvalidArgument("simlib_ewald_lj: positions must have shape (n, 3)");
+  }
+  const int64_t n = dims[0];
+  const auto ndims = neighbors.dimensions();
+  if (ndims.size() != 2 || ndims[0] != n || ndims[1] < 0 ||
+      n > static_cast<int64_t>(INT32_MAX)) {
+    return ffi::Error::InvalidArgument(
+        "simlib_ewald_lj: neighbors must have shape (n, capacity)");
+  }
+  const size_t un = static_cast<size_t>(n);
+  if (charges.element_count() != un || sigma.element_count() != un ||
+      epsilon.element_count() != un || box.element_count() != 3 ||
+      alpha.element_count() != 1 || coulomb.element_count() != 1 ||
+      energy_c->element_count() != 1 || energy_lj->element_count() != 1 ||
+      forces->element_count() != 3 * un) {
+    return ffi::Error::InvalidArgument(
+        "simlib_ewald_lj: need charges, sigma, epsilon (n,), box (3,), alpha (), "
+        "coulomb (), and outputs (), (), (n, 3)");
+  }
+  if (!(r_cut > 0.0) || !std::isfinite(r_cut)) {
+    return ffi::Error::InvalidArgument("simlib_ewald_lj: r_cut must be positive and finite");
+  }
+  T* ec_out = energy_c->typed_data();
+  T* elj_out = energy_lj->typed_data();
+  if (n == 0) {
+    ec_out[0] = T(0); elj_out[0] = T(0);
+    return ffi::Error::Success();
+  }
+  try {
+    std::vector<double> row_c(un), row_lj(un);
+    RowsLJ<T>(positions.typed_data(), neighbors.typed_data(), n, ndims[1],
+              charges.typed_data(), sigma.typed_data(), epsilon.typed_data(),
+              box.typed_data(), alpha.typed_data()[0], coulomb.typed_data()[0],
+              static_cast<T>(r_cut * r_cut), shift != 0, forces->typed_data(), row_c, row_lj);
+    double total_c = 0.0, total_lj = 0.0;
+    for (int64_t i = 0; i < n; ++i) total_c += row_c[i];      // row order: deterministic
+    for (int64_t i = 0; i < n; ++i) total_lj += row_lj[i];
+    ec_out[0] = static_cast<T>(total_c);                    // each pair once
+    elj_out[0] = static_cast<T>(total_lj);
+  } catch (const std::exception& err) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      std::string("simlib_ewald_lj: ") + err.what());
+  }
+  return ffi::Error::Success();
+}
+
+#define SIMLIB_EWALD_LJ_HANDLER(NAME, T, DT)                                    \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (EwaldLJ<T, DT>),                         \
+                                ffi::Ffi::Bind()                                \
+                                    .Arg<ffi::Buffer<DT>>()                     \
+                                    .Arg<ffi::Buffer<ffi::S32>>()               \
+                                    .Arg<ffi::Buffer<DT>>()                     \
+                                    .Arg<ffi::Buffer<DT>>()                     \
+                                    .Arg<ffi::Buffer<DT>>()                     \
+                                    .Arg<ffi::Buffer<DT>>()                     \
+                                    .Arg<ffi::Buffer<DT>>()                     \
+                                    .Arg<ffi::Buffer<DT>>()                     \
+                                    .Ret<ffi::Buffer<DT>>()                     \
+                                    .Ret<ffi::Buffer<DT>>()                     \
+                                    .Ret<ffi::Buffer<DT>>()                     \
+                                    .Attr<double>("r_cut")                      \
+                                    .Attr<int64_t>("shift"));
+
+SIMLIB_EWALD_LJ_HANDLER(simlib_ewald_lj_f32, float, ffi::F32)
+SIMLIB_EWALD_LJ_HANDLER(simlib_ewald_lj_f64, double, ffi::F64)
