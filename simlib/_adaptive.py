@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._adjoint import Direct, first_order_only
+from ._adjoint import Direct, first_order_only, live_chunks
 from ._control import DEFAULT_CONTROLLER, PIDController
 from ._errors import check_solution
 from ._events import EventSet, EventState, after_step, init_state, pack_events, unpack_events
@@ -28,7 +28,6 @@ from ._stepping import (
     error_exponent,
     first_last,
     not_done,
-    placeholder_dense,
     save_dense,
     solver_init,
     stats_of,
@@ -147,7 +146,6 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
     carry, t0, t1, direction = adaptive_init(f, solver, controller, y0, t0, t1, dt0, rtol,
                                              atol, args)
     k = error_exponent(solver)
-    tdtype = t0.dtype
     # Chunks of attempts, skipped once the run is done. Checkpointed: chunks of about
     # sqrt(max_steps) attempts whose residuals are recomputed in the backward pass.
     size = adjoint.chunk_length(max_steps, _CHUNK)
@@ -158,8 +156,9 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
     # here (ts mode) instead of being rebuilt from solver.init at the save times.
     record_dense = solver.multistep and mode == "ts"
 
-    def one(s, _):
+    def one(s, consts):  # every traced value from ``consts``: live_chunks' pullback
         c, ev = s
+        t1, direction, rtol, atol, args, events = consts
         active = _live(c, ev, t1, direction, max_steps)
         new, ev_new, (t, y, h, accept, _, dense) = _attempt_events(
             f, solver, controller, k, c, ev, events, t1, direction, rtol, atol, args,
@@ -169,29 +168,13 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
         rec = (t, y, h, accept & active, new.t, new.y)
         return (new, ev_new), rec + ((dense,) if record_dense else ())
 
-    def skip(s):
-        c = s[0]
-        rec = (jnp.zeros((size,), tdtype), buffer(c.y, size, 0.0),
-               jnp.zeros((size,), tdtype), jnp.zeros((size,), bool),
-               jnp.zeros((size,), tdtype), buffer(c.y, size, 0.0))
-        if record_dense:
-            rec = rec + (buffer(placeholder_dense(f, solver, c, args), size, 0.0),)
-        return s, rec
+    def run_chunk(s, consts):
+        return lax.scan(lambda s, _: one(s, consts), s, None, length=size)
 
-    def run_chunk(c):
-        return lax.scan(one, c, None, length=size)
-
-    run_chunk = adjoint.remat(run_chunk)
-
-    def chunk(s, _):
-        return lax.cond(
-            _live(*s, t1, direction, max_steps),
-            run_chunk,
-            skip,
-            s,
-        )
-
-    (c, ev), recs = lax.scan(chunk, (carry, ev0), None, length=n_chunks)
+    # only the chunks that run, forward and backward (not n_chunks: simlib/_adjoint.py)
+    (c, ev), recs = live_chunks(
+        adjoint.remat(run_chunk), lambda s, k: _live(*s, k[0], k[1], max_steps),
+        (carry, ev0), (t1, direction, rtol, atol, args, events), n_chunks)
     recs = jax.tree_util.tree_map(lambda r: r.reshape((-1,) + r.shape[2:])[:max_steps], recs)
     saved, steps_out = _replayed_outputs(f, solver, mode, max_steps, recs, c, t0, y0, ts,
                                          direction, rtol, atol, args)
