@@ -188,8 +188,8 @@ def _replayed_outputs(f, solver, mode, max_steps, recs, c, t0, y0, ts, direction
     the accepted step covering each (its data recorded for a multistep solver, rebuilt by
     ``step`` from ``init`` otherwise), or the accepted steps in time order."""
     t_rec, y_rec, h_rec, acc_rec, tnew_rec, ynew_rec = recs[:6]
-    order = jnp.argsort(~acc_rec, stable=True)  # accepted attempts first, in time order
     if mode == "steps":
+        order = jnp.argsort(~acc_rec, stable=True)  # accepted attempts first, in time order
         valid = jnp.arange(max_steps) < c.n_accepted
         return None, (jnp.where(valid, tnew_rec[order], jnp.inf),
                       where_rows(valid, jax.tree_util.tree_map(lambda r: r[order], ynew_rec),
@@ -197,9 +197,16 @@ def _replayed_outputs(f, solver, mode, max_steps, recs, c, t0, y0, ts, direction
     if mode != "ts":
         return None, (None, None)
     ts_arr = jnp.asarray(ts, t0.dtype)
-    starts = jnp.where(acc_rec, direction * t_rec, jnp.inf)[order]
-    idx = jnp.searchsorted(starts, direction * ts_arr, side="left") - 1
-    src = order[jnp.clip(idx, 0, max_steps - 1)]
+    # the last accepted attempt starting before each save time, without sorting the
+    # max_steps records: accepted starts rise in attempt order, so their running maximum
+    # is sorted and the running last accepted index names the attempt (the first
+    # accepted one where none starts before it: a save at t0, which takes y0 below)
+    attempt = jnp.arange(max_steps)
+    starts = lax.cummax(jnp.where(acc_rec, direction * lax.stop_gradient(t_rec), -jnp.inf))
+    last = lax.cummax(jnp.where(acc_rec, attempt, -1))
+    idx = jnp.searchsorted(starts, direction * lax.stop_gradient(ts_arr), side="left") - 1
+    src = jnp.where(idx < 0, jnp.argmax(acc_rec), last[jnp.clip(idx, 0, max_steps - 1)])
+    src = jnp.clip(src, 0, max_steps - 1)
 
     def interp(s, m):
         t, h = t_rec[m], h_rec[m]
