@@ -73,6 +73,37 @@ def test_energy_forces_virial_against_a_numpy_sum_over_all_pairs(fluid, shell):
     assert abs(float(w) - w_ref) < 1e-10 * abs(w_ref)
 
 
+@pytest.mark.parametrize("shell", ["half", pytest.param("full", marks=pytest.mark.slow)])
+def test_cells_taken_in_chunks_give_the_numpy_sum(fluid, shell, monkeypatch):
+    """Above ``BLOCK_ELEMENTS`` slots per shell offset the cells go in chunks (27 cells in 6
+    chunks of 5, the last padded): the same sums, and the chunk loop is in the program."""
+    from simlib.particles import _cells
+
+    x, box, space, sigma, epsilon = fluid
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
+    params = dict(sigma=jnp.asarray(sigma), epsilon=jnp.asarray(epsilon))
+    cells = sp.cell_list(space, x, R_CUT, shell=shell)
+    monkeypatch.setattr(_cells, "BLOCK_ELEMENTS", 5 * cells.capacity ** 2)
+
+    def everything(y, params, cells):
+        u, f = energy.energy_and_forces(y, params, cells)
+        e, g = jax.value_and_grad(lambda z: energy(z, params, cells))(y)
+        return u, f, energy.virial(y, params, cells), e, g
+
+    u, f, w, e, g = jax.jit(everything)(x, params, cells)
+    u_ref, f_ref, w_ref = numpy_lj(x, box, sigma, epsilon, R_CUT)
+    for value in (u, e):
+        assert abs(float(value) - u_ref) < 1e-10 * abs(u_ref)
+    for value in (f, -g):
+        assert np.max(np.abs(np.asarray(value) - f_ref)) < 1e-10 * np.max(np.abs(f_ref))
+    assert abs(float(w) - w_ref) < 1e-10 * abs(w_ref)
+    text = str(jax.make_jaxpr(lambda y: energy.energy_and_forces(y, params, cells))(x))
+    assert "length=6" in text
+    monkeypatch.undo()
+    text = str(jax.make_jaxpr(lambda y: energy.energy_and_forces(y, params, cells))(x))
+    assert "length=6" not in text
+
+
 def test_gradient_in_a_parameter_against_finite_differences(fluid):
     x, box, space, sigma, epsilon = fluid
     energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT, shift=True)
