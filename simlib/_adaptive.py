@@ -1,7 +1,7 @@
 """Adaptive integration: a bounded loop of step attempts under an embedded error estimate.
 
 The forward pass is a ``while_loop``; its reverse-mode derivative (a ``custom_vjp``)
-replays the same attempts in a bounded ``lax.scan`` and differentiates that, so
+replays the same attempts in chunks (``_adjoint.live_chunks``) and differentiates that, so
 ``jax.grad`` sees the whole computation, the step-size controller included. The step
 attempt, the dense-save loop and the output assembly are ``_stepping.py``'s (shared with
 the ensemble chunks of ``_compact.py``); the controller is a :class:`~simlib.PIDController`.
@@ -138,7 +138,7 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
 
 def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt0, rtol, atol,
                      ts, args, events=None, controller=DEFAULT_CONTROLLER):
-    """The same computation as ``_adaptive_forward``, as a differentiable bounded scan.
+    """The same computation as ``_adaptive_forward``, as a differentiable loop of chunks.
 
     Every attempt is recorded; saved values are then rebuilt from the recorded
     accepted steps with the method's dense output.
