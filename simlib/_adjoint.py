@@ -552,8 +552,9 @@ def live_chunks(chunk: Callable, live: Callable, carry0: Any, consts: Any,
     a gradient 1,060x the forward solve). Here the forward pass is a ``while_loop`` over
     the live chunks that stores each one's starting carry (Griewank and Walther,
     *Evaluating Derivatives*, 2nd ed., 2008, ch. 12: a checkpoint per chunk), and the
-    backward pass a ``while_loop`` back over them that recomputes each chunk's pullback from its checkpoint: time and
-    memory (beyond the records and the checkpoints) of the chunks that ran.
+    backward pass a ``while_loop`` back over them that recomputes each chunk's pullback
+    from its checkpoint: time and memory (beyond the records and the checkpoints) of the
+    chunks that ran.
     """
     rec_shapes = jax.eval_shape(lambda c, k: chunk(c, k)[1], carry0, consts)
     carry_shapes = jax.eval_shape(lambda c: c, carry0)
