@@ -1,7 +1,7 @@
 """Adaptive integration: a bounded loop of step attempts under an embedded error estimate.
 
 The forward pass is a ``while_loop``; its reverse-mode derivative (a ``custom_vjp``)
-replays the same attempts in a bounded ``lax.scan`` and differentiates that, so
+replays the same attempts in chunks (``_adjoint.live_chunks``) and differentiates that, so
 ``jax.grad`` sees the whole computation, the step-size controller included. The step
 attempt, the dense-save loop and the output assembly are ``_stepping.py``'s (shared with
 the ensemble chunks of ``_compact.py``); the controller is a :class:`~simlib.PIDController`.
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._adjoint import Direct, first_order_only
+from ._adjoint import Direct, first_order_only, live_chunks
 from ._control import DEFAULT_CONTROLLER, PIDController
 from ._errors import check_solution
 from ._events import EventSet, EventState, after_step, init_state, pack_events, unpack_events
@@ -28,7 +28,6 @@ from ._stepping import (
     error_exponent,
     first_last,
     not_done,
-    placeholder_dense,
     save_dense,
     solver_init,
     stats_of,
@@ -139,7 +138,7 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
 
 def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt0, rtol, atol,
                      ts, args, events=None, controller=DEFAULT_CONTROLLER):
-    """The same computation as ``_adaptive_forward``, as a differentiable bounded scan.
+    """The same computation as ``_adaptive_forward``, as a differentiable loop of chunks.
 
     Every attempt is recorded; saved values are then rebuilt from the recorded
     accepted steps with the method's dense output.
@@ -147,7 +146,6 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
     carry, t0, t1, direction = adaptive_init(f, solver, controller, y0, t0, t1, dt0, rtol,
                                              atol, args)
     k = error_exponent(solver)
-    tdtype = t0.dtype
     # Chunks of attempts, skipped once the run is done. Checkpointed: chunks of about
     # sqrt(max_steps) attempts whose residuals are recomputed in the backward pass.
     size = adjoint.chunk_length(max_steps, _CHUNK)
@@ -158,8 +156,9 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
     # here (ts mode) instead of being rebuilt from solver.init at the save times.
     record_dense = solver.multistep and mode == "ts"
 
-    def one(s, _):
+    def one(s, consts):  # every traced value from ``consts``: live_chunks' pullback
         c, ev = s
+        t1, direction, rtol, atol, args, events = consts
         active = _live(c, ev, t1, direction, max_steps)
         new, ev_new, (t, y, h, accept, _, dense) = _attempt_events(
             f, solver, controller, k, c, ev, events, t1, direction, rtol, atol, args,
@@ -169,29 +168,13 @@ def _adaptive_replay(f, solver, mode, n_save, max_steps, adjoint, y0, t0, t1, dt
         rec = (t, y, h, accept & active, new.t, new.y)
         return (new, ev_new), rec + ((dense,) if record_dense else ())
 
-    def skip(s):
-        c = s[0]
-        rec = (jnp.zeros((size,), tdtype), buffer(c.y, size, 0.0),
-               jnp.zeros((size,), tdtype), jnp.zeros((size,), bool),
-               jnp.zeros((size,), tdtype), buffer(c.y, size, 0.0))
-        if record_dense:
-            rec = rec + (buffer(placeholder_dense(f, solver, c, args), size, 0.0),)
-        return s, rec
+    def run_chunk(s, consts):
+        return lax.scan(lambda s, _: one(s, consts), s, None, length=size)
 
-    def run_chunk(c):
-        return lax.scan(one, c, None, length=size)
-
-    run_chunk = adjoint.remat(run_chunk)
-
-    def chunk(s, _):
-        return lax.cond(
-            _live(*s, t1, direction, max_steps),
-            run_chunk,
-            skip,
-            s,
-        )
-
-    (c, ev), recs = lax.scan(chunk, (carry, ev0), None, length=n_chunks)
+    # only the chunks that run, forward and backward (not n_chunks: simlib/_adjoint.py)
+    (c, ev), recs = live_chunks(
+        adjoint.remat(run_chunk), lambda s, k: _live(*s, k[0], k[1], max_steps),
+        (carry, ev0), (t1, direction, rtol, atol, args, events), n_chunks)
     recs = jax.tree_util.tree_map(lambda r: r.reshape((-1,) + r.shape[2:])[:max_steps], recs)
     saved, steps_out = _replayed_outputs(f, solver, mode, max_steps, recs, c, t0, y0, ts,
                                          direction, rtol, atol, args)
@@ -205,8 +188,8 @@ def _replayed_outputs(f, solver, mode, max_steps, recs, c, t0, y0, ts, direction
     the accepted step covering each (its data recorded for a multistep solver, rebuilt by
     ``step`` from ``init`` otherwise), or the accepted steps in time order."""
     t_rec, y_rec, h_rec, acc_rec, tnew_rec, ynew_rec = recs[:6]
-    order = jnp.argsort(~acc_rec, stable=True)  # accepted attempts first, in time order
     if mode == "steps":
+        order = jnp.argsort(~acc_rec, stable=True)  # accepted attempts first, in time order
         valid = jnp.arange(max_steps) < c.n_accepted
         return None, (jnp.where(valid, tnew_rec[order], jnp.inf),
                       where_rows(valid, jax.tree_util.tree_map(lambda r: r[order], ynew_rec),
@@ -214,9 +197,16 @@ def _replayed_outputs(f, solver, mode, max_steps, recs, c, t0, y0, ts, direction
     if mode != "ts":
         return None, (None, None)
     ts_arr = jnp.asarray(ts, t0.dtype)
-    starts = jnp.where(acc_rec, direction * t_rec, jnp.inf)[order]
-    idx = jnp.searchsorted(starts, direction * ts_arr, side="left") - 1
-    src = order[jnp.clip(idx, 0, max_steps - 1)]
+    # the last accepted attempt starting before each save time, without sorting the
+    # max_steps records: accepted starts rise in attempt order, so their running maximum
+    # is sorted and the running last accepted index names the attempt (the first
+    # accepted one where none starts before it: a save at t0, which takes y0 below)
+    attempt = jnp.arange(max_steps)
+    starts = lax.cummax(jnp.where(acc_rec, direction * lax.stop_gradient(t_rec), -jnp.inf))
+    last = lax.cummax(jnp.where(acc_rec, attempt, -1))
+    idx = jnp.searchsorted(starts, direction * lax.stop_gradient(ts_arr), side="left") - 1
+    src = jnp.where(idx < 0, jnp.argmax(acc_rec), last[jnp.clip(idx, 0, max_steps - 1)])
+    src = jnp.clip(src, 0, max_steps - 1)
 
     def interp(s, m):
         t, h = t_rec[m], h_rec[m]
