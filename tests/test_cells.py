@@ -37,6 +37,18 @@ def numpy_lj(x, box, sigma, epsilon, r_cut):
     return u.sum(), forces, np.sum(-du * r)
 
 
+def assert_matches_numpy(results, x, box, sigma, epsilon):
+    """Energy ``u`` and ``e``, forces ``f`` and ``-g``, virial ``w`` equal the numpy sum to
+    1e-10 relative."""
+    u, f, w, e, g = results
+    u_ref, f_ref, w_ref = numpy_lj(x, box, sigma, epsilon, R_CUT)
+    for value in (u, e):
+        assert abs(float(value) - u_ref) < 1e-10 * abs(u_ref)
+    for value in (f, -g):
+        assert np.max(np.abs(np.asarray(value) - f_ref)) < 1e-10 * np.max(np.abs(f_ref))
+    assert abs(float(w) - w_ref) < 1e-10 * abs(w_ref)
+
+
 @pytest.fixture(scope="module")
 def fluid():
     """500 atoms (fcc 5^3, density 0.8442, box 8.40: a 3 x 3 x 3 grid at r_cut 2.5), jiggled."""
@@ -65,12 +77,7 @@ def test_energy_forces_virial_against_a_numpy_sum_over_all_pairs(fluid, shell):
         return u, f, energy.virial(y, params, cells), e, g
 
     u, f, w, e, g = everything(x, params, cells)
-    u_ref, f_ref, w_ref = numpy_lj(x, box, sigma, epsilon, R_CUT)
-    for value in (u, e):
-        assert abs(float(value) - u_ref) < 1e-10 * abs(u_ref)
-    for value in (f, -g):
-        assert np.max(np.abs(np.asarray(value) - f_ref)) < 1e-10 * np.max(np.abs(f_ref))
-    assert abs(float(w) - w_ref) < 1e-10 * abs(w_ref)
+    assert_matches_numpy((u, f, w, e, g), x, box, sigma, epsilon)
 
 
 @pytest.mark.parametrize("shell", ["half", pytest.param("full", marks=pytest.mark.slow)])
@@ -91,12 +98,7 @@ def test_cells_taken_in_chunks_give_the_numpy_sum(fluid, shell, monkeypatch):
         return u, f, energy.virial(y, params, cells), e, g
 
     u, f, w, e, g = jax.jit(everything)(x, params, cells)
-    u_ref, f_ref, w_ref = numpy_lj(x, box, sigma, epsilon, R_CUT)
-    for value in (u, e):
-        assert abs(float(value) - u_ref) < 1e-10 * abs(u_ref)
-    for value in (f, -g):
-        assert np.max(np.abs(np.asarray(value) - f_ref)) < 1e-10 * np.max(np.abs(f_ref))
-    assert abs(float(w) - w_ref) < 1e-10 * abs(w_ref)
+    assert_matches_numpy((u, f, w, e, g), x, box, sigma, epsilon)
     text = str(jax.make_jaxpr(lambda y: energy.energy_and_forces(y, params, cells))(x))
     assert "length=6" in text
     monkeypatch.undo()
