@@ -44,3 +44,17 @@ def with_and_without_native(script: str, tmp_path) -> tuple:
         out[flag] = np.load(path)
     assert bool(out["1"]["native"]) and not bool(out["0"]["native"])
     return out["1"], out["0"]
+
+
+def same_bits_on_one_and_two_threads(script: str, tmp_path) -> None:
+    """Run ``script`` (``python -c``, writing an ``.npy`` to ``sys.argv[1]``) with one and
+    with two OpenMP threads, and check that the two files hold the same bits."""
+    out = {}
+    for threads in ("1", "2"):
+        path = tmp_path / f"threads{threads}.npy"
+        run = subprocess.run([sys.executable, "-c", script, str(path)],
+                             env=dict(os.environ, OMP_NUM_THREADS=threads),
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        out[threads] = np.load(path)
+    np.testing.assert_array_equal(out["1"], out["2"])

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _native_required import native, with_and_without_native
+from _native_required import native, same_bits_on_one_and_two_threads, with_and_without_native
 
 from simlib import particles as sp
 
@@ -154,15 +154,7 @@ def test_native_reciprocal_second_derivatives_and_vmap():
 def test_spreading_is_deterministic_across_thread_counts(tmp_path):
     """Each grid point receives its contributions in particle order whatever the thread
     count: one and two OpenMP threads give the same bits."""
-    out = {}
-    for threads in ("1", "2"):
-        path = tmp_path / f"grid{threads}.npy"
-        run = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(path)],
-                             env=dict(os.environ, OMP_NUM_THREADS=threads),
-                             capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-2000:]
-        out[threads] = np.load(path)
-    np.testing.assert_array_equal(out["1"], out["2"])
+    same_bits_on_one_and_two_threads(_THREADS_SCRIPT, tmp_path)
 
 
 _THREADS_SCRIPT = textwrap.dedent("""

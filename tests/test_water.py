@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _native_required import native
+from _native_required import native, same_bits_on_one_and_two_threads
 
 import simlib as sl
 from simlib import particles as sp
@@ -458,19 +458,7 @@ def test_spce_box_with_a_neighbour_list_matches_openmm():
 def test_fused_water_pass_is_deterministic_across_thread_counts(tmp_path):
     """The fused pass adds each pair's reaction into fixed blocks' buffers summed in block
     order: one and two OpenMP threads give the same bits (energy and forces)."""
-    import os
-    import subprocess
-    import sys
-
-    out = {}
-    for threads in ("1", "2"):
-        path = tmp_path / f"forces{threads}.npy"
-        run = subprocess.run([sys.executable, "-c", _FUSED_THREADS_SCRIPT, str(path)],
-                             env=dict(os.environ, OMP_NUM_THREADS=threads),
-                             capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-2000:]
-        out[threads] = np.load(path)
-    np.testing.assert_array_equal(out["1"], out["2"])
+    same_bits_on_one_and_two_threads(_FUSED_THREADS_SCRIPT, tmp_path)
 
 
 _FUSED_THREADS_SCRIPT = """
