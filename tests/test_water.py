@@ -473,3 +473,66 @@ energy = sp.spce_energy(water, 0.6, tolerance=1e-4)
 e, f = energy.energy_and_forces(water.positions, water.params, nbrs)
 np.save(sys.argv[1], np.concatenate([np.ravel(e), np.ravel(f)]))
 """
+
+
+_FUSED_EXTREMES_SCRIPT = """
+import sys
+import jax, numpy as np
+jax.config.update("jax_enable_x64", True)
+from simlib import particles as sp
+from simlib.particles._energy import SumEnergy
+
+water = sp.spce_water(64, key=jax.random.key(5))
+nbrs = sp.neighbor_list(sp.periodic(water.box), water.positions, r_cut=0.5, skin=0.1)
+energy = sp.spce_energy(water, 0.5, tolerance=1e-4)
+apart = SumEnergy(energy.terms)
+x = np.asarray(water.positions)
+cases = dict(normal=x.copy(), nan=x.copy(), inf=x.copy(), overlap=x.copy(), huge=x.copy())
+cases["nan"][7, 1] = np.nan
+cases["inf"][11, 0] = np.inf
+cases["overlap"][3] = cases["overlap"][30]        # atoms of two molecules on one point
+cases["huge"][20] = [1e30, -1e30, 1e30]
+# a list built with the overlap in it (the others use the list of the unspoilt positions)
+overlap_nbrs = sp.neighbor_list(sp.periodic(water.box), cases["overlap"], r_cut=0.5, skin=0.1)
+out = {}
+for name, y in cases.items():
+    for label, e in (("fused", energy), ("apart", apart)):
+        u, f = e.energy_and_forces(y, water.params, overlap_nbrs if name == "overlap" else nbrs)
+        out[f"{name}_{label}_u"] = np.asarray(u)
+        out[f"{name}_{label}_f"] = np.asarray(f)
+try:
+    sp.spce_energy(sp.spce_water(0), 0.5, tolerance=1e-4)
+    out["empty"] = "no error"
+except Exception as err:
+    out["empty"] = f"{type(err).__name__}: {err}"
+np.savez(sys.argv[1], **out)
+"""
+
+
+@pytest.mark.slow
+@native
+def test_fused_water_pass_survives_extreme_positions(tmp_path):
+    """NaN, inf, overlapping and huge positions through the fused native pass, in a
+    subprocess: no crash; rows of forces finite where the two kernels apart give finite
+    ones (and equal to them), non-finite where they do; the energy likewise."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "extremes.npz"
+    run = subprocess.run([sys.executable, "-c", _FUSED_EXTREMES_SCRIPT, str(path)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = np.load(path)
+    for name in ("normal", "nan", "inf", "overlap", "huge"):
+        u1, u0 = float(out[f"{name}_fused_u"]), float(out[f"{name}_apart_u"])
+        f1, f0 = out[f"{name}_fused_f"], out[f"{name}_apart_f"]
+        assert np.isfinite(u1) == np.isfinite(u0), name
+        if np.isfinite(u0):
+            assert abs(u1 - u0) <= 1e-10 * abs(u0), name
+        ok = np.all(np.isfinite(f0), axis=1)
+        np.testing.assert_array_equal(np.all(np.isfinite(f1), axis=1), ok, err_msg=name)
+        scale = np.max(np.abs(f0[ok]), initial=1.0)
+        assert np.max(np.abs(f1[ok] - f0[ok]), initial=0.0) <= 1e-10 * scale, name
+    assert not np.isfinite(float(out["nan_fused_u"]))
+    assert not np.isfinite(float(out["overlap_fused_u"]))
+    assert "Error" in str(out["empty"]), str(out["empty"])
