@@ -7,6 +7,7 @@ tests/test_bdf.py."""
 from __future__ import annotations
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 
 import simlib as sl
@@ -22,7 +23,7 @@ def _field(t, y, args):
 def _eqns(jaxpr):
     for eqn in jaxpr.eqns:
         yield eqn
-        for sub in jax.core.jaxprs_in_params(eqn.params):
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
             yield from _eqns(sub)
 
 
