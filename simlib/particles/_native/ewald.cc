@@ -390,6 +390,24 @@ void RowsLJ(const T* x, const int32_t* idx, int64_t n, int64_t cap, const T* q, 
   }
 }
 
+// The shape checks both real-space kernels make first: positions (n, 3) and a neighbour
+// list (n, capacity), with n within int32. Success, or the error naming the kernel `name`
+// and the argument.
+template <ffi::DataType DT>
+ffi::Error CheckPairShapes(const std::string& name, const ffi::Buffer<DT>& positions,
+                           const ffi::Buffer<ffi::S32>& neighbors) {
+  const auto dims = positions.dimensions();
+  if (dims.size() != 2 || dims[1] != 3) {
+    return ffi::Error::InvalidArgument(name + ": positions must have shape (n, 3)");
+  }
+  const auto ndims = neighbors.dimensions();
+  if (ndims.size() != 2 || ndims[0] != dims[0] || ndims[1] < 0 ||
+      dims[0] > static_cast<int64_t>(INT32_MAX)) {
+    return ffi::Error::InvalidArgument(name + ": neighbors must have shape (n, capacity)");
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 template <typename T, ffi::DataType DT>
@@ -399,16 +417,12 @@ static ffi::Error EwaldReal(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> nei
                             ffi::ResultBuffer<DT> forces, ffi::ResultBuffer<DT> phi,
                             ffi::ResultBuffer<DT> box_grad, ffi::ResultBuffer<DT> alpha_grad,
                             double r_cut) {
-  const auto dims = positions.dimensions();
-  if (dims.size() != 2 || dims[1] != 3) {
-    return ffi::Error::InvalidArgument("simlib_ewald: positions must have shape (n, 3)");
+  if (ffi::Error bad = CheckPairShapes<DT>("simlib_ewald", positions, neighbors);
+      bad.failure()) {
+    return bad;
   }
-  const int64_t n = dims[0];
+  const int64_t n = positions.dimensions()[0];
   const auto ndims = neighbors.dimensions();
-  if (ndims.size() != 2 || ndims[0] != n || ndims[1] < 0 ||
-      n > static_cast<int64_t>(INT32_MAX)) {
-    return ffi::Error::InvalidArgument("simlib_ewald: neighbors must have shape (n, capacity)");
-  }
   const size_t un = static_cast<size_t>(n);
   if (charges.element_count() != un || box.element_count() != 3 ||
       alpha.element_count() != 1 || energy->element_count() != 1 ||
@@ -475,17 +489,12 @@ static ffi::Error EwaldLJ(ffi::Buffer<DT> positions, ffi::Buffer<ffi::S32> neigh
                           ffi::Buffer<DT> coulomb, ffi::ResultBuffer<DT> energy_c,
                           ffi::ResultBuffer<DT> energy_lj, ffi::ResultBuffer<DT> forces,
                           double r_cut, int64_t shift) {
-  const auto dims = positions.dimensions();
-  if (dims.size() != 2 || dims[1] != 3) {
-    return ffi::Error::InvalidArgument("simlib_ewald_lj: positions must have shape (n, 3)");
+  if (ffi::Error bad = CheckPairShapes<DT>("simlib_ewald_lj", positions, neighbors);
+      bad.failure()) {
+    return bad;
   }
-  const int64_t n = dims[0];
+  const int64_t n = positions.dimensions()[0];
   const auto ndims = neighbors.dimensions();
-  if (ndims.size() != 2 || ndims[0] != n || ndims[1] < 0 ||
-      n > static_cast<int64_t>(INT32_MAX)) {
-    return ffi::Error::InvalidArgument(
-        "simlib_ewald_lj: neighbors must have shape (n, capacity)");
-  }
   const size_t un = static_cast<size_t>(n);
   if (charges.element_count() != un || sigma.element_count() != un ||
       epsilon.element_count() != un || box.element_count() != 3 ||
