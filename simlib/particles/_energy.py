@@ -396,11 +396,8 @@ class PairEnergy(Energy):
         if self._native_lj(positions, params, neighbors):
             e, f, w = _lj_native_all(positions, params, neighbors, self, diagonal)
         else:
-            u, c, r, dr = self._neighbor_pass(positions, params, neighbors, True)
-            e = 0.5 * jnp.sum(u)
-            f = jnp.stack([-jnp.sum(c * dr[k], axis=1) for k in range(d)], axis=1)
-            w = (-0.5 * jnp.stack([jnp.sum(c * dr[k] * dr[k]) for k in range(d)]) if diagonal
-                 else -0.5 * jnp.sum(c * r * r))
+            e, f, w = _list_sums(*self._neighbor_pass(positions, params, neighbors, True),
+                                 diagonal)
         if self.tail:
             e = e + self.tail_energy(positions, params)
             tail = self.tail_virial(positions, params)
@@ -595,10 +592,17 @@ def _lj_pure(config, positions, idx, sigma, epsilon, box):
     space = Space(box, True) if periodic else free()
     energy = PairEnergy(lennard_jones, space, r_cut, shift, None, tile)
     params = dict(sigma=sigma, epsilon=epsilon)
-    u, c, r, dr = energy._neighbor_pass(positions, params, _Rows(idx), True)
-    f = jnp.stack([-jnp.sum(c * dr[k], axis=1) for k in range(3)], axis=1)
+    return _list_sums(*energy._neighbor_pass(positions, params, _Rows(idx), True), diagonal)
+
+
+def _list_sums(u, c, r, dr, diagonal: bool):
+    """``(U, forces, W)`` from a neighbour-list pass's pair terms (each pair listed from both
+    ends, hence the halves): ``W = -sum r u'(r)``, or with ``diagonal`` the diagonal of the
+    virial tensor ``(d,)``."""
+    d = len(dr)
+    f = jnp.stack([-jnp.sum(c * dr[k], axis=1) for k in range(d)], axis=1)
     if diagonal:
-        w = -0.5 * jnp.stack([jnp.sum(c * dr[k] * dr[k]) for k in range(3)])
+        w = -0.5 * jnp.stack([jnp.sum(c * dr[k] * dr[k]) for k in range(d)])
     else:
         w = -0.5 * jnp.sum(c * r * r)
     return 0.5 * jnp.sum(u), f, w
