@@ -243,14 +243,7 @@ def bussi_kinetic(kinetic_energy, target, nf: int, c, key):
     key_r, key_s = jax.random.split(key)
     r1 = jax.random.normal(key_r, (), dtype)
     s = chi_square(key_s, nf - 1, dtype)
-    return _bussi_update(kinetic_energy, target, nf, c, r1, s)
-
-
-def _bussi_update(kinetic_energy, target, nf, c, r1, s):
-    """:func:`bussi_kinetic`'s update from its draws: ``r1`` standard normal, ``s``
-    chi-square with ``nf - 1`` degrees of freedom."""
-    return (kinetic_energy + (1.0 - c) * (target * (s + r1 * r1) / nf - kinetic_energy)
-            + 2.0 * r1 * jnp.sqrt(kinetic_energy * target / nf * (1.0 - c) * c))
+    return bussi_kinetic_from(kinetic_energy, target, nf, c, r1, s)
 
 
 def bussi_draws(key: jax.Array, nf: int, count: int, extra: int,
@@ -281,7 +274,8 @@ def bussi_kinetic_from(kinetic_energy: jax.Array, target: jax.Array, nf: int, c:
                        r1: jax.Array, s: jax.Array) -> jax.Array:
     r""":func:`bussi_kinetic` with its draws given (from :func:`bussi_draws`): ``r1``
     standard normal, ``s`` chi-square with ``nf - 1`` degrees of freedom."""
-    return _bussi_update(kinetic_energy, target, nf, c, r1, s)
+    return (kinetic_energy + (1.0 - c) * (target * (s + r1 * r1) / nf - kinetic_energy)
+            + 2.0 * r1 * jnp.sqrt(kinetic_energy * target / nf * (1.0 - c) * c))
 
 
 @jax.tree_util.register_pytree_node_class
