@@ -60,9 +60,10 @@ def test_blocks_pad_little_and_divide(n):
 @pytest.mark.parametrize("n, blocks, eps", [
     (300, (8, 128), 0.0),          # 3 source blocks: the circulant schedule, odd
     (1000, (64, 256), 0.05),       # 4 blocks, even: the middle pairs taken once
-    (900, (256, 512), 0.01),       # targets wider than a slab: two one-sided slabs
-    (1500, (128, 256), 0.0),       # 6 blocks, even
-    (1000, (128, 1024), 0.0),      # one block: the diagonal cell alone
+    pytest.param(900, (256, 512), 0.01,    # targets wider than a slab: two one-sided slabs
+                 marks=pytest.mark.slow),  # (interpret mode: 3-9 s each)
+    pytest.param(1500, (128, 256), 0.0, marks=pytest.mark.slow),  # 6 blocks, even
+    pytest.param(1000, (128, 1024), 0.0, marks=pytest.mark.slow),  # one block, the diagonal
 ])
 def test_symmetric_kernel_matches_numpy(n, blocks, eps):
     """Each pair once (Newton's third law), in Pallas's interpret mode: ``a`` per body and
