@@ -19,7 +19,9 @@ simplified Newton with the matrix ``I - c J``. The local error is ``(kappa_k gam
 1/(k+1)) d``; the error of orders ``k - 1`` and ``k + 1`` come from ``D_k`` and
 ``nabla^{k+2} y``. When the step changes by ``rho`` the differences are rescaled,
 ``D <- (R U)^T D`` (Shampine and Reichelt, section 2.2), and ``J`` and the LU factors
-of ``I - c J`` are kept from step to step while Newton converges.
+of ``I - c J`` are kept from step to step while Newton converges. ``D`` is carried as
+``update @ [D; d]``: an accepted step's update by its correction ``d`` is applied by the
+next step together with that step's rescaling, in one pass over ``D``.
 
 The factors are also kept when ``c`` changes (with the step size or the order) by less
 than ``lu_reuse`` relative to the ``c_lu`` they were built for, as CVODE does (A. C.
@@ -454,7 +456,9 @@ class BDF(LinearAlgebra, AbstractSolver):
         solver's own step rule, called by :meth:`simlib.PIDController.propose` (which
         then clips the factor to its bounds and applies ``dtmin``/``dtmax``).
 
-        Rejected: the old differences with the newest ``J``/LU, and the factor
+        Rejected: the differences rescaled for the rejected step, as they are (the next
+        attempt rescales them again, as scipy's ``BDF`` does), with the newest ``J``/LU and
+        no steps of equal size, and the factor
         ``max(factor_min, s r^(-1/(k+1)))`` (``0.5`` after a Newton failure) with the safety
         ``s = safety (2 m + 1) / (2 m + iterations)``, ``m`` the Newton iteration limit.
         Accepted: the step is kept for ``k + 1`` steps; then the orders ``k - 1``, ``k``,
