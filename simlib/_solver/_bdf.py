@@ -19,9 +19,9 @@ simplified Newton with the matrix ``I - c J``. The local error is ``(kappa_k gam
 1/(k+1)) d``; the error of orders ``k - 1`` and ``k + 1`` come from ``D_k`` and
 ``nabla^{k+2} y``. When the step changes by ``rho`` the differences are rescaled,
 ``D <- (R U)^T D`` (Shampine and Reichelt, section 2.2), and ``J`` and the LU factors
-of ``I - c J`` are kept from step to step while Newton converges. ``D`` is carried as
-``update @ [D; d]``: an accepted step's update by its correction ``d`` is applied by the
-next step together with that step's rescaling, in one pass over ``D``.
+of ``I - c J`` are kept from step to step while Newton converges. The step's rescaling
+and its update by the correction ``d`` are one matrix on the rows of ``[D; d]``, applied
+after the step is accepted or rejected (the identity then), in one pass over ``D``.
 
 The factors are also kept when ``c`` changes (with the step size or the order) by less
 than ``lu_reuse`` relative to the ``c_lu`` they were built for, as CVODE does (A. C.
@@ -80,12 +80,12 @@ class BDFState(NamedTuple):
     """The history and linear algebra carried by :class:`BDF` from step to step.
 
     Attributes:
-        D, d_last, update: The modified divided differences for the step ``h``, ``(MAX_ORDER
-            + 3, n)``, held as ``update @ [D; d_last]`` (``update``: ``(MAX_ORDER + 3,
-            MAX_ORDER + 4)``): the last step's correction ``d_last`` is folded into the
-            differences by the next step's rescaling, in one pass over them
-            (:func:`_apply_update`), and a rejected step keeps its rescaled ``D`` with
-            ``update = [I 0]``.
+        D: ``(MAX_ORDER + 3, n)`` modified divided differences, for the step ``h``.
+        d_last, update: The last step's correction ``d`` and the ``(MAX_ORDER + 3,
+            MAX_ORDER + 4)`` matrix taking ``[D; d]`` (``D`` before the step) to the
+            differences after it (the rescaling and the update), which
+            :meth:`BDF.propose_step` applies if the step is accepted
+            (:func:`_apply_update`); ``[I 0]`` after it.
         order: Current order ``k``.
         h: The step size ``D`` is scaled for.
         n_equal: Steps taken at this size and order (an order change needs ``k + 1``).
@@ -301,22 +301,23 @@ class BDF(LinearAlgebra, AbstractSolver):
         k = state.order
         rows = jnp.arange(_ROWS)[:, None]
 
-        # 1. the differences for this step size (the last step's update and the rescaling
-        # (R U)^T), the predictor y^(0) = sum_{j<=k} D_j and the corrector's constant part
-        # psi = sum_{j=1}^{k} gamma_j D_j / alpha_k: one pass over D, by one matrix on the
-        # rows of [D; d_last]
-        changed = (hh != state.h) & (hh != 0)  # h = 0: an idle member (below), D kept
+        # 1. the differences for this step size, (R U)^T D, are not formed: the predictor
+        # y^(0) = sum_{j<=k} D_j and the corrector's constant part psi = sum_{j=1}^{k}
+        # gamma_j D_j / alpha_k are read from the rows of D by the rescaling's weights, and
+        # propose_step applies the rescaling and the update together (one pass over D)
+        changed = hh != state.h
         rho = hh / jnp.where(state.h == 0, 1.0, state.h)
         rescale = jnp.where(changed, _rescale_matrix(k, rho, dtype).T, jnp.eye(_ROWS, dtype=dtype))
-        to_rows = rescale @ state.update  # [D; d_last] -> this step's D
         row = jnp.arange(_ROWS)
         a_k = alpha[k]
         gamma_rows = jnp.concatenate([gamma, jnp.zeros(_ROWS - gamma.size, dtype)])
-        D = _apply_update(to_rows, state.D, state.d_last)
+        weights = jnp.stack([jnp.where(row <= k, 1.0, 0.0),
+                             jnp.where((row >= 1) & (row <= k), gamma_rows / a_k, 0.0)])
+        weights = weights.astype(dtype) @ rescale
 
         def sums():
-            return (_rows_sum(row <= k, D),
-                    _rows_sum((row >= 1) & (row <= k), D, gamma_rows) / a_k)
+            return (_rows_sum(row >= 0, state.D, weights[0]),
+                    _rows_sum(row >= 0, state.D, weights[1]))
 
         # a conditional whose branches are the same: its results are materialised once
         # (XLA's CPU backend removes optimisation barriers, and fused each of their
@@ -416,15 +417,20 @@ class BDF(LinearAlgebra, AbstractSolver):
         y_new = y_pred + d
         error = error_const[k] * d
 
-        # 3. the differences after the step (used only if the step is accepted), kept as
-        # the update of D by d that the next step applies (a failed d, which no accepted
-        # step has, is zeroed: the update's zeros would not cancel a nan)
-        update = _update_matrix(k, dtype)
+        # 3. the differences after the step, update @ [D; d], applied by propose_step if
+        # the step is accepted (a failed d, which no accepted step has, is zeroed: the
+        # zeros of a rejection's [I 0] would not cancel a nan)
+        after = _update_matrix(k, dtype)
+        update = jnp.concatenate([after[:, :_ROWS] @ rescale, after[:, _ROWS:]], axis=1)
         d_last = jnp.where(jnp.isfinite(d), d, 0.0)
+        # the state after an accepted step, complete in itself; a driver that goes through
+        # propose_step does not use this D (XLA drops it): propose_step forms it again
+        # from the update, selected by the acceptance, in its one pass over D
+        D1 = _apply_update(update, state.D, d_last)
 
         one = jnp.asarray(1, jnp.int32)
         state1 = BDFState(
-            D=D, d_last=d_last, update=update, order=k, h=jnp.where(hh == 0, state.h, hh),
+            D=D1, d_last=d_last, update=update, order=k, h=hh,
             n_equal=n_equal + 1, fac=fac, c_lu=fac.c.astype(dtype),
             jac_current=refreshed | state.jac_current,
             jac_age=jnp.where(new_jac, 0, state.jac_age + one),
@@ -435,8 +441,7 @@ class BDF(LinearAlgebra, AbstractSolver):
             n_newton=state.n_newton + iterations, rtol=state.rtol, atol=state.atol)
         err = BDFError(error=error, newton_failed=~converged, iterations=iterations,
                        y1=y_new, last_iterations=second.iterations)
-        D1 = _apply_update(update[: MAX_ORDER + 1], D, d_last)  # only where it is used
-        dense = jnp.where(rows[: MAX_ORDER + 1] <= k, D1, 0.0)
+        dense = jnp.where(rows[: MAX_ORDER + 1] <= k, D1[: MAX_ORDER + 1], 0.0)
         return unravel(y_new), err, dense, state1
 
     def error_ratio(self, y: PyTree, y1: PyTree, err: BDFError, h, rtol, atol,
@@ -456,9 +461,7 @@ class BDF(LinearAlgebra, AbstractSolver):
         solver's own step rule, called by :meth:`simlib.PIDController.propose` (which
         then clips the factor to its bounds and applies ``dtmin``/``dtmax``).
 
-        Rejected: the differences rescaled for the rejected step, as they are (the next
-        attempt rescales them again, as scipy's ``BDF`` does), with the newest ``J``/LU and
-        no steps of equal size, and the factor
+        Rejected: the old differences with the newest ``J``/LU, and the factor
         ``max(factor_min, s r^(-1/(k+1)))`` (``0.5`` after a Newton failure) with the safety
         ``s = safety (2 m + 1) / (2 m + iterations)``, ``m`` the Newton iteration limit.
         Accepted: the step is kept for ``k + 1`` steps; then the orders ``k - 1``, ``k``,
@@ -483,12 +486,16 @@ class BDF(LinearAlgebra, AbstractSolver):
                       min_factor))
 
         change = state1.n_equal >= k + 1
-        D, d = state1.D, state1.d_last
+        # D from the state before the step: the step's outputs carry no derivative on an
+        # attempt that is not finite (simlib._stepping.guarded_step), which is rejected
+        D, d = state.D, state1.d_last
+
+        def new_row(i):  # row i of the differences after the step
+            return _apply_update(lax.dynamic_slice_in_dim(state1.update, i, 1), D, d)[0]
 
         def order_norms():  # the errors of orders k - 1 and k + 1, after the step's update
             scale = jnp.asarray(atol, dtype) + jnp.asarray(rtol, dtype) * jnp.abs(err.y1)
-            d_k = lax.dynamic_index_in_dim(D, k, keepdims=False) + d  # the new D_k
-            d_k2 = d - lax.dynamic_index_in_dim(D, k + 1, keepdims=False)  # the new D_{k+2}
+            d_k, d_k2 = new_row(k), new_row(k + 2)
             norm_m = jnp.where(k > 1, rms_norm(error_const[k - 1] * d_k, scale), jnp.inf)
             norm_p = jnp.where(k < self.max_order,
                                rms_norm(error_const[jnp.minimum(k + 1, MAX_ORDER)] * d_k2,
@@ -508,18 +515,23 @@ class BDF(LinearAlgebra, AbstractSolver):
                                     1.0)
         new_order = jnp.where(change, k + best.astype(jnp.int32) - 1, k)
 
-        # accepted: the update by d is applied at the next step; rejected: the differences
-        # rescaled for the rejected step, as they are (the next attempt rescales them
-        # again, as scipy's BDF does), with the newest J and factors either way. D and
-        # d_last are the same arrays in both: no select over them.
-        def pick(a, b):
-            return jnp.where(accept, a, b)
-
-        new_state = state1._replace(
-            update=pick(state1.update, _no_update(dtype)),
-            order=pick(new_order, state1.order),
-            n_equal=pick(state1.n_equal, jnp.zeros_like(state1.n_equal)),
-            jac_current=pick(jnp.asarray(False), state1.jac_current))
+        # accepted: the rescaled and updated differences, update @ [D; d]; rejected: the
+        # old ones, [I 0] @ [D; d]; the newest J and factors either way. One pass over D,
+        # and no select between two D-shaped arrays.
+        kept = state._replace(fac=state1.fac, c_lu=state1.c_lu,
+                              jac_current=state1.jac_current, jac_age=state1.jac_age,
+                              lu_age=state1.lu_age, c_ratio=state1.c_ratio,
+                              n_jac=state1.n_jac,
+                              n_lu=state1.n_lu, n_newton=state1.n_newton)
+        accepted = state1._replace(order=new_order, jac_current=jnp.asarray(False))
+        rebuilt = ("D", "d_last", "update")
+        new_state = BDFState(**{
+            name: (a if name in rebuilt else
+                   jax.tree_util.tree_map(lambda x, y: jnp.where(accept, x, y), a, b))
+            for name, a, b in zip(BDFState._fields, accepted, kept, strict=True)})
+        update = jnp.where(accept, state1.update, _no_update(dtype))
+        new_state = new_state._replace(D=_apply_update(update, D, d), d_last=d,
+                                       update=_no_update(dtype))
         factor = jnp.where(accept, accepted_factor, rejected_factor)
         return factor.astype(jnp.result_type(h)), new_state
 
