@@ -69,11 +69,11 @@ def test_bdf_step_updates_its_differences_in_one_elementwise_pass():
     assert _d_shaped(step_jaxpr, rows, ("dot_general", "cumsum")) == []
     assert len(_d_shaped(step_jaxpr, rows, ("select_n",))) <= 1  # the dense output's mask
 
-    _, err, _, state1 = one_step(y0, args, state)
+    _, err, _, state1 = jax.eval_shape(one_step, y0, args, state)
 
-    def propose(accept, ratio):
+    def propose(accept, ratio, err, state, state1):
         return solver.propose_step(1e-3, ratio, accept, err, state, state1, 1e-6, 1e-6,
                                    sl.PIDController())
 
-    propose_jaxpr = jax.make_jaxpr(propose)(True, 0.5).jaxpr
+    propose_jaxpr = jax.make_jaxpr(propose)(True, 0.5, err, state, state1).jaxpr
     assert _d_shaped(propose_jaxpr, rows, ("select_n", "dot_general")) == []
