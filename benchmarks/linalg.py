@@ -182,8 +182,8 @@ def sparse(grids, repeats, c=1e-3):
         # native static-pivot LU after a fill-reducing ordering
         if _kernels.load() is not None:
             # RCM's profile fill grows like n^1.5 (22.5M entries at 32,768 states): skipped
-            # above that
-            for ordering in ("mmd", "rcm") if n <= 40_000 else ("mmd",):
+            # above 10,000 states
+            for ordering in ("nd", "mmd", "rcm") if n <= 10_000 else ("nd", "mmd"):
                 nat = Sparse(cp, kernel="native", ordering=ordering)
                 sym, row[f"native_{ordering}_symbolic_s"] = timed(nat.symbolic)
                 row[f"native_{ordering}_fill"] = sym.nnz

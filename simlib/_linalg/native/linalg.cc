@@ -208,6 +208,40 @@ struct Runs {
   }
 };
 
+// The strict lower part of each row cut into runs the same way (for the forward solve).
+struct LowerRuns {
+  std::vector<int32_t> ptr, start, len;
+  LowerRuns() = default;
+  LowerRuns(const int32_t* fp, const int32_t* fi, const int32_t* diag, int64_t n)
+      : ptr(n + 1, 0) {
+    for (int64_t k = 0; k < n; ++k) {
+      for (int32_t q = fp[k]; q < diag[k]; ++q) {
+        if (q > fp[k] && fi[q] == fi[q - 1] + 1) { ++len.back(); continue; }
+        start.push_back(q);
+        len.push_back(1);
+      }
+      ptr[k + 1] = static_cast<int32_t>(start.size());
+    }
+  }
+};
+
+// chain[k] = 1 where row k's strict upper part is {k + 1} and then row k + 1's strict upper
+// part: rows k and k + 1 lie in one supernode (a chain of the elimination tree whose
+// columns share their structure; Liu, Ng and Peyton, SIAM J. Matrix Anal. Appl. 14, 1993,
+// 242-252). A row i that holds column k then holds k + 1 too (i > k + 1, by symmetry), and
+// the updates of row i by rows k .. k + g - 1 of one chain touch the same columns past
+// k + g - 1: the factorisation applies them in one pass over the work row (UpdateGroup).
+std::vector<uint8_t> Chains(const int32_t* fp, const int32_t* fi, const int32_t* diag,
+                            int64_t n) {
+  std::vector<uint8_t> chain(n, 0);
+  for (int64_t k = 0; k + 1 < n; ++k) {
+    const int32_t cnt = fp[k + 1] - diag[k] - 1, cnt1 = fp[k + 2] - diag[k + 1] - 1;
+    if (cnt < 1 || fi[diag[k] + 1] != k + 1 || cnt != cnt1 + 1) continue;
+    chain[k] = std::equal(fi + diag[k] + 2, fi + fp[k + 1], fi + diag[k + 1] + 1) ? 1 : 0;
+  }
+  return chain;
+}
+
 // Row k's update of the work row w (row i), by runs. Closed: every column of row k's
 // strict upper part is in row i's pattern (a closed fill, Pattern::closed), so no entry is
 // checked; otherwise (ILU(0)) only the columns marked with row i are updated.
@@ -228,10 +262,43 @@ inline void UpdateRow(T* w, const int32_t* m, int32_t ii, T lik, const T* lu,
   }
 }
 
+// The rows k .. k + G - 1 of one chain (chain[k .. k + G - 2]) update the work row w:
+// l_ik = w_k / u_kk in turn, each applied at once to the columns k + 1 .. k + G - 1 inside
+// the group, then to the shared columns past it (row k + G - 1's strict upper part) in one
+// pass, w_j -= l_ik u_kj - ... - l_i,k+G-1 u_k+G-1,j in the order of the row-by-row
+// elimination (same operations, same order; w read and written once instead of G times).
+constexpr int32_t kGroup = 8;
+
+template <typename T, int G>
+inline void UpdateGroup(T* w, const T* lu, const int32_t* fi, const int32_t* diag,
+                        const Runs& runs, int32_t k) {
+  T l[G];
+  const T* u[G];
+  for (int a = 0; a < G; ++a) {
+    const int32_t kk = k + a;
+    const T ukk = lu[diag[kk]];
+    l[a] = ukk == T(0) ? T(0) : w[kk] / ukk;
+    w[kk] = l[a];
+    for (int b = a + 1; b < G; ++b) w[k + b] -= l[a] * lu[diag[kk] + (b - a)];
+    u[a] = lu + diag[kk] + (G - a);  // row kk at the first shared column
+  }
+  const int32_t last = k + G - 1, base = diag[last] + 1;
+  for (int32_t r = runs.ptr[last]; r < runs.ptr[last + 1]; ++r) {
+    const int32_t q0 = runs.start[r], len = runs.len[r], off = q0 - base;
+    T* __restrict__ wj = w + fi[q0];
+#pragma omp simd
+    for (int32_t t = 0; t < len; ++t) {
+      T s = wj[t];
+      for (int a = 0; a < G; ++a) s -= l[a] * u[a][off + t];
+      wj[t] = s;
+    }
+  }
+}
+
 template <typename T, bool Closed>
 int32_t SparseLUImpl(const T* a, const int32_t* fp, const int32_t* fi, const int32_t* diag,
-                     const Runs& runs, int64_t n, T* lu, std::vector<T>& work,
-                     std::vector<int32_t>& mark) {
+                     const Runs& runs, const uint8_t* chain, int64_t n, T* lu,
+                     std::vector<T>& work, std::vector<int32_t>& mark) {
   int32_t info = 0;
   T* w = work.data();
   int32_t* m = mark.data();
@@ -243,6 +310,23 @@ int32_t SparseLUImpl(const T* a, const int32_t* fp, const int32_t* fi, const int
     }
     for (int32_t p = fp[i]; p < diag[i]; ++p) {  // k < i, ascending
       const int32_t k = fi[p];
+      if (Closed) {  // rows k .. k + g - 1 of one chain in a single pass (UpdateGroup)
+        int32_t g = 1;
+        while (g < kGroup && p + g < diag[i] && chain[k + g - 1] && fi[p + g] == k + g) ++g;
+        if (g > 1) {
+          switch (g) {
+            case 2: UpdateGroup<T, 2>(w, lu, fi, diag, runs, k); break;
+            case 3: UpdateGroup<T, 3>(w, lu, fi, diag, runs, k); break;
+            case 4: UpdateGroup<T, 4>(w, lu, fi, diag, runs, k); break;
+            case 5: UpdateGroup<T, 5>(w, lu, fi, diag, runs, k); break;
+            case 6: UpdateGroup<T, 6>(w, lu, fi, diag, runs, k); break;
+            case 7: UpdateGroup<T, 7>(w, lu, fi, diag, runs, k); break;
+            default: UpdateGroup<T, 8>(w, lu, fi, diag, runs, k); break;
+          }
+          p += g - 1;
+          continue;
+        }
+      }
       const T ukk = lu[diag[k]];
       const T lik = ukk == T(0) ? T(0) : w[k] / ukk;
       w[k] = lik;
@@ -260,10 +344,10 @@ int32_t SparseLUImpl(const T* a, const int32_t* fp, const int32_t* fi, const int
 
 template <typename T>
 int32_t SparseLU(const T* a, const int32_t* fp, const int32_t* fi, const int32_t* diag,
-                 const Runs& runs, bool closed, int64_t n, T* lu, std::vector<T>& work,
-                 std::vector<int32_t>& mark) {
-  return closed ? SparseLUImpl<T, true>(a, fp, fi, diag, runs, n, lu, work, mark)
-                : SparseLUImpl<T, false>(a, fp, fi, diag, runs, n, lu, work, mark);
+                 const Runs& runs, const uint8_t* chain, bool closed, int64_t n, T* lu,
+                 std::vector<T>& work, std::vector<int32_t>& mark) {
+  return closed ? SparseLUImpl<T, true>(a, fp, fi, diag, runs, chain, n, lu, work, mark)
+                : SparseLUImpl<T, false>(a, fp, fi, diag, runs, chain, n, lu, work, mark);
 }
 
 // sum_p lu[p] x[fi[p]] over p in [begin, end), in four partial sums: the rows of the
@@ -282,15 +366,45 @@ inline T RowDot(const T* lu, const int32_t* fi, const T* x, int32_t begin, int32
   return (s0 + s1) + (s2 + s3);
 }
 
+// The same sum over a row cut into the runs [r0, r1) (columns consecutive within a run: no
+// column index read per entry), where its runs are long enough to pay for their loops (on
+// average kMinRun entries; else RowDot).
+constexpr int32_t kMinRun = 8;
+
+template <typename T>
+inline T RunsDot(const T* lu, const int32_t* fi, const T* x, const int32_t* start,
+                 const int32_t* len, int32_t r0, int32_t r1, int32_t begin, int32_t end) {
+  if (end - begin < kMinRun * (r1 - r0)) return RowDot(lu, fi, x, begin, end);
+  T s0 = T(0), s1 = T(0), s2 = T(0), s3 = T(0);
+  for (int32_t r = r0; r < r1; ++r) {
+    const T* __restrict__ a = lu + start[r];
+    const T* __restrict__ y = x + fi[start[r]];
+    const int32_t m = len[r];
+    int32_t t = 0;
+    for (; t + 3 < m; t += 4) {
+      s0 += a[t] * y[t];
+      s1 += a[t + 1] * y[t + 1];
+      s2 += a[t + 2] * y[t + 2];
+      s3 += a[t + 3] * y[t + 3];
+    }
+    for (; t < m; ++t) s0 += a[t] * y[t];
+  }
+  return (s0 + s1) + (s2 + s3);
+}
+
 template <typename T>
 void SparseSolve(const T* lu, const int32_t* fp, const int32_t* fi, const int32_t* diag,
-                 int64_t n, const T* b, bool transpose, T* x) {
+                 const Runs& upper, const LowerRuns& lower, int64_t n, const T* b,
+                 bool transpose, T* x) {
   for (int64_t i = 0; i < n; ++i) x[i] = b[i];
   if (!transpose) {
+    const int32_t *ls = lower.start.data(), *ll = lower.len.data();
+    const int32_t *us = upper.start.data(), *ul = upper.len.data();
     for (int64_t i = 0; i < n; ++i)  // L y = b, unit lower
-      x[i] -= RowDot(lu, fi, x, fp[i], diag[i]);
+      x[i] -= RunsDot(lu, fi, x, ls, ll, lower.ptr[i], lower.ptr[i + 1], fp[i], diag[i]);
     for (int64_t i = n - 1; i >= 0; --i)  // U x = y
-      x[i] = (x[i] - RowDot(lu, fi, x, diag[i] + 1, fp[i + 1])) / lu[diag[i]];
+      x[i] = (x[i] - RunsDot(lu, fi, x, us, ul, upper.ptr[i], upper.ptr[i + 1], diag[i] + 1,
+                             fp[i + 1])) / lu[diag[i]];
     return;
   }
   for (int64_t i = 0; i < n; ++i) {  // U^T z = b, by columns of U^T (rows of U)
@@ -312,6 +426,8 @@ struct Pattern {
   int64_t n = 0, nnz = 0, na = 0;
   const int32_t *fp = nullptr, *fi = nullptr, *diag = nullptr, *position = nullptr;
   Runs runs;  // of the factors' rows, built once at registration (not at every factorisation)
+  LowerRuns lower;  // of the rows' strict lower parts (the forward solve)
+  std::vector<uint8_t> chain;  // Chains(), for a closed pattern (else all zero)
   bool closed = false;  // elimination on F creates no entry outside F (Closed, at registration)
 };
 
@@ -402,6 +518,7 @@ ffi::Error SparseLUHandler(ffi::Buffer<DT> a, ffi::ResultBuffer<DT> lu,
       for (int64_t k = 0; k < batch; ++k) {
         std::fill(mark.begin(), mark.end(), -1);
         info->typed_data()[k] = SparseLU<T>(a.typed_data() + k * nnz, fp, fi, diag, runs,
+                                            pat->chain.data(),
                                             pat->closed, n, lu->typed_data() + k * nnz,
                                             work, mark);
       }
@@ -458,7 +575,8 @@ ffi::Error SparseLUMaskedHandler(ffi::Buffer<DT> a, ffi::Buffer<DT> old,
         std::fill(mark.begin(), mark.end(), -1);
         // in place: row i's values are read into work before row i of the factors is
         // written, and rows k < i are already factors
-        int32_t status = SparseLU<T>(out, fp, fi, diag, runs, pat->closed, n, out, work, mark);
+        int32_t status = SparseLU<T>(out, fp, fi, diag, runs, pat->chain.data(), pat->closed,
+                                     n, out, work, mark);
         if (status == 0)  // a non-finite factor off the diagonal: n + 1
           for (int64_t p = 0; p < nnz; ++p)
             if (!std::isfinite(out[p])) { status = static_cast<int32_t>(n + 1); break; }
@@ -491,7 +609,8 @@ ffi::Error SparseSolveHandler(ffi::Buffer<DT> lu, ffi::Buffer<DT> b, ffi::Result
   const int32_t *fp = pat->fp, *fi = pat->fi, *diag = pat->diag;
 #pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
   for (int64_t k = 0; k < batch; ++k)
-    SparseSolve<T>(lu.typed_data() + ls * k * nnz, fp, fi, diag, n, b.typed_data() + k * n,
+    SparseSolve<T>(lu.typed_data() + ls * k * nnz, fp, fi, diag, pat->runs, pat->lower, n,
+                   b.typed_data() + k * n,
                    transpose != 0, x->typed_data() + k * n);
   return ffi::Error::Success();
 }
@@ -692,7 +811,9 @@ extern "C" int64_t simlib_sparse_register(int64_t key, int64_t n, int64_t nnz,
     }
     if (!ValidPattern(*pat)) return -1;
     pat->runs = Runs(fp, fi, diag, n);
+    pat->lower = LowerRuns(fp, fi, diag, n);
     pat->closed = ClosedPattern(*pat);
+    pat->chain = pat->closed ? Chains(fp, fi, diag, n) : std::vector<uint8_t>(n, 0);
     Registry().emplace(key, std::move(pat));
     return 1;
   } catch (...) {
