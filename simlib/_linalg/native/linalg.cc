@@ -828,6 +828,16 @@ extern "C" int64_t simlib_sparse_pattern_closed(int64_t key) {
   return pat ? static_cast<int64_t>(pat->closed) : -1;
 }
 
+// The number of rows k of the pattern under key that chain to row k + 1 (Chains: their
+// updates go in groups), or -1 if no pattern is registered under key (for tests).
+extern "C" int64_t simlib_sparse_pattern_chains(int64_t key) {
+  const std::shared_ptr<const Pattern> pat = FindPattern(key);
+  if (!pat) return -1;
+  int64_t count = 0;
+  for (uint8_t c : pat->chain) count += c;
+  return count;
+}
+
 // The number of registered patterns (for tests).
 extern "C" int64_t simlib_sparse_pattern_count() {
   std::lock_guard<std::mutex> lock(registry_mutex);
