@@ -16,7 +16,10 @@
 // Algorithm 10.3): for each k < i in row i, l_ik = a_ik / u_kk and a_ij -= l_ik u_kj for
 // j > k in row k, where j is in row i's pattern. With F the symbolic fill of A (from
 // simlib_symbolic_*) this is the exact LU; with F = pattern(A) it is ILU(0) (updates
-// outside the pattern are dropped). The fill-reducing ordering is applied outside.
+// outside the pattern are dropped). On a closed fill the rows k of one supernode chain are
+// applied in groups (UpdateGroup) and up to 4 rows i of a chain are eliminated together
+// (SparseLUBlocked): the same operations in the same order for each row, fewer passes
+// over the memory. The fill-reducing ordering is applied outside.
 //
 // The pattern (fp, fi, diag, and position: where A's values go in F) is not a kernel
 // operand: it is registered once from the host (simlib_sparse_register, through ctypes,
