@@ -47,7 +47,7 @@ Differential Equations*, SIAM, 2007 (chapters 1, 2, 3 and 9).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -689,7 +689,8 @@ def _axis_eigenvalues(n: int, h: float, bc: tuple[str, str], half: bool) -> np.n
 
 
 def diffusion_preconditioner(grid: Grid, diffusivity: Any, *, species: int = 1,
-                             layout: str = "interleaved"):
+                             layout: str = "interleaved") -> Callable[[Any, jax.Array],
+                                                                      jax.Array]:
     r"""The exact inverse of a system's diffusion part, :math:`(I - c D \nabla^2_h)^{-1}`,
     for :class:`simlib.NewtonKrylov`'s ``preconditioner``.
 
