@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 import simlib.particles as sp
 from simlib.particles import _energy
+from simlib.particles._gravity_pallas import symmetric_fits, vmem_capacity
 
 
 def main() -> None:
@@ -32,6 +33,8 @@ def main() -> None:
     out = dict(backend=jax.default_backend(), energy_rel=float(abs(u - u0) / abs(u0)),
                force_rel=float(jnp.max(jnp.abs(f - f0)) / scale),
                grad_vs_minus_force=float(jnp.max(jnp.abs(g + f0)) / scale),
+               symmetric_kernel=symmetric_fits(n, 4, vmem_capacity()),
+               vmem_capacity=vmem_capacity(),
                hlo_has_pallas="tpu_custom_call" in
                jax.jit(e.energy_and_forces).lower(x, p).compile().as_text())
     print(out)

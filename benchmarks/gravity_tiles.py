@@ -4,8 +4,9 @@
 
 Float32, one force evaluation (energy and forces for simlib, forces alone for the plain
 sum), uniform normal positions, softening 0.01, G 1, masses 1/n. Rows: the plain row-block
-sum (the peer, as in benchmarks/gpu.sh), simlib's pure-JAX kernel, and the Pallas tiled
-kernel at several tile sizes. Warm-up first; best of ``--repeats``; compile time apart.
+sum (the peer, as in benchmarks/gpu.sh), simlib's pure-JAX kernel, and the two Pallas
+kernels (one-sided, and each pair once by Newton's third law) at several tile sizes.
+Warm-up first; best of ``--repeats``; compile time apart.
 On a CPU the Pallas rows run in interpret mode and are skipped unless --interpret.
 """
 
@@ -25,7 +26,7 @@ from _timing import best_of  # noqa: E402
 
 import simlib.particles as sp  # noqa: E402
 from simlib.particles import _energy  # noqa: E402
-from simlib.particles._gravity_pallas import gravity_sums  # noqa: E402
+from simlib.particles._gravity_pallas import gravity_sums, gravity_sums_symmetric  # noqa: E402
 
 
 def plain(x, m, eps):
@@ -49,6 +50,8 @@ def main() -> None:
     ap.add_argument("--bodies", type=int, nargs="+", default=[100_000])
     ap.add_argument("--blocks", nargs="*", default=["64x8192", "32x8192", "128x4096"],
                     help="Pallas tiles to try, TARGETSxSOURCES (the kernel's default 64x8192)")
+    ap.add_argument("--symmetric", nargs="*", default=["64x8192", "128x8192", "32x8192"],
+                    help="tiles of the Newton's-third-law kernel to try (its default 64x8192)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--interpret", action="store_true")
     ap.add_argument("--json")
@@ -75,6 +78,12 @@ def main() -> None:
                 bt, bs = (int(v) for v in b.split("x"))
                 contenders[f"pallas {b}"] = jax.jit(
                     lambda x, m, eps, bt=bt, bs=bs: -m[:, None] * gravity_sums(
+                        x, m, eps, block_targets=bt, block_sources=bs,
+                        interpret=on_cpu)[0])
+            for b in a.symmetric:
+                bt, bs = (int(v) for v in b.split("x"))
+                contenders[f"pallas symmetric {b}"] = jax.jit(
+                    lambda x, m, eps, bt=bt, bs=bs: -m[:, None] * gravity_sums_symmetric(
                         x, m, eps, block_targets=bt, block_sources=bs,
                         interpret=on_cpu)[0])
         ref = None

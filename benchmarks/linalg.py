@@ -8,8 +8,9 @@ shared: compare the ratios between contenders of one run, not absolute times):
    ``dgbtrf``/``dgbtrs`` through scipy, scipy's ``splu`` on the same matrix;
 2. sparse, the 2-D Brusselator's pattern (2 species, periodic 5-point Laplacian) at 32x32,
    128x128, 256x256: detection, colouring, the coloured Jacobian, the native static-pivot
-   LU after an MMD / RCM ordering (symbolic, factor, solve, fill), scipy ``splu``
-   (factor, solve, fill), and the host-callback path (a ``splu`` per solve);
+   LU after a nested-dissection / MMD / RCM ordering (symbolic, factor, solve, fill),
+   scipy ``splu`` with its default COLAMD ordering (factor, solve, fill), and the
+   host-callback path (a ``splu`` per solve);
 3. matrix-free GMRES on ``I - c J`` of the same Brusselator: iterations and time to a 1e-8
    relative residual for ``c = h`` (a first-order BDF step; ``h / alpha_k`` at higher
    orders differs by at most 2.3x), ``h`` from 1e-4 to 1e-1, without a preconditioner,
@@ -182,8 +183,8 @@ def sparse(grids, repeats, c=1e-3):
         # native static-pivot LU after a fill-reducing ordering
         if _kernels.load() is not None:
             # RCM's profile fill grows like n^1.5 (22.5M entries at 32,768 states): skipped
-            # above that
-            for ordering in ("mmd", "rcm") if n <= 40_000 else ("mmd",):
+            # above 10,000 states
+            for ordering in ("nd", "mmd", "rcm") if n <= 10_000 else ("nd", "mmd"):
                 nat = Sparse(cp, kernel="native", ordering=ordering)
                 sym, row[f"native_{ordering}_symbolic_s"] = timed(nat.symbolic)
                 row[f"native_{ordering}_fill"] = sym.nnz

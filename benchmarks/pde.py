@@ -47,7 +47,9 @@ Contenders (ratio = contender time / scipy BDF time in the same run, at the same
   ``BDF`` with ``jac_bandwidth=`` (1-D only: the band Jacobian from 5 JVPs, the native
   banded LU), ``jac_sparsity=`` (one JVP per colour, the native sparse LU on a
   fill-reducing ordering) and ``linear_solver="krylov"`` with ``jac_sparsity`` (GMRES on
-  JVPs, ILU(0) of ``I - c J`` as the preconditioner).
+  JVPs, ILU(0) of ``I - c J`` as the preconditioner). ``simlib BDF (Krylov+FFT)``:
+  ``sl.NewtonKrylov(pde.diffusion_preconditioner(...), rtol=1e-4, restart=5)``, the same
+  preconditioner as ``CVODE GMRES+FFT`` from simlib's own module (2-D only).
 
 Ensemble baseline (``--ensemble``): 64 parameter sets ``(A, B, alpha) x exp(0.1 normal)``
 (numpy ``default_rng(0)``) of ``bruss2d_32`` at rtol 1e-6 with scipy ``BDF`` in a Python
@@ -121,8 +123,10 @@ DENSE = ("diffrax Kvaerno5", "simlib BDF (dense)")
 # simlib's BDF with the banded, sparse and Newton-Krylov linear solvers (issue 23, phase 2):
 # jac_bandwidth=prob.bandwidth (1-D only), jac_sparsity=prob.sparsity, and
 # linear_solver="krylov" with jac_sparsity (GMRES with an ILU(0) preconditioner)
+# and "Krylov+FFT": GMRES(5) at rtol 1e-4 preconditioned by pde.diffusion_preconditioner,
+# the exact FFT inverse of the diffusion part, as CVODE GMRES+FFT (2-D only)
 SIMLIB: tuple[str, ...] = ("simlib BDF (banded)", "simlib BDF (sparse)", "simlib BDF (Krylov)",
-                           "simlib BDF (Krylov 1e-4)")
+                           "simlib BDF (Krylov 1e-4)", "simlib BDF (Krylov+FFT)")
 KRYLOV_LOOSE_RTOL = 1e-4  # GMRES's relative residual in "simlib BDF (Krylov 1e-4)"
 CONTENDERS = SCIPY + CVODE + DENSE + SIMLIB
 
@@ -138,13 +142,24 @@ def skip_reason(prob: ref.PDEProblem, name: str,
             prob.bandwidth[0] + prob.bandwidth[1] + 1 > 64):
         return (f"bandwidth {prob.bandwidth} (periodic 2-D grid): the band is the whole "
                 "matrix")
-    if name in ("CVODE GMRES+ILU", "CVODE GMRES+FFT") and prob.name != "bruss2d":
+    if (name in ("CVODE GMRES+ILU", "CVODE GMRES+FFT", "simlib BDF (Krylov+FFT)")
+            and prob.name != "bruss2d"):
         return "2-D problem only (the 1-D one is banded)"
     return None
 
 
 # --------------------------------------------------------------------------------------
 # contenders (each runs in its own process): (rtol) -> dict(y, steps, nfev, njev, nlu, ...)
+
+
+def fft_preconditioner(prob):
+    """simlib's preconditioner of "simlib BDF (Krylov+FFT)": ``(I - c alpha lap)^-1`` by FFT
+    (:func:`simlib.pde.diffusion_preconditioner`), the same as CVODE GMRES+FFT's."""
+    from simlib import pde
+
+    n, alpha = prob.n, prob.args[2]
+    grid = pde.Grid((n, n), spacing=1.0 / (n - 1), bc="periodic")
+    return pde.diffusion_preconditioner(grid, alpha, species=2)
 
 
 def scipy_runner(prob, method):
@@ -231,13 +246,16 @@ def jax_runner(prob, name):
             return (sol.ys[-1], sol.stats["num_accepted"], sol.stats["num_fevals"],
                     sol.result == 0)
     elif name in SIMLIB:
-        options = {"simlib BDF (banded)": dict(jac_bandwidth=tuple(prob.bandwidth)),
+        options = {"simlib BDF (Krylov+FFT)": lambda: dict(linear_solver=sl.NewtonKrylov(
+                       fft_preconditioner(prob), rtol=KRYLOV_LOOSE_RTOL, restart=5)),
+                   "simlib BDF (banded)": dict(jac_bandwidth=tuple(prob.bandwidth)),
                    "simlib BDF (sparse)": dict(jac_sparsity=prob.sparsity,
                                                linear_solver="sparse"),
                    "simlib BDF (Krylov)": dict(jac_sparsity=prob.sparsity,
                                                linear_solver="krylov"),
                    "simlib BDF (Krylov 1e-4)": dict(linear_solver=sl.NewtonKrylov(
                        "ilu0", prob.sparsity, rtol=KRYLOV_LOOSE_RTOL))}[name]
+        options = options() if callable(options) else options
 
         def solve(rtol, atol):
             sol = sl.solve(prob.f, y0, 0.0, prob.t1, solver=sl.BDF(), rtol=rtol, atol=atol,

@@ -43,3 +43,37 @@ def test_bdf_step_has_no_reduction_over_the_rows_of_its_differences():
                  and eqn.invars[0].aval.shape == (rows, N)
                  and tuple(eqn.params.get("axes", (eqn.params.get("axis"),))) == (0,)]
     assert over_rows == [], [str(e) for e in over_rows]
+
+
+def _d_shaped(jaxpr, rows, primitives):
+    return [eqn for eqn in _eqns(jaxpr) if eqn.primitive.name in primitives
+            and any(getattr(v.aval, "shape", None) == (rows, N) for v in eqn.outvars)]
+
+
+def test_bdf_step_updates_its_differences_in_one_elementwise_pass():
+    """A step's rescaling and its update by the correction reach ``D`` as one matrix on
+    the rows of ``[D; d]``, written out elementwise: no matrix product over ``D`` (the
+    rescaling and the update's tail sums were two, each a pass over ``D`` plus a select on
+    ``D`` after each: docs/pde.md), and accepting or rejecting the step selects the matrix,
+    not a ``D``-shaped array."""
+    solver = sl.BDF()
+    y0 = jnp.ones(N)
+    args = jnp.linspace(1.0, 50.0, N)
+    state = solver.init(_field, 0.0, y0, args)
+    rows = state.D.shape[0]
+
+    def one_step(y0, args, state):
+        return solver.step(_field, 0.0, y0, 1e-3, args, state)
+
+    step_jaxpr = jax.make_jaxpr(one_step)(y0, args, state).jaxpr
+    assert _d_shaped(step_jaxpr, rows, ("dot_general", "cumsum")) == []
+    assert len(_d_shaped(step_jaxpr, rows, ("select_n",))) <= 1  # the dense output's mask
+
+    _, err, _, state1 = jax.eval_shape(one_step, y0, args, state)
+
+    def propose(accept, ratio, err, state, state1):
+        return solver.propose_step(1e-3, ratio, accept, err, state, state1, 1e-6, 1e-6,
+                                   sl.PIDController())
+
+    propose_jaxpr = jax.make_jaxpr(propose)(True, 0.5, err, state, state1).jaxpr
+    assert _d_shaped(propose_jaxpr, rows, ("select_n", "dot_general")) == []

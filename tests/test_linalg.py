@@ -12,6 +12,7 @@ import pytest
 import scipy.linalg as sla
 import scipy.sparse as sp
 
+from simlib import pde
 from simlib._linalg import _kernels
 from simlib._linalg._banded import (
     Banded,
@@ -68,6 +69,11 @@ def solvers(quick=()):
            ("krylov", Krylov(rtol=1e-13, restart=48, max_restarts=3), []),
            ("krylov-bj", Krylov("block_jacobi", PATTERN, blocks=np.arange(2 * N).reshape(N, 2),
                                 rtol=1e-13, restart=48, max_restarts=3), []),
+           # a user's preconditioner: the FFT/DCT inverse of the diffusion part (here only
+           # near: the field mirrors across the edge point, the module across the face)
+           ("krylov-user", Krylov(pde.diffusion_preconditioner(
+               pde.Grid((N,), spacing=40.0 ** -0.5, bc="neumann"), 0.02, species=2),
+               rtol=1e-13, restart=48, max_restarts=3), []),
            ("banded-native", Banded(2, 2, "native"), [needs_native]),
            ("sparse-native-mmd", Sparse(PATTERN, kernel="native"), [needs_native]),
            ("sparse-native-rcm", Sparse(PATTERN, kernel="native", ordering="rcm"),
@@ -78,7 +84,8 @@ def solvers(quick=()):
                          id=name) for name, ls, marks in out]
 
 
-@pytest.mark.parametrize("name,ls", solvers(quick=("dense", "banded-native", "sparse-native-mmd")))
+@pytest.mark.parametrize("name,ls", solvers(quick=("dense", "banded-native", "sparse-native-mmd",
+                                                   "krylov-user")))
 def test_solve_and_transposed_solve_match_numpy(name, ls):
     a = np.eye(2 * N) - 0.05 * J_TRUE
     mass = jnp.linspace(0.5, 1.5, 2 * N)

@@ -185,6 +185,19 @@ def pattern_is_closed(key: int) -> bool:
     return bool(status)
 
 
+def pattern_chains(key: int) -> int:
+    """The number of rows ``k`` of the pattern registered under ``key`` whose strict upper
+    part is ``{k + 1}`` and then row ``k + 1``'s (one supernode: the factorisation applies
+    such rows to a row in groups of up to 8, in one pass)."""
+    _require()
+    f = load().simlib_sparse_pattern_chains
+    f.restype = ctypes.c_int64
+    status = int(f(ctypes.c_int64(key)))
+    if status < 0:
+        raise KeyError(f"no sparse pattern registered under key {key}")
+    return status
+
+
 def registered_patterns() -> int:
     """The number of patterns registered with the native library in this process."""
     _require()

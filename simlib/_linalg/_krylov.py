@@ -17,6 +17,11 @@ colour, :mod:`._coloring`):
 - ``"ilu0"``: incomplete LU without fill on ``A``'s own pattern (Saad, *Iterative Methods
   for Sparse Linear Systems*, 2nd ed., 2003, 10.3), the native sparse kernel of
   :mod:`._sparse`.
+
+Or the user's own: a callable ``(c, x) -> z ~ (M - c J)^-1 x``, given the ``c`` of each
+factorisation, such as :func:`simlib.pde.diffusion_preconditioner` (the exact inverse of a
+reaction-diffusion system's diffusion part by FFT). It serves transposed solves too, which
+suits a symmetric ``P``; GMRES's answer does not depend on ``P``, only its iterations do.
 """
 
 from __future__ import annotations
@@ -150,7 +155,9 @@ class Krylov(LinearSolver):
 
     Args:
         preconditioner: ``None``, ``"block_jacobi"`` (needs ``blocks``) or ``"ilu0"``
-            (needs the native kernels); both need ``jac_sparsity``.
+            (needs the native kernels); both need ``jac_sparsity``. Or a callable
+            ``(c, x) -> z ~ (M - c J)^-1 x`` for flat ``x``, traceable (no gradient flows
+            through it).
         jac_sparsity: The Jacobian's pattern (for the preconditioner's values).
         blocks: ``(n_blocks, block_size)`` state indices of each diagonal block.
         rtol: GMRES's relative residual target.
@@ -163,10 +170,10 @@ class Krylov(LinearSolver):
     def __init__(self, preconditioner: str | None = None, jac_sparsity: Any = None,
                  blocks: Any = None, rtol: float = 1e-8, restart: int = 20,
                  max_restarts: int = 10) -> None:
-        if preconditioner not in PRECONDITIONERS:
-            raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}; got "
-                             f"{preconditioner!r}")
-        if preconditioner is not None and jac_sparsity is None:
+        if not callable(preconditioner) and preconditioner not in PRECONDITIONERS:
+            raise ValueError(f"preconditioner must be one of {PRECONDITIONERS} or a callable "
+                             f"(c, x) -> z; got {preconditioner!r}")
+        if isinstance(preconditioner, str) and jac_sparsity is None:
             raise ValueError(f"preconditioner={preconditioner!r} needs jac_sparsity")
         if preconditioner == "block_jacobi" and blocks is None:
             raise ValueError("preconditioner='block_jacobi' needs blocks")
@@ -182,14 +189,14 @@ class Krylov(LinearSolver):
     # ------------------------------------------------------------------ building
     def linearise(self, g: Field, t: Any, v: Array) -> KrylovOperator:
         values = None
-        if self.preconditioner is not None:
+        if isinstance(self.preconditioner, str):
             values = self.pattern.jacobian(
                 lambda u: jax.jvp(lambda w: g(t, w), (v,), (u,))[1], v.dtype)
         return KrylovOperator(jnp.asarray(t), v, values)
 
     def materialise(self, linear_map: Callable[[Array], Array], n: int, dtype: Any) -> Any:
-        values = None if self.preconditioner is None else self.pattern.jacobian(linear_map,
-                                                                                dtype)
+        values = (self.pattern.jacobian(linear_map, dtype)
+                  if isinstance(self.preconditioner, str) else None)
         return KrylovOperator(jnp.zeros((), dtype), jnp.zeros((n,), dtype), values)
 
     def matvec(self, jac: Any, c: Array, mass: Any, x: Array, *, field: Field | None = None,
@@ -219,6 +226,8 @@ class Krylov(LinearSolver):
     def _factor(self, jac, c, mass):
         if self.preconditioner is None:
             return None, jnp.asarray(True)
+        if callable(self.preconditioner):    # the user's: it needs only c
+            return c, jnp.asarray(True)
         a = Sparse(self.pattern).operator(jac.values, c, mass)
         if self.preconditioner == "block_jacobi":
             _, pos, found = self._block_index()
@@ -239,6 +248,9 @@ class Krylov(LinearSolver):
     def _precondition(self, data, transpose: bool):
         if self.preconditioner is None:
             return None
+        if callable(self.preconditioner):
+            user = self.preconditioner
+            return lambda x: user(data, x).astype(x.dtype)
         if self.preconditioner == "block_jacobi":
             blocks = jnp.asarray(np.asarray(self.blocks, np.int64))
             inv = jnp.swapaxes(data, 1, 2) if transpose else data

@@ -181,7 +181,7 @@ class Sparse(LinearSolver):
         return self.pattern
 
     def _use_native(self) -> bool:
-        if self.kernel == "host":
+        if self.kernel == "host" or self._pattern().n == 0:  # nothing to factorise
             return False
         if _kernels.load() is not None:
             return True

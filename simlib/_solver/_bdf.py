@@ -19,7 +19,9 @@ simplified Newton with the matrix ``I - c J``. The local error is ``(kappa_k gam
 1/(k+1)) d``; the error of orders ``k - 1`` and ``k + 1`` come from ``D_k`` and
 ``nabla^{k+2} y``. When the step changes by ``rho`` the differences are rescaled,
 ``D <- (R U)^T D`` (Shampine and Reichelt, section 2.2), and ``J`` and the LU factors
-of ``I - c J`` are kept from step to step while Newton converges.
+of ``I - c J`` are kept from step to step while Newton converges. The step's rescaling
+and its update by the correction ``d`` are one matrix on the rows of ``[D; d]``, applied
+after the step is accepted or rejected (the identity then), in one pass over ``D``.
 
 The factors are also kept when ``c`` changes (with the step size or the order) by less
 than ``lu_reuse`` relative to the ``c_lu`` they were built for, as CVODE does (A. C.
@@ -79,6 +81,11 @@ class BDFState(NamedTuple):
 
     Attributes:
         D: ``(MAX_ORDER + 3, n)`` modified divided differences, for the step ``h``.
+        d_last, update: The last step's correction ``d`` and the ``(MAX_ORDER + 3,
+            MAX_ORDER + 4)`` matrix taking ``[D; d]`` (``D`` before the step) to the
+            differences after it (the rescaling and the update), which
+            :meth:`BDF.propose_step` applies if the step is accepted
+            (:func:`_apply_update`); ``[I 0]`` after it.
         order: Current order ``k``.
         h: The step size ``D`` is scaled for.
         n_equal: Steps taken at this size and order (an order change needs ``k + 1``).
@@ -94,6 +101,8 @@ class BDFState(NamedTuple):
     """
 
     D: jax.Array
+    d_last: jax.Array
+    update: jax.Array
     order: jax.Array
     h: jax.Array
     n_equal: jax.Array
@@ -135,12 +144,36 @@ def _rows_sum(take, D, weights=None):
     return out
 
 
-def _tail_sums(D):
-    """``T_i = sum_{j >= i} D_j`` (a reversed cumulative sum over the rows), as the product
-    with an upper triangle of ones: a small matrix product, where ``cumsum`` became a slow
-    reduce-window and a sum written out row by row a slow fusion (0.6 ms for 8 x 2,048)."""
-    upper = np.triu(np.ones((D.shape[0], D.shape[0])))
-    return jnp.asarray(upper, D.dtype) @ D
+def _apply_update(update, D, d):
+    """``update @ [D; d]`` (``update``: ``(rows, rows + 1)``), written out as a sum of
+    ``rows + 1`` broadcast products: one elementwise pass over ``D`` (XLA fuses it into one
+    loop), where a matrix product with the stacked ``[D; d]`` first copied ``D`` into the
+    stack and then ran as a library call."""
+    out = update[:, -1:] * d[None, :]
+    for j in range(D.shape[0]):
+        out = out + update[:, j:j + 1] * D[j][None, :]
+    return out
+
+
+def _update_matrix(order, dtype):
+    """The ``(rows, rows + 1)`` matrix taking ``[D; d]`` (the differences for this step,
+    and its correction ``d = y_{n+1} - y^(0)``) to the differences after the step
+    (Shampine and Reichelt 1997, section 2): ``D_{k+2} <- d - D_{k+1}``, ``D_{k+1} <-
+    d``, ``D_j <- d + sum_{i=j}^{k} D_i`` for ``j <= k``, the rows above ``k + 2``
+    unchanged."""
+    i = np.arange(_ROWS)[:, None]  # output row
+    j = np.arange(_ROWS)[None, :]  # input row
+    k = order
+    m = jnp.where((i <= k) & (j >= i) & (j <= k), 1.0, 0.0)
+    m = jnp.where((i == k + 2) & (j == k + 1), -1.0, m)
+    m = jnp.where((i > k + 2) & (i == j), 1.0, m)
+    col = jnp.where(i <= k + 2, 1.0, 0.0)
+    return jnp.concatenate([m, col], axis=1).astype(dtype)
+
+
+def _no_update(dtype):
+    """``[I 0]``: the differences ``D`` as they are."""
+    return jnp.asarray(np.eye(_ROWS, _ROWS + 1), dtype)
 
 
 def _rescale_matrix(order, factor, dtype):
@@ -244,7 +277,8 @@ class BDF(LinearAlgebra, AbstractSolver):
         fac = ls.factor(J, jnp.asarray(0.0, dtype), identity_mass(ls, mass))
         nan = jnp.asarray(jnp.nan, dtype)
         zero = jnp.asarray(0, jnp.int32)
-        return BDFState(D=D, order=jnp.asarray(1, jnp.int32), h=jnp.asarray(1.0, dtype),
+        return BDFState(D=D, d_last=jnp.zeros((n,), dtype), update=_no_update(dtype),
+                        order=jnp.asarray(1, jnp.int32), h=jnp.asarray(1.0, dtype),
                         n_equal=zero, fac=fac, c_lu=nan,
                         jac_current=jnp.asarray(True), jac_age=zero, lu_age=zero,
                         c_ratio=jnp.asarray(1.0, dtype), n_jac=jnp.asarray(1, jnp.int32),
@@ -267,20 +301,33 @@ class BDF(LinearAlgebra, AbstractSolver):
         k = state.order
         rows = jnp.arange(_ROWS)[:, None]
 
-        # 1. the differences for this step size
+        # 1. the differences for this step size, (R U)^T D, are not formed: the predictor
+        # y^(0) = sum_{j<=k} D_j and the corrector's constant part psi = sum_{j=1}^{k}
+        # gamma_j D_j / alpha_k are read from the rows of D by the rescaling's weights, and
+        # propose_step applies the rescaling and the update together (one pass over D)
         changed = hh != state.h
         rho = hh / jnp.where(state.h == 0, 1.0, state.h)
-        D = jnp.where(changed, _rescale_matrix(k, rho, dtype).T @ state.D, state.D)
+        rescale = jnp.where(changed, _rescale_matrix(k, rho, dtype).T, jnp.eye(_ROWS, dtype=dtype))
+        row = jnp.arange(_ROWS)
+        a_k = alpha[k]
+        gamma_rows = jnp.concatenate([gamma, jnp.zeros(_ROWS - gamma.size, dtype)])
+        weights = jnp.stack([jnp.where(row <= k, 1.0, 0.0),
+                             jnp.where((row >= 1) & (row <= k), gamma_rows / a_k, 0.0)])
+        weights = weights.astype(dtype) @ rescale
+
+        def sums():
+            return (_rows_sum(row >= 0, state.D, weights[0]),
+                    _rows_sum(row >= 0, state.D, weights[1]))
+
+        # a conditional whose branches are the same: its results are materialised once
+        # (XLA's CPU backend removes optimisation barriers, and fused each of their
+        # consumers, the scale, y_{n+1} and the error norm, with its own pass over D)
+        y_pred, psi = lax.cond(hh == hh, sums, sums)
         n_equal = jnp.where(changed, 0, state.n_equal)
 
         # 2. predictor and the corrector's constant part
         t_new = t + h
-        row = jnp.arange(_ROWS)
-        y_pred = _rows_sum(row <= k, D)
         scale = state.atol + state.rtol * jnp.abs(y_pred)
-        a_k = alpha[k]
-        gamma_rows = jnp.concatenate([gamma, jnp.zeros(_ROWS - gamma.size, dtype)])
-        psi = _rows_sum((row >= 1) & (row <= k), D, gamma_rows) / a_k
         c = hh / a_k
         eps = jnp.finfo(dtype).eps
         newton_tol = jnp.maximum(10 * eps / state.rtol, jnp.minimum(0.03, jnp.sqrt(state.rtol)))
@@ -370,17 +417,21 @@ class BDF(LinearAlgebra, AbstractSolver):
         y_new = y_pred + d
         error = error_const[k] * d
 
-        # 3. the differences after the step (used only if the step is accepted)
-        d_k1 = _rows_sum(row == k + 1, D)
-        D1 = jnp.where(rows == k + 2, d - d_k1, D)
-        D1 = jnp.where(rows == k + 1, d, D1)
-        below = jnp.where(rows <= k + 1, D1, 0.0)
-        tail = _tail_sums(below)
-        D1 = jnp.where(rows <= k, tail, D1)
+        # 3. the differences after the step, update @ [D; d], applied by propose_step if
+        # the step is accepted (a failed d, which no accepted step has, is zeroed: the
+        # zeros of a rejection's [I 0] would not cancel a nan)
+        after = _update_matrix(k, dtype)
+        update = jnp.concatenate([after[:, :_ROWS] @ rescale, after[:, _ROWS:]], axis=1)
+        d_last = jnp.where(jnp.isfinite(d), d, 0.0)
+        # the state after an accepted step, complete in itself; a driver that goes through
+        # propose_step does not use this D (XLA drops it): propose_step forms it again
+        # from the update, selected by the acceptance, in its one pass over D
+        D1 = _apply_update(update, state.D, d_last)
 
         one = jnp.asarray(1, jnp.int32)
         state1 = BDFState(
-            D=D1, order=k, h=hh, n_equal=n_equal + 1, fac=fac, c_lu=fac.c.astype(dtype),
+            D=D1, d_last=d_last, update=update, order=k, h=hh,
+            n_equal=n_equal + 1, fac=fac, c_lu=fac.c.astype(dtype),
             jac_current=refreshed | state.jac_current,
             jac_age=jnp.where(new_jac, 0, state.jac_age + one),
             lu_age=jnp.where(refactor | refreshed, 0, state.lu_age + one),
@@ -434,33 +485,53 @@ class BDF(LinearAlgebra, AbstractSolver):
             jnp.where(finite, jnp.maximum(min_factor, safety * r ** (-1 / (kf + 1))),
                       min_factor))
 
-        scale = jnp.asarray(atol, dtype) + jnp.asarray(rtol, dtype) * jnp.abs(state1.D[0])
-        row = jnp.arange(_ROWS)
-        d_k = _rows_sum(row == k, state1.D)
-        d_k2 = _rows_sum(row == k + 2, state1.D)
+        change = state1.n_equal >= k + 1
+        # D from the state before the step: the step's outputs carry no derivative on an
+        # attempt that is not finite (simlib._stepping.guarded_step), which is rejected
+        D, d = state.D, state1.d_last
+
+        def new_row(i):  # row i of the differences after the step
+            return _apply_update(lax.dynamic_slice_in_dim(state1.update, i, 1), D, d)[0]
+
+        def order_norms():  # the errors of orders k - 1 and k + 1, after the step's update
+            scale = jnp.asarray(atol, dtype) + jnp.asarray(rtol, dtype) * jnp.abs(err.y1)
+            d_k, d_k2 = new_row(k), new_row(k + 2)
+            norm_m = jnp.where(k > 1, rms_norm(error_const[k - 1] * d_k, scale), jnp.inf)
+            norm_p = jnp.where(k < self.max_order,
+                               rms_norm(error_const[jnp.minimum(k + 1, MAX_ORDER)] * d_k2,
+                                        scale), jnp.inf)
+            return norm_m, norm_p
+
+        # only when the order may change (every k + 1 accepted steps)
+        inf = jnp.asarray(jnp.inf, dtype)
+        norm_m, norm_p = lax.cond(accept & change, order_norms, lambda: (inf, inf))
         tiny = jnp.asarray(1e-10, dtype)
-        norm_m = jnp.where(k > 1, rms_norm(error_const[k - 1] * d_k, scale), jnp.inf)
-        norm_p = jnp.where(k < self.max_order,
-                           rms_norm(error_const[jnp.minimum(k + 1, MAX_ORDER)] * d_k2, scale),
-                           jnp.inf)
         norms = jnp.maximum(jnp.stack([norm_m, ratio, norm_p]), tiny)
         usable = jnp.isfinite(norms)
         factors = jnp.where(usable, norms, 1.0) ** (-1.0 / (kf + jnp.arange(3, dtype=dtype)))
         factors = jnp.where(usable, factors, 0.0)
         best = jnp.argmax(factors)
-        change = state1.n_equal >= k + 1
         accepted_factor = jnp.where(change, jnp.minimum(max_factor, safety * factors[best]),
                                     1.0)
         new_order = jnp.where(change, k + best.astype(jnp.int32) - 1, k)
 
+        # accepted: the rescaled and updated differences, update @ [D; d]; rejected: the
+        # old ones, [I 0] @ [D; d]; the newest J and factors either way. One pass over D,
+        # and no select between two D-shaped arrays.
         kept = state._replace(fac=state1.fac, c_lu=state1.c_lu,
                               jac_current=state1.jac_current, jac_age=state1.jac_age,
                               lu_age=state1.lu_age, c_ratio=state1.c_ratio,
                               n_jac=state1.n_jac,
                               n_lu=state1.n_lu, n_newton=state1.n_newton)
         accepted = state1._replace(order=new_order, jac_current=jnp.asarray(False))
-        new_state = jax.tree_util.tree_map(lambda a, b: jnp.where(accept, a, b), accepted,
-                                           kept)
+        rebuilt = ("D", "d_last", "update")
+        new_state = BDFState(**{
+            name: (a if name in rebuilt else
+                   jax.tree_util.tree_map(lambda x, y: jnp.where(accept, x, y), a, b))
+            for name, a, b in zip(BDFState._fields, accepted, kept, strict=True)})
+        update = jnp.where(accept, state1.update, _no_update(dtype))
+        new_state = new_state._replace(D=_apply_update(update, D, d), d_last=d,
+                                       update=_no_update(dtype))
         factor = jnp.where(accept, accepted_factor, rejected_factor)
         return factor.astype(jnp.result_type(h)), new_state
 

@@ -28,7 +28,7 @@ from jax.typing import ArrayLike
 from .._errors import Result
 from . import _native
 from ._cells import CellList, cell_pass, check_cells
-from ._gravity_pallas import gravity_sums
+from ._gravity_pallas import gravity_pair_sums
 from ._mixing import MIXING_RULES, PairParams
 from ._potentials import gravity, is_long_range, lennard_jones
 from ._space import Space, check_box, checked_upstream, free, nan_unless_valid
@@ -526,9 +526,9 @@ def _gravity_ffi(energy, positions, masses, constants):
 
 
 def _gravity_pallas(positions, masses, constants):
-    """Energy and forces from the Pallas tiled kernel (TPUs only)."""
-    a, phi = gravity_sums(positions, masses, constants[1])
-    return -0.5 * constants[0] * jnp.sum(masses * phi), -constants[0] * masses[:, None] * a
+    """Energy and forces from the Pallas tiled kernels (TPUs only)."""
+    a, u = gravity_pair_sums(positions, masses, constants[1])
+    return -constants[0] * u, -constants[0] * masses[:, None] * a
 
 
 @jax.custom_vjp

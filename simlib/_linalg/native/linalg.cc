@@ -16,7 +16,10 @@
 // Algorithm 10.3): for each k < i in row i, l_ik = a_ik / u_kk and a_ij -= l_ik u_kj for
 // j > k in row k, where j is in row i's pattern. With F the symbolic fill of A (from
 // simlib_symbolic_*) this is the exact LU; with F = pattern(A) it is ILU(0) (updates
-// outside the pattern are dropped). The fill-reducing ordering is applied outside.
+// outside the pattern are dropped). On a closed fill the rows k of one supernode chain are
+// applied in groups (UpdateGroup) and up to 4 rows i of a chain are eliminated together
+// (SparseLUBlocked): the same operations in the same order for each row, fewer passes
+// over the memory. The fill-reducing ordering is applied outside.
 //
 // The pattern (fp, fi, diag, and position: where A's values go in F) is not a kernel
 // operand: it is registered once from the host (simlib_sparse_register, through ctypes,
@@ -208,6 +211,40 @@ struct Runs {
   }
 };
 
+// The strict lower part of each row cut into runs the same way (for the forward solve).
+struct LowerRuns {
+  std::vector<int32_t> ptr, start, len;
+  LowerRuns() = default;
+  LowerRuns(const int32_t* fp, const int32_t* fi, const int32_t* diag, int64_t n)
+      : ptr(n + 1, 0) {
+    for (int64_t k = 0; k < n; ++k) {
+      for (int32_t q = fp[k]; q < diag[k]; ++q) {
+        if (q > fp[k] && fi[q] == fi[q - 1] + 1) { ++len.back(); continue; }
+        start.push_back(q);
+        len.push_back(1);
+      }
+      ptr[k + 1] = static_cast<int32_t>(start.size());
+    }
+  }
+};
+
+// chain[k] = 1 where row k's strict upper part is {k + 1} and then row k + 1's strict upper
+// part: rows k and k + 1 lie in one supernode (a chain of the elimination tree whose
+// columns share their structure; Liu, Ng and Peyton, SIAM J. Matrix Anal. Appl. 14, 1993,
+// 242-252). A row i that holds column k then holds k + 1 too (i > k + 1, by symmetry), and
+// the updates of row i by rows k .. k + g - 1 of one chain touch the same columns past
+// k + g - 1: the factorisation applies them in one pass over the work row (UpdateGroup).
+std::vector<uint8_t> Chains(const int32_t* fp, const int32_t* fi, const int32_t* diag,
+                            int64_t n) {
+  std::vector<uint8_t> chain(n, 0);
+  for (int64_t k = 0; k + 1 < n; ++k) {
+    const int32_t cnt = fp[k + 1] - diag[k] - 1, cnt1 = fp[k + 2] - diag[k + 1] - 1;
+    if (cnt < 1 || fi[diag[k] + 1] != k + 1 || cnt != cnt1 + 1) continue;
+    chain[k] = std::equal(fi + diag[k] + 2, fi + fp[k + 1], fi + diag[k + 1] + 1) ? 1 : 0;
+  }
+  return chain;
+}
+
 // Row k's update of the work row w (row i), by runs. Closed: every column of row k's
 // strict upper part is in row i's pattern (a closed fill, Pattern::closed), so no entry is
 // checked; otherwise (ILU(0)) only the columns marked with row i are updated.
@@ -228,42 +265,239 @@ inline void UpdateRow(T* w, const int32_t* m, int32_t ii, T lik, const T* lu,
   }
 }
 
+// The rows k .. k + G - 1 of one chain (chain[k .. k + G - 2]) update the work row w:
+// l_ik = w_k / u_kk in turn, each applied at once to the columns k + 1 .. k + G - 1 inside
+// the group, then to the shared columns past it (row k + G - 1's strict upper part) in one
+// pass, w_j -= l_ik u_kj - ... - l_i,k+G-1 u_k+G-1,j in the order of the row-by-row
+// elimination (same operations, same order; w read and written once instead of G times).
+constexpr int32_t kGroup = 8;
+
+template <typename T, int G>
+inline void UpdateGroup(T* w, const T* lu, const int32_t* fi, const int32_t* diag,
+                        const Runs& runs, int32_t k) {
+  T l[G];
+  const T* u[G];
+  for (int a = 0; a < G; ++a) {
+    const int32_t kk = k + a;
+    const T ukk = lu[diag[kk]];
+    l[a] = ukk == T(0) ? T(0) : w[kk] / ukk;
+    w[kk] = l[a];
+    for (int b = a + 1; b < G; ++b) w[k + b] -= l[a] * lu[diag[kk] + (b - a)];
+    u[a] = lu + diag[kk] + (G - a);  // row kk at the first shared column
+  }
+  const int32_t last = k + G - 1, base = diag[last] + 1;
+  for (int32_t r = runs.ptr[last]; r < runs.ptr[last + 1]; ++r) {
+    const int32_t q0 = runs.start[r], len = runs.len[r], off = q0 - base;
+    T* __restrict__ wj = w + fi[q0];
+#pragma omp simd
+    for (int32_t t = 0; t < len; ++t) {
+      T s = wj[t];
+      for (int a = 0; a < G; ++a) s -= l[a] * u[a][off + t];
+      wj[t] = s;
+    }
+  }
+}
+
+// Row i's columns k at positions [p0, p1) of its L part, ascending, on a closed pattern:
+// rows k .. k + g - 1 of one chain in a single pass (UpdateGroup), other rows alone.
+template <typename T>
+inline void EliminateRow(T* w, const T* lu, const int32_t* fi, const int32_t* diag,
+                         const Runs& runs, const uint8_t* chain, int32_t p0, int32_t p1) {
+  for (int32_t p = p0; p < p1; ++p) {
+    const int32_t k = fi[p];
+    int32_t g = 1;
+    while (g < kGroup && p + g < p1 && chain[k + g - 1] && fi[p + g] == k + g) ++g;
+    if (g > 1) {
+      switch (g) {
+        case 2: UpdateGroup<T, 2>(w, lu, fi, diag, runs, k); break;
+        case 3: UpdateGroup<T, 3>(w, lu, fi, diag, runs, k); break;
+        case 4: UpdateGroup<T, 4>(w, lu, fi, diag, runs, k); break;
+        case 5: UpdateGroup<T, 5>(w, lu, fi, diag, runs, k); break;
+        case 6: UpdateGroup<T, 6>(w, lu, fi, diag, runs, k); break;
+        case 7: UpdateGroup<T, 7>(w, lu, fi, diag, runs, k); break;
+        default: UpdateGroup<T, 8>(w, lu, fi, diag, runs, k); break;
+      }
+      p += g - 1;
+      continue;
+    }
+    const T ukk = lu[diag[k]];
+    const T lik = ukk == T(0) ? T(0) : w[k] / ukk;
+    w[k] = lik;
+    if (lik == T(0)) continue;
+    UpdateRow<T, true>(w, nullptr, 0, lik, lu, fi, runs, k);
+  }
+}
+
+// Rows [i0, i1) row by row; *info: one plus the first row with a zero or non-finite pivot.
 template <typename T, bool Closed>
-int32_t SparseLUImpl(const T* a, const int32_t* fp, const int32_t* fi, const int32_t* diag,
-                     const Runs& runs, int64_t n, T* lu, std::vector<T>& work,
-                     std::vector<int32_t>& mark) {
-  int32_t info = 0;
+void SparseLUImpl(const T* a, const int32_t* fp, const int32_t* fi, const int32_t* diag,
+                  const Runs& runs, const uint8_t* chain, int64_t n, T* lu,
+                  std::vector<T>& work, std::vector<int32_t>& mark, int64_t i0, int64_t i1,
+                  int32_t* info) {
+  (void)n;
   T* w = work.data();
   int32_t* m = mark.data();
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = i0; i < i1; ++i) {
     const int32_t ii = static_cast<int32_t>(i);
     for (int32_t p = fp[i]; p < fp[i + 1]; ++p) {
       w[fi[p]] = a[p];
       if (!Closed) m[fi[p]] = ii;
     }
-    for (int32_t p = fp[i]; p < diag[i]; ++p) {  // k < i, ascending
-      const int32_t k = fi[p];
-      const T ukk = lu[diag[k]];
-      const T lik = ukk == T(0) ? T(0) : w[k] / ukk;
-      w[k] = lik;
-      if (lik == T(0)) continue;
-      // a_ij -= l_ik u_kj for the j of row k that row i's pattern holds (all of them
-      // when F is the closed fill; ILU(0) drops the others)
-      UpdateRow<T, Closed>(w, m, ii, lik, lu, fi, runs, k);
+    if (Closed) {
+      EliminateRow<T>(w, lu, fi, diag, runs, chain, fp[i], diag[i]);
+    } else {
+      for (int32_t p = fp[i]; p < diag[i]; ++p) {  // k < i, ascending
+        const int32_t k = fi[p];
+        const T ukk = lu[diag[k]];
+        const T lik = ukk == T(0) ? T(0) : w[k] / ukk;
+        w[k] = lik;
+        if (lik == T(0)) continue;
+        // a_ij -= l_ik u_kj for the j of row k that row i's pattern holds (ILU(0) drops
+        // the others)
+        UpdateRow<T, false>(w, m, ii, lik, lu, fi, runs, k);
+      }
     }
     for (int32_t p = fp[i]; p < fp[i + 1]; ++p) { lu[p] = w[fi[p]]; w[fi[p]] = T(0); }
     const T piv = lu[diag[i]];
-    if (info == 0 && (piv == T(0) || !std::isfinite(piv))) info = static_cast<int32_t>(i + 1);
+    if (*info == 0 && (piv == T(0) || !std::isfinite(piv))) *info = static_cast<int32_t>(i + 1);
+  }
+}
+
+// Rows k .. k + G - 1 of one chain applied to M work rows at once: each row's multipliers
+// in turn (as UpdateGroup), then the shared columns in one pass that reads each u_kj once
+// for the M rows (the same operations, in the same order, per row).
+template <typename T, int G, int M>
+inline void UpdateGroupRows(T* const* ws, const T* lu, const int32_t* fi, const int32_t* diag,
+                            const Runs& runs, int32_t k) {
+  T l[M][G];
+  const T* u[G];
+  for (int a = 0; a < G; ++a) u[a] = lu + diag[k + a] + (G - a);
+  for (int r = 0; r < M; ++r) {
+    T* w = ws[r];
+    for (int a = 0; a < G; ++a) {
+      const int32_t kk = k + a;
+      const T ukk = lu[diag[kk]];
+      l[r][a] = ukk == T(0) ? T(0) : w[kk] / ukk;
+      w[kk] = l[r][a];
+      for (int b = a + 1; b < G; ++b) w[k + b] -= l[r][a] * lu[diag[kk] + (b - a)];
+    }
+  }
+  T* wr[M];
+  for (int r = 0; r < M; ++r) wr[r] = ws[r];
+  const int32_t last = k + G - 1, base = diag[last] + 1;
+  for (int32_t q = runs.ptr[last]; q < runs.ptr[last + 1]; ++q) {
+    const int32_t q0 = runs.start[q], len = runs.len[q], off = q0 - base, j0 = fi[q0];
+#pragma omp simd
+    for (int32_t t = 0; t < len; ++t) {
+      T uv[G];
+      for (int a = 0; a < G; ++a) uv[a] = u[a][off + t];
+      for (int r = 0; r < M; ++r) {
+        T s = wr[r][j0 + t];
+        for (int a = 0; a < G; ++a) s -= l[r][a] * uv[a];
+        wr[r][j0 + t] = s;
+      }
+    }
+  }
+}
+
+template <typename T, int M>
+inline void UpdateGroupRowsG(int32_t g, T* const* ws, const T* lu, const int32_t* fi,
+                             const int32_t* diag, const Runs& runs, int32_t k) {
+  switch (g) {
+    case 1: UpdateGroupRows<T, 1, M>(ws, lu, fi, diag, runs, k); break;
+    case 2: UpdateGroupRows<T, 2, M>(ws, lu, fi, diag, runs, k); break;
+    case 3: UpdateGroupRows<T, 3, M>(ws, lu, fi, diag, runs, k); break;
+    case 4: UpdateGroupRows<T, 4, M>(ws, lu, fi, diag, runs, k); break;
+    case 5: UpdateGroupRows<T, 5, M>(ws, lu, fi, diag, runs, k); break;
+    case 6: UpdateGroupRows<T, 6, M>(ws, lu, fi, diag, runs, k); break;
+    case 7: UpdateGroupRows<T, 7, M>(ws, lu, fi, diag, runs, k); break;
+    default: UpdateGroupRows<T, 8, M>(ws, lu, fi, diag, runs, k); break;
+  }
+}
+
+constexpr int kRows = 4;  // rows of one chain eliminated together (SparseLUBlocked)
+
+// The closed-pattern LU by blocks of up to kRows consecutive rows i .. i + b - 1 of one
+// chain: row i + r holds columns i .. i + r - 1 as its last entries before the diagonal,
+// and (on the 2-D grids, for 76-80% of the flops) mostly the same columns k < i as the
+// other rows of the block. Those columns are eliminated from all the block's rows that
+// hold them together, merged in increasing k (each row still sees its k in increasing
+// order, with the same operations as row by row), so that each row of U above is read
+// once for the block instead of once per row; then each row in turn takes its columns
+// inside the block and is stored.
+template <typename T>
+int32_t SparseLUBlocked(const T* a, const int32_t* fp, const int32_t* fi, const int32_t* diag,
+                        const Runs& runs, const uint8_t* chain, int64_t n, T* lu,
+                        std::vector<T>& work, std::vector<int32_t>& mark) {
+  int32_t info = 0;
+  T* ws[kRows];
+  for (int r = 0; r < kRows; ++r) ws[r] = work.data() + r * n;
+  int64_t i = 0;
+  while (i < n) {
+    int b = 1;
+    while (b < kRows && i + b < n && chain[i + b - 1] && diag[i + b] - b >= fp[i + b] &&
+           fi[diag[i + b] - b] == i)
+      ++b;
+    if (b == 1) {  // the row alone
+      SparseLUImpl<T, true>(a, fp, fi, diag, runs, chain, n, lu, work, mark, i, i + 1, &info);
+      ++i;
+      continue;
+    }
+    int32_t ptr[kRows], end[kRows];
+    for (int r = 0; r < b; ++r) {
+      const int64_t row = i + r;
+      for (int32_t p = fp[row]; p < fp[row + 1]; ++p) ws[r][fi[p]] = a[p];
+      ptr[r] = fp[row];
+      end[r] = diag[row] - r;  // columns < i
+    }
+    const int32_t i32 = static_cast<int32_t>(i);
+    for (;;) {
+      int32_t k = i32;
+      for (int r = 0; r < b; ++r)
+        if (ptr[r] < end[r] && fi[ptr[r]] < k) k = fi[ptr[r]];
+      if (k == i32) break;
+      T* mem[kRows];
+      int idx[kRows], m = 0;
+      for (int r = 0; r < b; ++r)
+        if (ptr[r] < end[r] && fi[ptr[r]] == k) { mem[m] = ws[r]; idx[m++] = r; }
+      int32_t g = 1;
+      while (g < kGroup && k + g < i32 && chain[k + g - 1]) {
+        bool all = true;
+        for (int q = 0; q < m && all; ++q) {
+          const int32_t p = ptr[idx[q]] + g;
+          all = p < end[idx[q]] && fi[p] == k + g;
+        }
+        if (!all) break;
+        ++g;
+      }
+      switch (m) {
+        case 1: UpdateGroupRowsG<T, 1>(g, mem, lu, fi, diag, runs, k); break;
+        case 2: UpdateGroupRowsG<T, 2>(g, mem, lu, fi, diag, runs, k); break;
+        case 3: UpdateGroupRowsG<T, 3>(g, mem, lu, fi, diag, runs, k); break;
+        default: UpdateGroupRowsG<T, 4>(g, mem, lu, fi, diag, runs, k); break;
+      }
+      for (int q = 0; q < m; ++q) ptr[idx[q]] += g;
+    }
+    for (int r = 0; r < b; ++r) {  // columns i .. i + r - 1, then store the row
+      const int64_t row = i + r;
+      EliminateRow<T>(ws[r], lu, fi, diag, runs, chain, end[r], diag[row]);
+      for (int32_t p = fp[row]; p < fp[row + 1]; ++p) { lu[p] = ws[r][fi[p]]; ws[r][fi[p]] = T(0); }
+      const T piv = lu[diag[row]];
+      if (info == 0 && (piv == T(0) || !std::isfinite(piv))) info = static_cast<int32_t>(row + 1);
+    }
+    i += b;
   }
   return info;
 }
 
 template <typename T>
 int32_t SparseLU(const T* a, const int32_t* fp, const int32_t* fi, const int32_t* diag,
-                 const Runs& runs, bool closed, int64_t n, T* lu, std::vector<T>& work,
-                 std::vector<int32_t>& mark) {
-  return closed ? SparseLUImpl<T, true>(a, fp, fi, diag, runs, n, lu, work, mark)
-                : SparseLUImpl<T, false>(a, fp, fi, diag, runs, n, lu, work, mark);
+                 const Runs& runs, const uint8_t* chain, bool closed, int64_t n, T* lu,
+                 std::vector<T>& work, std::vector<int32_t>& mark) {
+  int32_t info = 0;
+  if (closed) return SparseLUBlocked<T>(a, fp, fi, diag, runs, chain, n, lu, work, mark);
+  SparseLUImpl<T, false>(a, fp, fi, diag, runs, chain, n, lu, work, mark, 0, n, &info);
+  return info;
 }
 
 // sum_p lu[p] x[fi[p]] over p in [begin, end), in four partial sums: the rows of the
@@ -282,15 +516,45 @@ inline T RowDot(const T* lu, const int32_t* fi, const T* x, int32_t begin, int32
   return (s0 + s1) + (s2 + s3);
 }
 
+// The same sum over a row cut into the runs [r0, r1) (columns consecutive within a run: no
+// column index read per entry), where its runs are long enough to pay for their loops (on
+// average kMinRun entries; else RowDot).
+constexpr int32_t kMinRun = 8;
+
+template <typename T>
+inline T RunsDot(const T* lu, const int32_t* fi, const T* x, const int32_t* start,
+                 const int32_t* len, int32_t r0, int32_t r1, int32_t begin, int32_t end) {
+  if (end - begin < kMinRun * (r1 - r0)) return RowDot(lu, fi, x, begin, end);
+  T s0 = T(0), s1 = T(0), s2 = T(0), s3 = T(0);
+  for (int32_t r = r0; r < r1; ++r) {
+    const T* __restrict__ a = lu + start[r];
+    const T* __restrict__ y = x + fi[start[r]];
+    const int32_t m = len[r];
+    int32_t t = 0;
+    for (; t + 3 < m; t += 4) {
+      s0 += a[t] * y[t];
+      s1 += a[t + 1] * y[t + 1];
+      s2 += a[t + 2] * y[t + 2];
+      s3 += a[t + 3] * y[t + 3];
+    }
+    for (; t < m; ++t) s0 += a[t] * y[t];
+  }
+  return (s0 + s1) + (s2 + s3);
+}
+
 template <typename T>
 void SparseSolve(const T* lu, const int32_t* fp, const int32_t* fi, const int32_t* diag,
-                 int64_t n, const T* b, bool transpose, T* x) {
+                 const Runs& upper, const LowerRuns& lower, int64_t n, const T* b,
+                 bool transpose, T* x) {
   for (int64_t i = 0; i < n; ++i) x[i] = b[i];
   if (!transpose) {
+    const int32_t *ls = lower.start.data(), *ll = lower.len.data();
+    const int32_t *us = upper.start.data(), *ul = upper.len.data();
     for (int64_t i = 0; i < n; ++i)  // L y = b, unit lower
-      x[i] -= RowDot(lu, fi, x, fp[i], diag[i]);
+      x[i] -= RunsDot(lu, fi, x, ls, ll, lower.ptr[i], lower.ptr[i + 1], fp[i], diag[i]);
     for (int64_t i = n - 1; i >= 0; --i)  // U x = y
-      x[i] = (x[i] - RowDot(lu, fi, x, diag[i] + 1, fp[i + 1])) / lu[diag[i]];
+      x[i] = (x[i] - RunsDot(lu, fi, x, us, ul, upper.ptr[i], upper.ptr[i + 1], diag[i] + 1,
+                             fp[i + 1])) / lu[diag[i]];
     return;
   }
   for (int64_t i = 0; i < n; ++i) {  // U^T z = b, by columns of U^T (rows of U)
@@ -312,6 +576,8 @@ struct Pattern {
   int64_t n = 0, nnz = 0, na = 0;
   const int32_t *fp = nullptr, *fi = nullptr, *diag = nullptr, *position = nullptr;
   Runs runs;  // of the factors' rows, built once at registration (not at every factorisation)
+  LowerRuns lower;  // of the rows' strict lower parts (the forward solve)
+  std::vector<uint8_t> chain;  // Chains(), for a closed pattern (else all zero)
   bool closed = false;  // elimination on F creates no entry outside F (Closed, at registration)
 };
 
@@ -396,12 +662,13 @@ ffi::Error SparseLUHandler(ffi::Buffer<DT> a, ffi::ResultBuffer<DT> lu,
     const Runs& runs = pat->runs;
 #pragma omp parallel if (batch > 1)
     {
-      std::vector<T> work(n, T(0));
+      std::vector<T> work(kRows * n, T(0));  // kRows work rows
       std::vector<int32_t> mark(n, -1);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t k = 0; k < batch; ++k) {
         std::fill(mark.begin(), mark.end(), -1);
         info->typed_data()[k] = SparseLU<T>(a.typed_data() + k * nnz, fp, fi, diag, runs,
+                                            pat->chain.data(),
                                             pat->closed, n, lu->typed_data() + k * nnz,
                                             work, mark);
       }
@@ -441,7 +708,7 @@ ffi::Error SparseLUMaskedHandler(ffi::Buffer<DT> a, ffi::Buffer<DT> old,
     const Runs& runs = pat->runs;
 #pragma omp parallel if (batch > 1) reduction(+ : done)
     {
-      std::vector<T> work(n, T(0));
+      std::vector<T> work(kRows * n, T(0));  // kRows work rows
       std::vector<int32_t> mark(n, -1);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t k = 0; k < batch; ++k) {
@@ -458,7 +725,8 @@ ffi::Error SparseLUMaskedHandler(ffi::Buffer<DT> a, ffi::Buffer<DT> old,
         std::fill(mark.begin(), mark.end(), -1);
         // in place: row i's values are read into work before row i of the factors is
         // written, and rows k < i are already factors
-        int32_t status = SparseLU<T>(out, fp, fi, diag, runs, pat->closed, n, out, work, mark);
+        int32_t status = SparseLU<T>(out, fp, fi, diag, runs, pat->chain.data(), pat->closed,
+                                     n, out, work, mark);
         if (status == 0)  // a non-finite factor off the diagonal: n + 1
           for (int64_t p = 0; p < nnz; ++p)
             if (!std::isfinite(out[p])) { status = static_cast<int32_t>(n + 1); break; }
@@ -491,7 +759,8 @@ ffi::Error SparseSolveHandler(ffi::Buffer<DT> lu, ffi::Buffer<DT> b, ffi::Result
   const int32_t *fp = pat->fp, *fi = pat->fi, *diag = pat->diag;
 #pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
   for (int64_t k = 0; k < batch; ++k)
-    SparseSolve<T>(lu.typed_data() + ls * k * nnz, fp, fi, diag, n, b.typed_data() + k * n,
+    SparseSolve<T>(lu.typed_data() + ls * k * nnz, fp, fi, diag, pat->runs, pat->lower, n,
+                   b.typed_data() + k * n,
                    transpose != 0, x->typed_data() + k * n);
   return ffi::Error::Success();
 }
@@ -692,7 +961,9 @@ extern "C" int64_t simlib_sparse_register(int64_t key, int64_t n, int64_t nnz,
     }
     if (!ValidPattern(*pat)) return -1;
     pat->runs = Runs(fp, fi, diag, n);
+    pat->lower = LowerRuns(fp, fi, diag, n);
     pat->closed = ClosedPattern(*pat);
+    pat->chain = pat->closed ? Chains(fp, fi, diag, n) : std::vector<uint8_t>(n, 0);
     Registry().emplace(key, std::move(pat));
     return 1;
   } catch (...) {
@@ -705,6 +976,16 @@ extern "C" int64_t simlib_sparse_register(int64_t key, int64_t n, int64_t nnz,
 extern "C" int64_t simlib_sparse_pattern_closed(int64_t key) {
   const std::shared_ptr<const Pattern> pat = FindPattern(key);
   return pat ? static_cast<int64_t>(pat->closed) : -1;
+}
+
+// The number of rows k of the pattern under key that chain to row k + 1 (Chains: their
+// updates go in groups), or -1 if no pattern is registered under key (for tests).
+extern "C" int64_t simlib_sparse_pattern_chains(int64_t key) {
+  const std::shared_ptr<const Pattern> pat = FindPattern(key);
+  if (!pat) return -1;
+  int64_t count = 0;
+  for (uint8_t c : pat->chain) count += c;
+  return count;
 }
 
 // The number of registered patterns (for tests).
