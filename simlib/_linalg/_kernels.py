@@ -176,21 +176,21 @@ def pattern_is_closed(key: int) -> bool:
     by the library at registration: structurally symmetric, its order a perfect
     elimination ordering), so that its LU updates every entry of a row without checking
     that the row holds it. A symbolic fill is; ILU(0)'s pattern usually is not."""
-    _require()
-    f = load().simlib_sparse_pattern_closed
-    f.restype = ctypes.c_int64
-    status = int(f(ctypes.c_int64(key)))
-    if status < 0:
-        raise KeyError(f"no sparse pattern registered under key {key}")
-    return bool(status)
+    return bool(_pattern_query("simlib_sparse_pattern_closed", key))
 
 
 def pattern_chains(key: int) -> int:
     """The number of rows ``k`` of the pattern registered under ``key`` whose strict upper
     part is ``{k + 1}`` and then row ``k + 1``'s (one supernode: the factorisation applies
     such rows to a row in groups of up to 8, in one pass)."""
+    return _pattern_query("simlib_sparse_pattern_chains", key)
+
+
+def _pattern_query(name: str, key: int) -> int:
+    """The library function ``name`` (``int64 f(int64 key)``) of the pattern registered
+    under ``key``; a negative answer means no such pattern."""
     _require()
-    f = load().simlib_sparse_pattern_chains
+    f = getattr(load(), name)
     f.restype = ctypes.c_int64
     status = int(f(ctypes.c_int64(key)))
     if status < 0:

@@ -97,13 +97,7 @@ def gravity_sums(positions, masses, softening, *, block_targets: int = 64,
     dtype = positions.dtype
     bt, bs = _blocks(n, block_targets, block_sources)
     n_pad = -(-n // bs) * bs
-    x = jnp.full((n_pad, 3), FAR, dtype).at[:n].set(positions)
-    # padding bodies apart from each other too, so that no pair of them has r = 0
-    x = x.at[n:, 0].add(jnp.arange(n_pad - n, dtype=dtype) * FAR)
-    m = jnp.zeros((n_pad,), dtype).at[:n].set(masses)
-    bodies = jnp.concatenate([x, m[:, None]], axis=1)                   # (n_pad, 4)
-    sources = jnp.repeat(bodies.T, ROWS, axis=0)                        # (32, n_pad)
-    eps2 = jnp.reshape(softening * softening, (1,)).astype(dtype)
+    bodies, sources, eps2 = _padded(positions, masses, softening, n_pad)
     out = pl.pallas_call(
         _kernel,
         out_shape=jax.ShapeDtypeStruct((n_pad, 4 * LANES), dtype),
@@ -223,12 +217,7 @@ def gravity_sums_symmetric(positions, masses, softening, *, block_targets: int =
         raise ValueError(f"block_targets={bt} must divide 128 or be a multiple of it")
     n_pad = -(-n // bs) * bs
     n_blocks = n_pad // bs
-    x = jnp.full((n_pad, 3), FAR, dtype).at[:n].set(positions)
-    x = x.at[n:, 0].add(jnp.arange(n_pad - n, dtype=dtype) * FAR)
-    m = jnp.zeros((n_pad,), dtype).at[:n].set(masses)
-    bodies = jnp.concatenate([x, m[:, None]], axis=1)                   # (n_pad, 4)
-    sources = jnp.repeat(bodies.T, ROWS, axis=0)                        # (32, n_pad)
-    eps2 = jnp.reshape(softening * softening, (1,)).astype(dtype)
+    bodies, sources, eps2 = _padded(positions, masses, softening, n_pad)
     out, src = pl.pallas_call(
         functools.partial(_symmetric_kernel, n_blocks),
         out_shape=(jax.ShapeDtypeStruct((n_pad, 4 * LANES), dtype),
@@ -289,6 +278,20 @@ def gravity_pair_sums(positions, masses, softening):
         return a, jnp.sum(masses * phi_half)
     a, phi = gravity_sums(positions, masses, softening)
     return a, 0.5 * jnp.sum(masses * phi)
+
+def _padded(positions, masses, softening, n_pad: int):
+    """The kernels' inputs for ``n_pad`` bodies: ``bodies`` ``(n_pad, 4)`` (x, y, z, m) as
+    target rows, ``sources`` ``(32, n_pad)`` (each of the four repeated on 8 sublanes) and
+    the softening's square. Padding bodies have zero mass and sit :data:`FAR` away, apart
+    from each other too, so that no pair of them has ``r = 0``."""
+    n, dtype = positions.shape[0], positions.dtype
+    x = jnp.full((n_pad, 3), FAR, dtype).at[:n].set(positions)
+    x = x.at[n:, 0].add(jnp.arange(n_pad - n, dtype=dtype) * FAR)
+    m = jnp.zeros((n_pad,), dtype).at[:n].set(masses)
+    bodies = jnp.concatenate([x, m[:, None]], axis=1)
+    sources = jnp.repeat(bodies.T, ROWS, axis=0)
+    return bodies, sources, jnp.reshape(softening * softening, (1,)).astype(dtype)
+
 
 def _blocks(n: int, block_targets: int, block_sources: int) -> tuple[int, int]:
     """Tiles for ``n`` bodies: source blocks of at most ``block_sources`` lanes, shrunk so
