@@ -525,3 +525,15 @@ def test_lj_fluid_resume_end_to_end(tmp_path):
     assert changed.stderr.count("\n") == 1 and f"argument --resume: the checkpoint {ckpt} " \
         "started from another state than the equilibration made now" in changed.stderr, \
         changed.stderr
+
+
+@pytest.mark.slow
+def test_turing_with_the_fft_preconditioner_finds_the_wavenumber_of_the_sparse_lu(tmp_path):
+    """``--linear-solver fft`` (NewtonKrylov with pde.diffusion_preconditioner) runs from the
+    command line and grows the pattern the sparse LU grows: the same dominant wavenumber."""
+    def dominant(*extra):
+        proc = _run("turing", *TINY["turing"], "--quiet", *extra, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.split("dominant k ")[1].split(" ")[0]
+
+    assert dominant("--linear-solver", "fft") == dominant("--linear-solver", "sparse")
