@@ -125,3 +125,22 @@ def test_kernels_hold_no_int64_scalars_under_x64(kernel):
 ])
 def test_symmetric_kernel_chosen_where_its_sums_fit(n, capacity, fits):
     assert symmetric_fits(n, 4, capacity) is fits
+
+
+@pytest.mark.slow  # interpret mode, two kernels batched and unbatched
+@pytest.mark.parametrize("kernel", [gravity_sums, gravity_sums_symmetric])
+def test_kernels_under_vmap_equal_each_system_alone(kernel):
+    """An ensemble of systems: the batched kernel (the resident source sums, zeroed at the
+    first cell, per system) gives each system's own sums bit for bit."""
+    xs = jax.random.normal(jax.random.key(0), (2, 300, 3))
+    ms = jax.random.uniform(jax.random.key(1), (2, 300)) + 0.5
+
+    def one(x, m):
+        return kernel(x, m, jnp.asarray(0.01), block_targets=8, block_sources=128,
+                      interpret=True)
+
+    a_b, phi_b = jax.vmap(one)(xs, ms)
+    for i in range(2):
+        a, phi = one(xs[i], ms[i])
+        np.testing.assert_array_equal(a_b[i], a)
+        np.testing.assert_array_equal(phi_b[i], phi)
