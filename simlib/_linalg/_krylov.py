@@ -22,6 +22,8 @@ Or the user's own: a callable ``(c, x) -> z ~ (M - c J)^-1 x``, given the ``c`` 
 factorisation, such as :func:`simlib.pde.diffusion_preconditioner` (the exact inverse of a
 reaction-diffusion system's diffusion part by FFT). It serves transposed solves too, which
 suits a symmetric ``P``; GMRES's answer does not depend on ``P``, only its iterations do.
+:meth:`Krylov.solve_linear_map` (a converged stage's implicit-function solve, not of the
+form ``M - c J``) leaves it out.
 """
 
 from __future__ import annotations
@@ -273,6 +275,18 @@ class Krylov(LinearSolver):
         x, _ = gmres(mv, b, self._precondition(fac.data, transpose), rtol=self.rtol,
                      restart=self.restart, max_restarts=self.max_restarts)
         return x
+
+    def solve_linear_map(self, linear_map: Callable[[Array], Array], b: Array) -> Array:
+        """As :meth:`LinearSolver.solve_linear_map`; a user's preconditioner is left out
+        here: it approximates ``(M - c J)^-1`` for the ``c`` it is given, while this map (a
+        converged stage's linearisation, solved as ``0 - (-1) L``) is none of those, and
+        ``P(-1, x)`` may be near singular (``(I + D lap)^-1`` for
+        :func:`simlib.pde.diffusion_preconditioner`). GMRES alone keeps the answer exact."""
+        if callable(self.preconditioner):
+            plain = Krylov(None, rtol=self.rtol, restart=self.restart,
+                           max_restarts=self.max_restarts)
+            return plain.solve_linear_map(linear_map, b)
+        return super().solve_linear_map(linear_map, b)
 
     def solve_with_info(self, fac: Factorisation, b: Array, *, field: Field,
                         transpose: bool = False) -> tuple[Array, GMRESInfo]:
