@@ -74,18 +74,15 @@ def main() -> None:
                     energy, x, m, jnp.stack([jnp.float32(1.0), eps]))[1]),
         }
         if not on_cpu or a.interpret:
-            for b in a.blocks:
-                bt, bs = (int(v) for v in b.split("x"))
-                contenders[f"pallas {b}"] = jax.jit(
-                    lambda x, m, eps, bt=bt, bs=bs: -m[:, None] * gravity_sums(
-                        x, m, eps, block_targets=bt, block_sources=bs,
-                        interpret=on_cpu)[0])
-            for b in a.symmetric:
-                bt, bs = (int(v) for v in b.split("x"))
-                contenders[f"pallas symmetric {b}"] = jax.jit(
-                    lambda x, m, eps, bt=bt, bs=bs: -m[:, None] * gravity_sums_symmetric(
-                        x, m, eps, block_targets=bt, block_sources=bs,
-                        interpret=on_cpu)[0])
+            for label, kernel, tiles in (("pallas", gravity_sums, a.blocks),
+                                         ("pallas symmetric", gravity_sums_symmetric,
+                                          a.symmetric)):
+                for b in tiles:
+                    bt, bs = (int(v) for v in b.split("x"))
+                    contenders[f"{label} {b}"] = jax.jit(
+                        lambda x, m, eps, bt=bt, bs=bs, kernel=kernel: -m[:, None] * kernel(
+                            x, m, eps, block_targets=bt, block_sources=bs,
+                            interpret=on_cpu)[0])
         ref = None
         for name, fn in contenders.items():
             try:

@@ -246,16 +246,17 @@ def jax_runner(prob, name):
             return (sol.ys[-1], sol.stats["num_accepted"], sol.stats["num_fevals"],
                     sol.result == 0)
     elif name in SIMLIB:
-        options = {"simlib BDF (Krylov+FFT)": lambda: dict(linear_solver=sl.NewtonKrylov(
-                       fft_preconditioner(prob), rtol=KRYLOV_LOOSE_RTOL, restart=5)),
-                   "simlib BDF (banded)": dict(jac_bandwidth=tuple(prob.bandwidth)),
-                   "simlib BDF (sparse)": dict(jac_sparsity=prob.sparsity,
-                                               linear_solver="sparse"),
-                   "simlib BDF (Krylov)": dict(jac_sparsity=prob.sparsity,
-                                               linear_solver="krylov"),
-                   "simlib BDF (Krylov 1e-4)": dict(linear_solver=sl.NewtonKrylov(
-                       "ilu0", prob.sparsity, rtol=KRYLOV_LOOSE_RTOL))}[name]
-        options = options() if callable(options) else options
+        if name == "simlib BDF (Krylov+FFT)":  # 2-D only: its grid is built only here
+            options = dict(linear_solver=sl.NewtonKrylov(
+                fft_preconditioner(prob), rtol=KRYLOV_LOOSE_RTOL, restart=5))
+        else:
+            options = {"simlib BDF (banded)": dict(jac_bandwidth=tuple(prob.bandwidth)),
+                       "simlib BDF (sparse)": dict(jac_sparsity=prob.sparsity,
+                                                   linear_solver="sparse"),
+                       "simlib BDF (Krylov)": dict(jac_sparsity=prob.sparsity,
+                                                   linear_solver="krylov"),
+                       "simlib BDF (Krylov 1e-4)": dict(linear_solver=sl.NewtonKrylov(
+                           "ilu0", prob.sparsity, rtol=KRYLOV_LOOSE_RTOL))}[name]
 
         def solve(rtol, atol):
             sol = sl.solve(prob.f, y0, 0.0, prob.t1, solver=sl.BDF(), rtol=rtol, atol=atol,

@@ -750,7 +750,7 @@ def diffusion_preconditioner(grid: Grid, diffusivity: Any, *, species: int = 1,
     ndim = grid.ndim
     periodic = [a for a in range(ndim) if grid.bc[a][0] == "periodic"]
     neumann = [a for a in range(ndim) if grid.bc[a][0] == "neumann"]
-    real_fft = not neumann and periodic[-1] == ndim - 1    # rfftn over every axis
+    real_fft = not neumann                                  # rfftn over every axis
     lam = np.zeros((1,) * ndim)
     for a, (n, h) in enumerate(zip(grid.shape, grid.spacing, strict=True)):
         ev = _axis_eigenvalues(n, h, grid.bc[a], half=real_fft and a == ndim - 1)

@@ -35,11 +35,11 @@ FAR = 1.0e15
 
 
 ROWS, LANES = 8, 128
+"""A vector register holds 8 x 128 values: 8 sublanes by 128 lanes."""
 
 ZERO = np.int32(0)
 """Block index 0 for the index maps: a Python ``0`` becomes an int64 under x64, which Mosaic
 does not take."""
-"""A vector register holds 8 x 128 values: 8 sublanes by 128 lanes."""
 
 
 def _kernel(eps2_ref, targets_ref, sources_ref, out_ref):
@@ -229,8 +229,8 @@ def gravity_sums_symmetric(positions, masses, softening, *, block_targets: int =
                                lambda i, k: (ZERO, _rem(_div(i * bt, bs) + k, n_blocks)))],
         out_specs=(pl.BlockSpec((bt, 4 * LANES), lambda i, k: (i, ZERO)),
                    pl.BlockSpec((3 * ROWS, n_pad), lambda i, k: (ZERO, ZERO))),
-        compiler_params=_compiler_params_resident(
-            3 * ROWS * n_pad * jnp.dtype(dtype).itemsize + RESIDENT_SLACK),
+        compiler_params=_compiler_params(("arbitrary", "arbitrary"),
+                                         _resident_bytes(n_pad, jnp.dtype(dtype).itemsize)),
         interpret=interpret,
     )(eps2, bodies, sources)
     sums = out[:n].reshape(n, 4, LANES).sum(axis=2)
@@ -238,24 +238,24 @@ def gravity_sums_symmetric(positions, masses, softening, *, block_targets: int =
     return sums[:, :3] - src.T, sums[:, 3]
 
 
-def _compiler_params_resident(vmem_bytes: int):
-    from jax.experimental.pallas import tpu as pltpu
-    return pltpu.CompilerParams(dimension_semantics=("arbitrary", "arbitrary"),
-                                vmem_limit_bytes=vmem_bytes)
-
-
 RESIDENT_SLACK = 16 * 2**20
 """VMEM the symmetric kernel asks for beyond its resident source sums: its tiles, double
 buffered, with room to spare."""
 
 
+def _resident_bytes(n_pad: int, itemsize: int) -> int:
+    """VMEM of :func:`gravity_sums_symmetric`: its resident source sums (``24 x n_pad``
+    values) and :data:`RESIDENT_SLACK`."""
+    return 3 * ROWS * n_pad * itemsize + RESIDENT_SLACK
+
+
 def symmetric_fits(n: int, itemsize: int, vmem_capacity: int | None,
                    block_targets: int = 64, block_sources: int = 8192) -> bool:
-    """Whether :func:`gravity_sums_symmetric`'s resident source sums (``24 x n_pad``
-    values) and :data:`RESIDENT_SLACK` fit the core's VMEM; ``None`` (not known) is no."""
+    """Whether :func:`gravity_sums_symmetric`'s VMEM (:func:`_resident_bytes`) fits the
+    core's; ``None`` (not known) is no."""
     _, bs = _blocks(n, block_targets, block_sources)
-    need = 3 * ROWS * (-(-n // bs) * bs) * itemsize + RESIDENT_SLACK
-    return vmem_capacity is not None and need <= vmem_capacity
+    return (vmem_capacity is not None
+            and _resident_bytes(-(-n // bs) * bs, itemsize) <= vmem_capacity)
 
 
 def vmem_capacity() -> int | None:
@@ -270,14 +270,15 @@ def vmem_capacity() -> int | None:
 def gravity_pair_sums(positions, masses, softening):
     """``(a, u)``: :math:`a_i = \\sum_{j \\ne i} m_j s_{ij}^3 (x_i - x_j)` and
     :math:`u = \\sum_{i<j} m_i m_j s_{ij}`, from the symmetric kernel where its resident
-    sums fit VMEM (each pair once: 1.36x the one-sided kernel at 10^5 bodies on a TPU v5e,
-    1.46x at 10^6), else from the one-sided :func:`gravity_sums`."""
+    sums fit VMEM (each pair once: 1.38x the one-sided kernel at 10^5 bodies on a TPU v5e,
+    1.47x at 10^6), else from the one-sided :func:`gravity_sums`."""
     n, itemsize = positions.shape[0], jnp.dtype(positions.dtype).itemsize
     if symmetric_fits(n, itemsize, vmem_capacity()):
         a, phi_half = gravity_sums_symmetric(positions, masses, softening)
         return a, jnp.sum(masses * phi_half)
     a, phi = gravity_sums(positions, masses, softening)
     return a, 0.5 * jnp.sum(masses * phi)
+
 
 def _padded(positions, masses, softening, n_pad: int):
     """The kernels' inputs for ``n_pad`` bodies: ``bodies`` ``(n_pad, 4)`` (x, y, z, m) as
@@ -310,6 +311,10 @@ def _scalar_spec():
     return pl.BlockSpec((1,), lambda i, j: (ZERO,), memory_space=pltpu.SMEM)
 
 
-def _compiler_params():
+def _compiler_params(semantics: tuple[str, str] = ("parallel", "arbitrary"),
+                     vmem_bytes: int | None = None):
+    """Mosaic's settings: the grid axes' semantics (the symmetric kernel's resident sums
+    make both ``"arbitrary"``) and, where given, the VMEM limit."""
     from jax.experimental.pallas import tpu as pltpu
-    return pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"))
+    extra = {} if vmem_bytes is None else dict(vmem_limit_bytes=vmem_bytes)
+    return pltpu.CompilerParams(dimension_semantics=semantics, **extra)
