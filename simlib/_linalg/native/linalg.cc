@@ -98,10 +98,13 @@ void BandSolve(const T* u, const T* mult, const int32_t* piv, const T* b, int64_
       if (piv[k] != 0 && p < n) std::swap(y[k], y[p]);
       for (int64_t r = 1; r <= lower && k + r < n; ++r) y[k + r] -= mult[k * lower + r - 1] * y[k];
     }
+    // the reciprocal first, off the chain through x; the terms from the farthest column
+    // in, so that only the last waits on x[k + 1] (SparseSolve's ShortRow)
     for (int64_t k = n - 1; k >= 0; --k) {
+      const T r = T(1) / u[k * w];
       T s = y[k];
-      for (int64_t j = 1; j < w && k + j < n; ++j) s -= u[k * w + j] * x[k + j];
-      x[k] = s / u[k * w];
+      for (int64_t j = std::min<int64_t>(w - 1, n - 1 - k); j >= 1; --j) s -= u[k * w + j] * x[k + j];
+      x[k] = s * r;
     }
     return;
   }
@@ -516,6 +519,23 @@ inline T RowDot(const T* lu, const int32_t* fi, const T* x, int32_t begin, int32
   return (s0 + s1) + (s2 + s3);
 }
 
+// t - sum_p lu[p] x[fi[p]] over a short row, p from begin up (Down: from end - 1 down), as
+// one chain of fused multiply-adds. The sweeps take a row's terms in the order the unknowns
+// were solved, so that only the last term waits on the unknown just found: one multiply-add
+// on the sweep's chain per row, where a sum formed apart (RowDot) and then subtracted puts
+// its additions and the subtraction on it.
+constexpr int32_t kShortRow = 4;
+
+template <typename T, bool Down>
+inline T ShortRow(const T* lu, const int32_t* fi, const T* x, int32_t begin, int32_t end, T t) {
+  if (Down) {
+    for (int32_t p = end - 1; p >= begin; --p) t -= lu[p] * x[fi[p]];
+  } else {
+    for (int32_t p = begin; p < end; ++p) t -= lu[p] * x[fi[p]];
+  }
+  return t;
+}
+
 // The same sum over a row cut into the runs [r0, r1) (columns consecutive within a run: no
 // column index read per entry), where its runs are long enough to pay for their loops (on
 // average kMinRun entries; else RowDot).
@@ -550,11 +570,20 @@ void SparseSolve(const T* lu, const int32_t* fp, const int32_t* fi, const int32_
   if (!transpose) {
     const int32_t *ls = lower.start.data(), *ll = lower.len.data();
     const int32_t *us = upper.start.data(), *ul = upper.len.data();
-    for (int64_t i = 0; i < n; ++i)  // L y = b, unit lower
-      x[i] -= RunsDot(lu, fi, x, ls, ll, lower.ptr[i], lower.ptr[i + 1], fp[i], diag[i]);
-    for (int64_t i = n - 1; i >= 0; --i)  // U x = y
-      x[i] = (x[i] - RunsDot(lu, fi, x, us, ul, upper.ptr[i], upper.ptr[i + 1], diag[i] + 1,
-                             fp[i + 1])) / lu[diag[i]];
+    for (int64_t i = 0; i < n; ++i) {  // L y = b, unit lower
+      const int32_t begin = fp[i], end = diag[i];
+      x[i] = end - begin <= kShortRow
+                 ? ShortRow<T, false>(lu, fi, x, begin, end, x[i])
+                 : x[i] - RunsDot(lu, fi, x, ls, ll, lower.ptr[i], lower.ptr[i + 1], begin, end);
+    }
+    for (int64_t i = n - 1; i >= 0; --i) {  // U x = y
+      const T r = T(1) / lu[diag[i]];  // off the chain through x
+      const int32_t begin = diag[i] + 1, end = fp[i + 1];
+      const T t = end - begin <= kShortRow
+                      ? ShortRow<T, true>(lu, fi, x, begin, end, x[i])
+                      : x[i] - RunsDot(lu, fi, x, us, ul, upper.ptr[i], upper.ptr[i + 1], begin, end);
+      x[i] = t * r;
+    }
     return;
   }
   for (int64_t i = 0; i < n; ++i) {  // U^T z = b, by columns of U^T (rows of U)
