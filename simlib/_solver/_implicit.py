@@ -269,7 +269,8 @@ class NewtonResult(NamedTuple):
 
 def newton(rhs: Callable[[jax.Array, jax.Array], jax.Array],
            solve: Callable[[jax.Array], jax.Array], y0: jax.Array, scale: jax.Array, *,
-           tol, max_iters: int, accept_first: bool) -> NewtonResult:
+           tol, max_iters: int, accept_first: bool,
+           eta0: jax.Array | None = None) -> NewtonResult:
     """Simplified Newton with a fixed, already factorised iteration matrix ``A``.
 
     Iterates ``dy = solve(rhs(y, d))`` (``solve``: ``A^-1``, ``A`` an approximation of the
@@ -289,7 +290,9 @@ def newton(rhs: Callable[[jax.Array, jax.Array], jax.Array],
     - converges when ``||dy_k|| = 0`` or ``eta ||dy_k|| <= tol``. The first iterate has
       no rate: with ``accept_first`` (the ESDIRK methods, as RADAU5) ``eta = 1`` there, so
       ``||dy_0|| <= tol`` converges; without it (BDF, as scipy's ``BDF`` and ``ode15s``) a
-      rate is needed;
+      rate is needed, unless ``eta0`` is given: the first iterate then converges when
+      ``eta0 ||dy_0|| <= tol``, ``eta0`` carried from the previous step (Hairer and
+      Wanner's ``eta_0 = max(eta_old, uround)^0.8``, IV.8, p. 121; BDF);
     - diverges, its ``dy`` not applied, when ``theta_k >= 1`` or when the predicted final
       error ``theta^r / (1 - theta) ||dy_k||`` exceeds ``tol``, ``r = max_iters - 1 - k``
       with ``accept_first`` (RADAU5) and ``max_iters - k`` without (scipy);
@@ -319,6 +322,8 @@ def newton(rhs: Callable[[jax.Array, jax.Array], jax.Array],
         finite = jnp.all(jnp.isfinite(dy))
         if accept_first:
             small = jnp.where(has_rate, eta, 1.0) * size <= tol
+        elif eta0 is not None:
+            small = jnp.where(has_rate, eta, eta0) * size <= tol
         else:
             small = has_rate & (eta * size <= tol)
         converged = finite & ((size == 0) | small)
