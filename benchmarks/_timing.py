@@ -246,10 +246,10 @@ class Timer:
         self.stop()
 
 
-def single_thread_if_asked(argv: list[str]) -> bool:
+def single_thread_if_asked(argv: list[str], pin: bool = True) -> bool:
     """With ``--single-thread`` in ``argv``: XLA, OpenBLAS, OpenMP and MKL on one thread
-    each. Call it before numpy or jax is imported (they read these at load). Returns
-    whether it did."""
+    each, and (``pin``) the process on one core (:func:`pin_to_one_core`). Call it before
+    numpy or jax is imported (they read these at load). Returns whether it did."""
     if "--single-thread" not in argv:
         return False
     # (a bare "intra_op_parallelism_threads=1" stood here: not an XLA flag, and XLA ignored
@@ -258,7 +258,25 @@ def single_thread_if_asked(argv: list[str]) -> bool:
                                + " --xla_cpu_multi_thread_eigen=false").strip()
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"
+    if pin:
+        pin_to_one_core()
     return True
+
+
+def pin_to_one_core() -> int | None:
+    """Pin this process to one core: ``$SIMLIB_BENCH_CPU`` if set, else the first it may
+    use; nothing when ``$SIMLIB_BENCH_PIN`` is ``0`` or the platform has no affinity.
+    Returns the core. XLA's CPU client sizes its thread pool by the cores it may use: with
+    two, a loop of small kernels is handed between two pool threads, and the one waiting
+    spins (measured on the 10,000-state Brusselator: 185 ms of CPU in 159 ms of wall time;
+    pinned, 159 and 159), which a CPU-time comparison would count against the JAX
+    contenders. Call it before jax is imported."""
+    if os.environ.get("SIMLIB_BENCH_PIN") == "0" or not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    core = int(os.environ.get("SIMLIB_BENCH_CPU", allowed[0]))
+    os.sched_setaffinity(0, {core})
+    return core
 
 
 def load_average() -> tuple[float, float, float]:

@@ -50,6 +50,9 @@ Contenders (ratio = contender time / scipy BDF time in the same run, at the same
   JVPs, ILU(0) of ``I - c J`` as the preconditioner). ``simlib BDF (Krylov+FFT)``:
   ``sl.NewtonKrylov(pde.diffusion_preconditioner(...), rtol=1e-4, restart=5)``, the same
   preconditioner as ``CVODE GMRES+FFT`` from simlib's own module (2-D only).
+  ``simlib BDF (sparse + carried rate)``, ``simlib BDF (Krylov+FFT + carried rate)``: the
+  same with ``BDF(carry_rate=True, newton_coef=0.03)``, Newton's rate carried across steps
+  and CVODE's looser convergence test (one iteration per step where it contracts).
 
 Ensemble baseline (``--ensemble``): 64 parameter sets ``(A, B, alpha) x exp(0.1 normal)``
 (numpy ``default_rng(0)``) of ``bruss2d_32`` at rtol 1e-6 with scipy ``BDF`` in a Python
@@ -62,7 +65,8 @@ Usage::
     python benchmarks/pde.py --sizes bruss2d_128 --rtols 1e-6 --contenders "CVODE GMRES+FFT"
     python -m validation.pde_reference         # (re)compute the cached references first
 
-On a shared machine use ``--single-thread`` (XLA, OpenBLAS and OpenMP on one thread each)
+On a shared machine use ``--single-thread`` (XLA, OpenBLAS and OpenMP on one thread each,
+each contender's process pinned to one core: ``benchmarks/_timing.py``, ``pin_to_one_core``)
 and compare ratios within one run only.
 """
 
@@ -81,13 +85,15 @@ from _timing import (  # benchmarks/_timing.py, next to this file; imports no nu
     timed,
 )
 
-single_thread_if_asked(sys.argv)  # before numpy/jax load their thread pools
+# before numpy/jax load their thread pools; a contender's process (--worker) on one core
+single_thread_if_asked(sys.argv, pin="--worker" in sys.argv)
 
 import argparse  # noqa: E402
 import concurrent.futures  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import queue  # noqa: E402
 import subprocess  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -124,9 +130,13 @@ DENSE = ("diffrax Kvaerno5", "simlib BDF (dense)")
 # jac_bandwidth=prob.bandwidth (1-D only), jac_sparsity=prob.sparsity, and
 # linear_solver="krylov" with jac_sparsity (GMRES with an ILU(0) preconditioner)
 # and "Krylov+FFT": GMRES(5) at rtol 1e-4 preconditioned by pde.diffusion_preconditioner,
-# the exact FFT inverse of the diffusion part, as CVODE GMRES+FFT (2-D only)
+# the exact FFT inverse of the diffusion part, as CVODE GMRES+FFT (2-D only). "+ carried
+# rate": the same with BDF(carry_rate=True, newton_coef=0.03), the cheaper Newton iteration
 SIMLIB: tuple[str, ...] = ("simlib BDF (banded)", "simlib BDF (sparse)", "simlib BDF (Krylov)",
-                           "simlib BDF (Krylov 1e-4)", "simlib BDF (Krylov+FFT)")
+                           "simlib BDF (Krylov 1e-4)", "simlib BDF (Krylov+FFT)",
+                           "simlib BDF (sparse + carried rate)",
+                           "simlib BDF (Krylov+FFT + carried rate)")
+CARRIED = dict(carry_rate=True, newton_coef=0.03)
 KRYLOV_LOOSE_RTOL = 1e-4  # GMRES's relative residual in "simlib BDF (Krylov 1e-4)"
 CONTENDERS = SCIPY + CVODE + DENSE + SIMLIB
 
@@ -142,8 +152,8 @@ def skip_reason(prob: ref.PDEProblem, name: str,
             prob.bandwidth[0] + prob.bandwidth[1] + 1 > 64):
         return (f"bandwidth {prob.bandwidth} (periodic 2-D grid): the band is the whole "
                 "matrix")
-    if (name in ("CVODE GMRES+ILU", "CVODE GMRES+FFT", "simlib BDF (Krylov+FFT)")
-            and prob.name != "bruss2d"):
+    if (name in ("CVODE GMRES+ILU", "CVODE GMRES+FFT", "simlib BDF (Krylov+FFT)",
+                 "simlib BDF (Krylov+FFT + carried rate)") and prob.name != "bruss2d"):
         return "2-D problem only (the 1-D one is banded)"
     return None
 
@@ -246,6 +256,8 @@ def jax_runner(prob, name):
             return (sol.ys[-1], sol.stats["num_accepted"], sol.stats["num_fevals"],
                     sol.result == 0)
     elif name in SIMLIB:
+        bdf = sl.BDF(**CARRIED) if name.endswith("carried rate)") else sl.BDF()
+        name = name.replace(" + carried rate", "")
         if name == "simlib BDF (Krylov+FFT)":  # 2-D only: its grid is built only here
             options = dict(linear_solver=sl.NewtonKrylov(
                 fft_preconditioner(prob), rtol=KRYLOV_LOOSE_RTOL, restart=5))
@@ -259,7 +271,7 @@ def jax_runner(prob, name):
                            "ilu0", prob.sparsity, rtol=KRYLOV_LOOSE_RTOL))}[name]
 
         def solve(rtol, atol):
-            sol = sl.solve(prob.f, y0, 0.0, prob.t1, solver=sl.BDF(), rtol=rtol, atol=atol,
+            sol = sl.solve(prob.f, y0, 0.0, prob.t1, solver=bdf, rtol=rtol, atol=atol,
                            args=args, max_steps=MAX_STEPS, throw=False, **options)
             return (sol.ys[-1], sol.stats["num_accepted"], sol.stats["num_fevals"],
                     sol.result == 0)
@@ -320,11 +332,30 @@ def cpu_s() -> float:
     return use.ru_utime + use.ru_stime
 
 
+# the cores a --single-thread contender process is pinned to, one per process at a time
+# (--parallel runs several): the cores this process may use
+FREE_CORES: queue.Queue = queue.Queue()
+for _core in sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]:
+    FREE_CORES.put(_core)
+
+
 def run_in_process(spec: dict, single_thread: bool, timeout: float) -> dict:
+    if single_thread and spec.get("contender") not in ENSEMBLE_TWO_DEVICES:
+        core = FREE_CORES.get()
+        try:
+            return _run_in_process(spec, single_thread, timeout,
+                                   dict(os.environ, SIMLIB_BENCH_CPU=str(core)))
+        finally:
+            FREE_CORES.put(core)
+    # two devices need two cores: not pinned
+    return _run_in_process(spec, single_thread, timeout,
+                           dict(os.environ, SIMLIB_BENCH_PIN="0"))
+
+
+def _run_in_process(spec: dict, single_thread: bool, timeout: float, env: dict) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
     if single_thread:
         cmd.append("--single-thread")
-    env = dict(os.environ)
     if spec.get("contender") in ENSEMBLE_TWO_DEVICES:
         # first: XLA stops reading its flags at --single-thread's bare
         # "intra_op_parallelism_threads=1" (the device count after it was ignored)
