@@ -241,8 +241,8 @@ class BDF(LinearAlgebra, AbstractSolver):
             fraction of what the local error test allows (CVODE's nonlinear convergence
             coefficient). Measured with ``carry_rate=True, newton_coef=0.03`` on the
             Brusselators of docs/pde.md: 40-50% fewer evaluations of ``f`` and solves,
-            errors up to 1.7x scipy's at ``rtol`` 1e-8 (docs/pde.md); the tolerance is
-            at least ``10 eps / rtol`` either way.
+            errors up to 1.4x the default's at ``rtol`` 1e-8; the tolerance is at least
+            ``10 eps / rtol`` either way.
     """
 
     order = 1  # the order it starts at (and the first step's size is chosen for)
