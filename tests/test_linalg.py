@@ -221,6 +221,33 @@ def test_banded_lu_pivots():
     assert not bool(bad.ok)  # a zero pivot is reported
 
 
+@needs_native
+@pytest.mark.parametrize("n, lower, upper", [(30, 2, 2), (9, 1, 1), (40, 4, 4), (25, 3, 1),
+                                             (20, 1, 6), (3, 2, 2), (15, 5, 2), (16, 2, 7)])
+def test_native_band_solve_with_pivots_matches_scipy(n, lower, upper):
+    """The native banded solve (register sweeps for lower <= 4 and lower + upper <= 8, the
+    general loops past them: (5, 2) and (2, 7)) against scipy's solve_banded, on random
+    bands whose factorisation interchanges rows."""
+    from simlib._linalg._kernels import band_lu_native, band_solve_native
+
+    rng = np.random.default_rng(n + 10 * lower + 100 * upper)
+    band = mask_band(jnp.asarray(rng.normal(size=(n, lower + upper + 1))), lower)
+    a = dense_from_band(band, lower)
+    ab = np.zeros((lower + upper + 1, n))
+    for i in range(n):
+        for j in range(max(0, i - lower), min(n, i + upper + 1)):
+            ab[upper + i - j, j] = a[i, j]
+    b = rng.normal(size=n)
+    lu = band_lu_native(band, lower, upper)
+    assert n < 5 or int(jnp.count_nonzero(lu[2])) > 0  # rows were interchanged
+    ref = sla.solve_banded((lower, upper), ab, b)
+    scale = np.abs(ref).max()
+    np.testing.assert_allclose(band_solve_native(lu, jnp.asarray(b), False), ref, rtol=1e-9,
+                               atol=1e-11 * scale)
+    np.testing.assert_allclose(band_solve_native(lu, jnp.asarray(b), True),
+                               np.linalg.solve(a.T, b), rtol=1e-9, atol=1e-11 * scale)
+
+
 @pytest.mark.slow
 @needs_native
 def test_native_banded_factors_equal_the_scan_bitwise():

@@ -141,3 +141,37 @@ def test_the_symbolic_analysis_is_done_once_per_pattern(monkeypatch):
         factor(jac, jnp.asarray(c))
     assert len(calls) == 1
     assert _kernels.registered_patterns() - before <= 1
+
+
+def ladder_pattern(m: int) -> sp.csr_matrix:
+    """Two species on a 1-D grid of m points, interleaved (as the 1-D Brusselator): each
+    species couples to itself at the neighbours and to the other species at its point."""
+    chain = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(m, m))
+    return sp.csr_matrix(sp.kron(chain, sp.eye(2)) + sp.kron(sp.eye(m), np.ones((2, 2))),
+                         dtype=bool)
+
+
+@native
+@pytest.mark.parametrize("m, ordering, band", [(5, "rcm", (2, 2)), (400, "rcm", (2, 2)),
+                                               (400, "natural", (2, 2)), (8, "nd", (0, 0))])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_band_shaped_factors_take_the_banded_sweeps_and_solve_as_spsolve(m, ordering, band,
+                                                                          dtype):
+    """A 1-D ladder in band order factorises into a full (2, 2) band: the solves take the
+    register sweeps (the mechanism: the pattern's band, as the kernel reads it) and agree
+    with scipy's spsolve, first and last rows included; nested dissection's factors are no
+    band and take the general sweeps."""
+    pattern = ladder_pattern(m)
+    if ordering == "nd":
+        pattern = grid_pattern(4)  # 2-D: never a band
+    rng = np.random.default_rng(m)
+    ls = Sparse(pattern, kernel="native", ordering=ordering)
+    jac = rng.normal(size=ls._pattern().nnz)  # J's values on the pattern, in its order
+    b = rng.normal(size=pattern.shape[0])
+    fac = ls.factor(jnp.asarray(jac, dtype), jnp.asarray(0.05, dtype))
+    x = np.asarray(ls.solve(fac, jnp.asarray(b, dtype)))
+    assert _kernels.pattern_band(_kernels.pattern_key(ls.symbolic())) == band
+    a = sp.identity(pattern.shape[0], format="csc") - 0.05 * sp.csc_matrix(
+        ls._pattern().matrix(jac))
+    tol = 1e-12 if dtype == np.float64 else 2e-5
+    np.testing.assert_allclose(x, spla.spsolve(a, b), rtol=tol, atol=tol)

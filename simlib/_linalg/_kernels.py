@@ -186,6 +186,14 @@ def pattern_chains(key: int) -> int:
     return _pattern_query("simlib_sparse_pattern_chains", key)
 
 
+def pattern_band(key: int) -> tuple[int, int]:
+    """The band widths ``(l, u)`` with which the solves of the pattern registered under
+    ``key`` take the banded sweeps (a full band of at most 4 each side: the factors of a 1-D
+    grid in reverse Cuthill-McKee order), or ``(0, 0)`` (the general sweeps)."""
+    code = _pattern_query("simlib_sparse_pattern_band", key)
+    return code // 8, code % 8
+
+
 def _pattern_query(name: str, key: int) -> int:
     """The library function ``name`` (``int64 f(int64 key)``) of the pattern registered
     under ``key``; a negative answer means no such pattern."""

@@ -39,7 +39,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -88,9 +90,75 @@ void BandLU(const T* band, int64_t n, int64_t lower, int64_t w, T* u, T* mult,
   }
 }
 
+// BandLU's forward sweep, P and L_k applied row by row, with the rows k .. k + LW of y
+// held in registers (the general loop below reads each y back through memory, one store
+// and one load on the chain per row). Rows past n are zero: their multipliers are zero.
+template <typename T, int LW>
+void BandForward(const T* mult, const int32_t* piv, int64_t n, T* y) {
+  T v[LW + 1];  // v[r] = y[k + r]
+  for (int r = 0; r <= LW; ++r) v[r] = r < n ? y[r] : T(0);
+  for (int64_t k = 0; k < n; ++k) {
+    const int32_t pk = piv[k];
+    for (int r = 1; r <= LW; ++r)
+      if (pk == r) std::swap(v[0], v[r]);
+    const T* m = mult + k * LW;
+    for (int r = 1; r <= LW; ++r) v[r] -= m[r - 1] * v[0];
+    y[k] = v[0];
+    for (int r = 0; r < LW; ++r) v[r] = v[r + 1];
+    v[LW] = k + LW + 1 < n ? y[k + LW + 1] : T(0);
+  }
+}
+
+// BandLU's back substitution U x = y (U's rows of width UW + 1; zero past column n - 1),
+// x[k + 1 .. k + UW] in registers, the terms from the farthest column in, and the pivot's
+// reciprocal off the chain.
+template <typename T, int UW>
+void BandBackward(const T* u, int64_t n, T* y) {
+  T v[UW];  // v[j] = x[k + 1 + j]
+  for (int j = 0; j < UW; ++j) v[j] = T(0);
+  for (int64_t k = n - 1; k >= 0; --k) {
+    const T r = T(1) / u[k * (UW + 1)];
+    const T* a = u + k * (UW + 1) + 1;
+    T s = y[k];
+    for (int j = UW - 1; j >= 0; --j) s -= a[j] * v[j];
+    s *= r;
+    for (int j = UW - 1; j > 0; --j) v[j] = v[j - 1];
+    v[0] = s;
+    y[k] = s;
+  }
+}
+
+// The register-window sweeps for lower <= 4 and w <= 9 (false: none for these widths)
+template <typename T>
+bool BandSweeps(const T* u, const T* mult, const int32_t* piv, int64_t n, int64_t lower,
+                int64_t w, T* y) {
+  if (lower < 1 || lower > 4 || w < 2 || w > 9) return false;
+  switch (lower) {
+    case 1: BandForward<T, 1>(mult, piv, n, y); break;
+    case 2: BandForward<T, 2>(mult, piv, n, y); break;
+    case 3: BandForward<T, 3>(mult, piv, n, y); break;
+    default: BandForward<T, 4>(mult, piv, n, y); break;
+  }
+  switch (w - 1) {
+    case 1: BandBackward<T, 1>(u, n, y); break;
+    case 2: BandBackward<T, 2>(u, n, y); break;
+    case 3: BandBackward<T, 3>(u, n, y); break;
+    case 4: BandBackward<T, 4>(u, n, y); break;
+    case 5: BandBackward<T, 5>(u, n, y); break;
+    case 6: BandBackward<T, 6>(u, n, y); break;
+    case 7: BandBackward<T, 7>(u, n, y); break;
+    default: BandBackward<T, 8>(u, n, y); break;
+  }
+  return true;
+}
+
 template <typename T>
 void BandSolve(const T* u, const T* mult, const int32_t* piv, const T* b, int64_t n,
                int64_t lower, int64_t w, bool transpose, T* x) {
+  if (!transpose) {
+    std::copy(b, b + n, x);
+    if (BandSweeps(u, mult, piv, n, lower, w, x)) return;
+  }
   std::vector<T> y(b, b + n);
   if (!transpose) {
     for (int64_t k = 0; k < n; ++k) {
@@ -562,11 +630,96 @@ inline T RunsDot(const T* lu, const int32_t* fi, const T* x, const int32_t* star
   return (s0 + s1) + (s2 + s3);
 }
 
+// The widths (l, u) when F is a full band of at most kMaxBand each side: row i holds the
+// columns max(0, i - l) .. min(n - 1, i + u), all of them; else (0, 0). A 1-D grid in
+// reverse Cuthill-McKee order factorises into such a band (the 1-D Brusselator: (2, 2)).
+constexpr int32_t kMaxBand = 4;
+
+std::pair<int32_t, int32_t> BandShape(const int32_t* fp, const int32_t* fi, const int32_t* diag,
+                                      int64_t n) {
+  if (n < 2 * (kMaxBand + 1)) return {0, 0};
+  const int32_t l = diag[n - 1] - fp[n - 1], u = fp[1] - diag[0] - 1;
+  if (l < 1 || u < 1 || l > kMaxBand || u > kMaxBand) return {0, 0};
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t first = std::max<int64_t>(0, i - l), last = std::min<int64_t>(n - 1, i + u);
+    if (fp[i + 1] - fp[i] != last - first + 1 || fi[fp[i]] != first || fi[fp[i + 1] - 1] != last ||
+        diag[i] - fp[i] != i - first)
+      return {0, 0};  // (columns increase within a row: count, ends and diagonal fix them)
+  }
+  return {l, u};
+}
+
+// The two sweeps on a full band (BandShape) of widths L and U: a row's terms at fixed
+// offsets, the last L (U) unknowns held in registers rather than read back through
+// memory (where the general sweeps wait on a store and a load per row), the pivot's
+// reciprocal off the chain. About 4x faster than the general sweeps on the 1-D
+// Brusselator's (2, 2) band.
+template <typename T, int L, int U>
+void BandedSweeps(const T* lu, const int32_t* diag, int64_t n, T* x) {
+  T w[L > U ? L : U];
+  for (int64_t i = 0; i < L; ++i) {  // the first rows hold columns 0 .. i - 1
+    T t = x[i];
+    for (int64_t j = 0; j < i; ++j) t -= lu[diag[i] - i + j] * x[j];
+    x[i] = t;
+  }
+  for (int j = 0; j < L; ++j) w[j] = x[j];  // w[j] = x[i - L + j]
+  for (int64_t i = L; i < n; ++i) {
+    const T* a = lu + diag[i] - L;
+    T t = x[i];
+    for (int j = 0; j < L; ++j) t -= a[j] * w[j];
+    for (int j = 0; j + 1 < L; ++j) w[j] = w[j + 1];
+    w[L - 1] = t;
+    x[i] = t;
+  }
+  for (int64_t i = n - 1; i >= n - U; --i) {  // the last rows hold columns i + 1 .. n - 1
+    const T r = T(1) / lu[diag[i]];
+    T t = x[i];
+    for (int64_t j = n - 1; j > i; --j) t -= lu[diag[i] + (j - i)] * x[j];
+    x[i] = t * r;
+  }
+  for (int j = 0; j < U; ++j) w[j] = x[n - U + j];  // w[j] = x[i + 1 + j]
+  for (int64_t i = n - U - 1; i >= 0; --i) {
+    const T r = T(1) / lu[diag[i]];
+    const T* a = lu + diag[i] + 1;
+    T t = x[i];
+    for (int j = U - 1; j >= 0; --j) t -= a[j] * w[j];
+    t *= r;
+    for (int j = U - 1; j > 0; --j) w[j] = w[j - 1];
+    w[0] = t;
+    x[i] = t;
+  }
+}
+
+template <typename T, int L>
+bool BandedSweepsU(const T* lu, const int32_t* diag, int64_t n, int32_t u, T* x) {
+  switch (u) {
+    case 1: BandedSweeps<T, L, 1>(lu, diag, n, x); return true;
+    case 2: BandedSweeps<T, L, 2>(lu, diag, n, x); return true;
+    case 3: BandedSweeps<T, L, 3>(lu, diag, n, x); return true;
+    case 4: BandedSweeps<T, L, 4>(lu, diag, n, x); return true;
+    default: return false;
+  }
+}
+
+// BandedSweeps for widths (l, u) up to kMaxBand; false where there is none
+template <typename T>
+bool BandedSolve(const T* lu, const int32_t* diag, int64_t n, int32_t l, int32_t u, T* x) {
+  switch (l) {
+    case 1: return BandedSweepsU<T, 1>(lu, diag, n, u, x);
+    case 2: return BandedSweepsU<T, 2>(lu, diag, n, u, x);
+    case 3: return BandedSweepsU<T, 3>(lu, diag, n, u, x);
+    case 4: return BandedSweepsU<T, 4>(lu, diag, n, u, x);
+    default: return false;
+  }
+}
+
 template <typename T>
 void SparseSolve(const T* lu, const int32_t* fp, const int32_t* fi, const int32_t* diag,
                  const Runs& upper, const LowerRuns& lower, int64_t n, const T* b,
-                 bool transpose, T* x) {
+                 bool transpose, T* x, int32_t band_lower = 0, int32_t band_upper = 0) {
   for (int64_t i = 0; i < n; ++i) x[i] = b[i];
+  if (!transpose && band_lower > 0 && BandedSolve(lu, diag, n, band_lower, band_upper, x))
+    return;
   if (!transpose) {
     const int32_t *ls = lower.start.data(), *ll = lower.len.data();
     const int32_t *us = upper.start.data(), *ul = upper.len.data();
@@ -608,6 +761,7 @@ struct Pattern {
   LowerRuns lower;  // of the rows' strict lower parts (the forward solve)
   std::vector<uint8_t> chain;  // Chains(), for a closed pattern (else all zero)
   bool closed = false;  // elimination on F creates no entry outside F (Closed, at registration)
+  int32_t band_lower = 0, band_upper = 0;  // BandShape(): a full narrow band, else 0
 };
 
 bool SameArray(const int32_t* a, const int32_t* b, int64_t size) {
@@ -789,8 +943,8 @@ ffi::Error SparseSolveHandler(ffi::Buffer<DT> lu, ffi::Buffer<DT> b, ffi::Result
 #pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
   for (int64_t k = 0; k < batch; ++k)
     SparseSolve<T>(lu.typed_data() + ls * k * nnz, fp, fi, diag, pat->runs, pat->lower, n,
-                   b.typed_data() + k * n,
-                   transpose != 0, x->typed_data() + k * n);
+                   b.typed_data() + k * n, transpose != 0, x->typed_data() + k * n,
+                   pat->band_lower, pat->band_upper);
   return ffi::Error::Success();
 }
 
@@ -992,6 +1146,7 @@ extern "C" int64_t simlib_sparse_register(int64_t key, int64_t n, int64_t nnz,
     pat->runs = Runs(fp, fi, diag, n);
     pat->lower = LowerRuns(fp, fi, diag, n);
     pat->closed = ClosedPattern(*pat);
+    std::tie(pat->band_lower, pat->band_upper) = BandShape(fp, fi, diag, n);
     pat->chain = pat->closed ? Chains(fp, fi, diag, n) : std::vector<uint8_t>(n, 0);
     Registry().emplace(key, std::move(pat));
     return 1;
@@ -1015,6 +1170,13 @@ extern "C" int64_t simlib_sparse_pattern_chains(int64_t key) {
   int64_t count = 0;
   for (uint8_t c : pat->chain) count += c;
   return count;
+}
+
+// 8 l + u for the band widths (l, u) the solves of the pattern under key take the banded
+// sweeps with (0: the general sweeps), or -1 if no pattern is registered (for tests).
+extern "C" int64_t simlib_sparse_pattern_band(int64_t key) {
+  const std::shared_ptr<const Pattern> pat = FindPattern(key);
+  return pat ? static_cast<int64_t>(8 * pat->band_lower + pat->band_upper) : -1;
 }
 
 // The number of registered patterns (for tests).
