@@ -324,7 +324,7 @@ def test_settings():
     for bad in (1, "yes", None):
         with pytest.raises(ValueError, match="carry_rate"):
             sl.BDF(carry_rate=bad)
-    for bad in (0.0, -0.1, 1.5, float("nan")):
+    for bad in (0.0, -0.1, 1.5, float("nan"), "0.1"):
         with pytest.raises(ValueError, match="newton_coef"):
             sl.BDF(newton_coef=bad)
 

@@ -41,6 +41,7 @@ equal size) and the step factor; the controller clips the factor to its
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -266,8 +267,10 @@ class BDF(LinearAlgebra, AbstractSolver):
             raise ValueError(f"lu_reuse must be in [0, 1); got {lu_reuse!r}")
         if not isinstance(carry_rate, bool):
             raise ValueError(f"carry_rate must be a bool; got {carry_rate!r}")
-        if newton_coef is not None and not 0.0 < float(newton_coef) <= 1.0:
-            raise ValueError(f"newton_coef must be in (0, 1] or None; got {newton_coef!r}")
+        if newton_coef is not None and not (isinstance(newton_coef, numbers.Real)
+                                            and 0.0 < float(newton_coef) <= 1.0):
+            raise ValueError(f"newton_coef must be a number in (0, 1] or None; got "
+                             f"{newton_coef!r}")
         self.max_order = max_order
         self.newton_coef = None if newton_coef is None else float(newton_coef)
         self.carry_rate = carry_rate

@@ -292,7 +292,7 @@ def newton(rhs: Callable[[jax.Array, jax.Array], jax.Array],
       ``||dy_0|| <= tol`` converges; without it (BDF, as scipy's ``BDF`` and ``ode15s``) a
       rate is needed, unless ``eta0`` is given: the first iterate then converges when
       ``eta0 ||dy_0|| <= tol``, ``eta0`` carried from the previous step (Hairer and
-      Wanner's ``eta_0 = max(eta_old, uround)^0.8``, IV.8, p. 121; BDF);
+      Wanner's ``eta_0 = max(eta_old, uround)^0.8``, IV.8; BDF);
     - diverges, its ``dy`` not applied, when ``theta_k >= 1`` or when the predicted final
       error ``theta^r / (1 - theta) ||dy_k||`` exceeds ``tol``, ``r = max_iters - 1 - k``
       with ``accept_first`` (RADAU5) and ``max_iters - k`` without (scipy);
