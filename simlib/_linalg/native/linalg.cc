@@ -109,23 +109,26 @@ void BandForward(const T* mult, const int32_t* piv, int64_t n, T* y) {
   }
 }
 
+// One row of a back substitution with the next U unknowns in registers (w[j] = x[k + 1 +
+// j]): x_k = (t - sum_j a[j] w[j]) r, the farthest term first so that only the last waits
+// on x[k + 1], r the pivot's reciprocal (computed off the chain); w then moves to x[k ..].
+template <typename T, int U>
+inline T BackRow(const T* a, T r, T t, T* w) {
+  for (int j = U - 1; j >= 0; --j) t -= a[j] * w[j];
+  t *= r;
+  for (int j = U - 1; j > 0; --j) w[j] = w[j - 1];
+  w[0] = t;
+  return t;
+}
+
 // BandLU's back substitution U x = y (U's rows of width UW + 1; zero past column n - 1),
-// x[k + 1 .. k + UW] in registers, the terms from the farthest column in, and the pivot's
-// reciprocal off the chain.
+// x[k + 1 .. k + UW] in registers (BackRow).
 template <typename T, int UW>
 void BandBackward(const T* u, int64_t n, T* y) {
   T v[UW];  // v[j] = x[k + 1 + j]
   for (int j = 0; j < UW; ++j) v[j] = T(0);
-  for (int64_t k = n - 1; k >= 0; --k) {
-    const T r = T(1) / u[k * (UW + 1)];
-    const T* a = u + k * (UW + 1) + 1;
-    T s = y[k];
-    for (int j = UW - 1; j >= 0; --j) s -= a[j] * v[j];
-    s *= r;
-    for (int j = UW - 1; j > 0; --j) v[j] = v[j - 1];
-    v[0] = s;
-    y[k] = s;
-  }
+  for (int64_t k = n - 1; k >= 0; --k)
+    y[k] = BackRow<T, UW>(u + k * (UW + 1) + 1, T(1) / u[k * (UW + 1)], y[k], v);
 }
 
 // The register-window sweeps for lower <= 4 and w <= 9 (false: none for these widths)
@@ -678,16 +681,8 @@ void BandedSweeps(const T* lu, const int32_t* diag, int64_t n, T* x) {
     x[i] = t * r;
   }
   for (int j = 0; j < U; ++j) w[j] = x[n - U + j];  // w[j] = x[i + 1 + j]
-  for (int64_t i = n - U - 1; i >= 0; --i) {
-    const T r = T(1) / lu[diag[i]];
-    const T* a = lu + diag[i] + 1;
-    T t = x[i];
-    for (int j = U - 1; j >= 0; --j) t -= a[j] * w[j];
-    t *= r;
-    for (int j = U - 1; j > 0; --j) w[j] = w[j - 1];
-    w[0] = t;
-    x[i] = t;
-  }
+  for (int64_t i = n - U - 1; i >= 0; --i)
+    x[i] = BackRow<T, U>(lu + diag[i] + 1, T(1) / lu[diag[i]], x[i], w);
 }
 
 template <typename T, int L>
