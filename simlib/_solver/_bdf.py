@@ -99,7 +99,7 @@ class BDFState(NamedTuple):
         c_ratio: ``c / c_lu`` of the last step (``1``: factors built for it).
         n_jac, n_lu, n_newton: Counters (Jacobians, factorisations, Newton iterations).
         eta: Newton's last ``eta = theta / (1 - theta)`` (``inf`` before any rate was
-            measured), for the next step's first iterate (``BDF(carry_rate=True)``).
+            measured, and always without ``carry_rate``), for the next step's first iterate.
         rtol, atol: Tolerances (set by the adaptive driver, :meth:`BDF.set_tolerances`).
     """
 
@@ -449,11 +449,14 @@ class BDF(LinearAlgebra, AbstractSolver):
             fac, second = member_cond(refreshed, refresh, lambda: (fac, first))
         converged = second.converged
         iterations = first.iterations + jnp.where(refreshed, second.iterations, 0)
-        # the rate measured by the last attempt (two iterations or more), else eta_0 kept
-        theta = second.rate
-        measured = jnp.where(theta < 1, theta / jnp.maximum(1 - theta, eps), jnp.inf)
-        eta = jnp.where(second.iterations >= 2, measured,
-                        jnp.inf if eta0 is None else jnp.where(refreshed, jnp.inf, eta0))
+        eta = jnp.asarray(jnp.inf, dtype)  # carried only with carry_rate
+        if eta0 is not None:
+            # the rate measured by the last attempt (two iterations or more), else eta_0
+            # kept (unknown for refreshed factors)
+            theta = second.rate
+            measured = jnp.where(theta < 1, theta / jnp.maximum(1 - theta, eps), jnp.inf)
+            eta = jnp.where(second.iterations >= 2, measured,
+                            jnp.where(refreshed, jnp.inf, eta0))
 
         d = lax.custom_root(residual, jnp.zeros_like(y_pred), lambda _, __: second.d,
                             tangent_solver(ls))
