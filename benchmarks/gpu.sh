@@ -246,6 +246,14 @@ def ljcells():
     note = f"energy change {abs(e[-1] - e[0]) / n:.2e} per atom over the run"
     add("ljcells", "simlib simulate (cell-dense)", f"{n:,} atoms x {steps} steps", best, comp,
         n * steps / best, "atom-steps/s", note)
+    # the same cells summed by the Pallas kernel (opt-in: kernel="pallas")
+    cl = sp.cell_list(space, pos, 2.5, skin=cl.skin, capacity=cl.capacity, kernel="pallas")
+    _, best, comp = timed(lambda: forces(pos, params, cl))
+    add("ljcells", "simlib one force evaluation (cells given, Pallas kernel)", f"{n:,} atoms",
+        best, comp, n / best, "atoms/s")
+    traj, best, comp = timed(run)
+    add("ljcells", "simlib simulate (cell-dense, Pallas kernel)", f"{n:,} atoms x {steps} "
+        f"steps", best, comp, n * steps / best, "atom-steps/s")
 
 
 def gradients():

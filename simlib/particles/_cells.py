@@ -67,6 +67,7 @@ class CellList:
             more than ``skin / 2`` since the last build (``0``: at every update).
         shell: ``"half"`` (each pair of cells once, the partner's force rolled back) or
             ``"full"`` (all ``3^d`` cells around each one, every pair from both ends).
+        kernel: Which pass sums Lennard-Jones over the cells (see :func:`cell_list`).
     """
 
     debug = False
@@ -74,7 +75,8 @@ class CellList:
     def __init__(self, slot_atom: jax.Array, atom_slot: jax.Array, overflow: jax.Array,
                  max_cell_occupancy: jax.Array, n_builds: jax.Array, missed_pairs: jax.Array,
                  reference_positions: jax.Array, space: Space, *, r_cut: float, capacity: int,
-                 grid: tuple[int, ...], skin: float = 0.0, shell: str = "half") -> None:
+                 grid: tuple[int, ...], skin: float = 0.0, shell: str = "half",
+                 kernel: str = "auto") -> None:
         self.slot_atom = slot_atom
         self.atom_slot = atom_slot
         self.overflow = overflow
@@ -88,10 +90,11 @@ class CellList:
         self.grid = grid
         self.skin = skin
         self.shell = shell
+        self.kernel = kernel
 
     def _static(self):
         return dict(r_cut=self.r_cut, capacity=self.capacity, grid=self.grid, skin=self.skin,
-                    shell=self.shell)
+                    shell=self.shell, kernel=self.kernel)
 
     def tree_flatten(self):
         return ((self.slot_atom, self.atom_slot, self.overflow, self.max_cell_occupancy,
@@ -104,7 +107,8 @@ class CellList:
 
     def __repr__(self):
         return (f"CellList(n={self.n_particles}, grid={self.grid}, capacity={self.capacity}, "
-                f"r_cut={self.r_cut}, skin={self.skin}, shell={self.shell!r})")
+                f"r_cut={self.r_cut}, skin={self.skin}, shell={self.shell!r}, "
+                f"kernel={self.kernel!r})")
 
     def replace(self, **kw) -> CellList:
         children = dict(slot_atom=self.slot_atom, atom_slot=self.atom_slot,
@@ -216,7 +220,7 @@ def _sort_into_cells(cells: CellList, positions):
 
 def cell_list(space: Space, positions: ArrayLike, r_cut: float, *, capacity: int | None = None,
               capacity_multiplier: float = 1.5, skin: float = 0.0,
-              shell: str = "half") -> CellList:
+              shell: str = "half", kernel: str = "auto") -> CellList:
     """Sort particles into a periodic grid of cells at least ``r_cut`` wide, for the
     cell-dense pair sum (the accelerator path; see the module docstring).
 
@@ -235,6 +239,13 @@ def cell_list(space: Space, positions: ArrayLike, r_cut: float, *, capacity: int
             cell (Newton's third law); ``"full"``: all ``3^d`` cells around each one, every
             pair computed from both ends and forces kept on the home cell only (twice the
             pair slots, no rolling back).
+        kernel: The pass that sums Lennard-Jones over the cells: ``"auto"`` (the default)
+            and ``"jax"``, the pure-JAX pass; ``"pallas"``, the Pallas kernel
+            (``_cells_pallas``; one ``sigma`` and ``epsilon``, float32, 3D, the half shell;
+            compiled on a TPU, in Pallas's interpret mode elsewhere: slow, for tests). On a
+            TPU v5e the kernel was faster for one evaluation and slower inside ``simulate``
+            (docs/particles.md, "Accelerators"), so ``"auto"`` does not take it. Other
+            energies always take the pure-JAX pass.
     """
     if not isinstance(space, Space) or not space.periodic:
         raise ValueError("cell_list: space must be periodic(box); the cell-dense path tiles a "
@@ -255,6 +266,9 @@ def cell_list(space: Space, positions: ArrayLike, r_cut: float, *, capacity: int
         raise ValueError(f"cell_list: skin must be a finite number >= 0, got {skin!r}")
     if shell not in ("half", "full"):
         raise ValueError(f"cell_list: shell must be 'half' or 'full', got {shell!r}")
+    if kernel not in ("auto", "jax", "pallas"):
+        raise ValueError(f"cell_list: kernel must be 'auto', 'jax' or 'pallas', got "
+                         f"{kernel!r}")
     box = np.broadcast_to(np.asarray(space.box, float), (d,))
     width = r_cut + skin
     grid = tuple(int(g) for g in np.floor(box / width))
@@ -274,7 +288,7 @@ def cell_list(space: Space, positions: ArrayLike, r_cut: float, *, capacity: int
                      jnp.zeros(n, jnp.int32), jnp.asarray(False), jnp.asarray(0, jnp.int32),
                      jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), positions, space,
                      r_cut=float(r_cut), capacity=int(capacity), grid=grid, skin=float(skin),
-                     shell=shell)
+                     shell=shell, kernel=kernel)
     return empty.build(positions)
 
 
@@ -315,11 +329,12 @@ def reallocate_cells(cells: CellList, positions, capacity_multiplier: float = 1.
     """Larger cells after an overflow: room for ``capacity_multiplier`` times the fullest cell
     seen so far or found at ``positions``."""
     fresh = cell_list(cells.space, positions, cells.r_cut,
-                      capacity_multiplier=capacity_multiplier, skin=cells.skin, shell=cells.shell)
+                      capacity_multiplier=capacity_multiplier, skin=cells.skin, shell=cells.shell,
+                      kernel=cells.kernel)
     capacity = max(fresh.capacity, cells.capacity + 8,
                    8 * math.ceil(capacity_multiplier * int(cells.max_cell_occupancy) / 8))
     return cell_list(cells.space, positions, cells.r_cut, capacity=capacity, skin=cells.skin,
-                     shell=cells.shell)
+                     shell=cells.shell, kernel=cells.kernel)
 
 
 def _half_shell(d: int) -> np.ndarray:

@@ -28,7 +28,8 @@ from jax.typing import ArrayLike
 from .._errors import Result
 from . import _native
 from ._cells import CellList, cell_pass, check_cells
-from ._gravity_pallas import gravity_pair_sums
+from ._cells_pallas import fits, lj_cells
+from ._gravity_pallas import gravity_pair_sums, vmem_capacity
 from ._mixing import MIXING_RULES, PairParams
 from ._potentials import gravity, is_long_range, lennard_jones
 from ._space import Space, check_box, checked_upstream, free, nan_unless_valid
@@ -313,6 +314,9 @@ class PairEnergy(Energy):
     def _pair_energy_and_forces(self, positions, params, neighbors):
         """Energy and forces of the pairs from the kernel that serves this call."""
         if isinstance(neighbors, CellList):
+            if self._pallas_lj(positions, params, neighbors):
+                u, f, _ = _lj_cells(self, positions, params, neighbors, False)
+                return u, f
             u, f, _ = cell_pass(self, positions, params, neighbors, True)
             return u, f[neighbors.atom_slot]
         if self._direct_gravity(positions, params, neighbors):
@@ -346,6 +350,31 @@ class PairEnergy(Energy):
             return False
         return (all(s in ((), (n,)) for s in shapes) and promoted == positions.dtype
                 and _native.load() is not None)
+
+    def _pallas_lj(self, positions, params, neighbors):
+        """Whether the Pallas Lennard-Jones cell kernel (``_cells_pallas``) serves this call:
+        cells built with ``kernel="pallas"`` and the half shell, 3D float32, one ``sigma``
+        and one ``epsilon`` (scalars of the positions' dtype) with the default mixing rules,
+        a capacity that fills whole sublanes (a multiple of 8), and on a TPU resident arrays
+        that fit its VMEM."""
+        if not (isinstance(neighbors, CellList) and neighbors.kernel == "pallas"
+                and neighbors.shell == "half"
+                and self.potential is lennard_jones and self.r_cut is not None
+                and positions.shape[1] == 3 and positions.dtype == jnp.float32
+                and neighbors.capacity % 8 == 0
+                and isinstance(params, Mapping) and "sigma" in params and "epsilon" in params
+                and self.rules["sigma"] is MIXING_RULES["sigma"]
+                and self.rules["epsilon"] is MIXING_RULES["epsilon"]):
+            return False
+        values = (params["sigma"], params["epsilon"])
+        try:
+            scalars = all(jnp.ndim(v) == 0 for v in values)
+            promoted = jnp.result_type(positions.dtype, *values)
+        except TypeError:
+            return False
+        vmem = vmem_capacity() if jax.default_backend() == "tpu" else None
+        return (scalars and promoted == positions.dtype
+                and fits(neighbors.grid, neighbors.capacity, vmem))
 
     def _direct_gravity(self, positions, params, neighbors):
         """Whether this call is plain direct-sum gravity, which the dedicated kernels serve
@@ -409,8 +438,9 @@ class PairEnergy(Energy):
         positions, code = self._check(positions, neighbors)
         tail = self.tail_virial(positions, params)
         if isinstance(neighbors, CellList):
-            return nan_unless_valid(code, cell_pass(self, positions, params, neighbors,
-                                                    True)[2] + tail)
+            pass_ = _lj_cells if self._pallas_lj(positions, params, neighbors) else cell_pass
+            return nan_unless_valid(code, pass_(self, positions, params, neighbors, True)[2]
+                                    + tail)
         if self._native_lj(positions, params, neighbors):
             return nan_unless_valid(code, _lj_native_virial(positions, params, neighbors, self)
                                     + tail)
@@ -643,6 +673,40 @@ def _lj_kernel_jvp(config, primals, tangents):
     out = _lj_kernel(config, *primals)
     _, t_out = jax.jvp(lambda x, s, e, b: _lj_pure(config, x, idx, s, e, b),
                        (positions, sigma, epsilon, box), (tx, ts, te, tb))
+    return out, t_out
+
+
+def _lj_cells(energy: PairEnergy, positions, params, cells: CellList, want_virial: bool):
+    """``(U, forces, W)`` of Lennard-Jones over cells from the Pallas kernel (compiled on a
+    TPU, in interpret mode elsewhere); derivatives from the pure-JAX
+    :func:`~simlib.particles._cells.cell_pass` (``custom_jvp``). ``W`` is zero without
+    ``want_virial``."""
+    dtype = positions.dtype
+    sigma = jnp.asarray(params["sigma"], dtype)
+    epsilon = jnp.asarray(params["epsilon"], dtype)
+    return _lj_cells_kernel(want_virial, energy, positions, sigma, epsilon, cells)
+
+
+def _lj_cells_pure(energy, positions, sigma, epsilon, cells):
+    u, f, w = cell_pass(energy, positions, dict(sigma=sigma, epsilon=epsilon), cells, True)
+    return u, f[cells.atom_slot], w
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _lj_cells_kernel(want_virial, energy, positions, sigma, epsilon, cells):
+    return lj_cells(positions, cells.slot_atom, cells.atom_slot,
+                    energy.space.box_vector(3, positions.dtype), sigma, epsilon,
+                    grid=cells.grid, capacity=cells.capacity, r_cut=energy.r_cut,
+                    shift=energy.shift, want_virial=want_virial,
+                    interpret=jax.default_backend() != "tpu")
+
+
+@_lj_cells_kernel.defjvp
+def _lj_cells_kernel_jvp(want_virial, primals, tangents):
+    energy, positions, sigma, epsilon, cells = primals
+    out = _lj_cells_kernel(want_virial, *primals)
+    _, t_out = jax.jvp(lambda e, x, s, p: _lj_cells_pure(e, x, s, p, cells),
+                       (energy, positions, sigma, epsilon), tangents[:4])
     return out, t_out
 
 
