@@ -31,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import best_of  # noqa: E402
+from ljcells_variants import lj_liquid  # noqa: E402
 
 import simlib.particles as sp  # noqa: E402
 from simlib.particles._cells_pallas import lane_atoms, lane_positions  # noqa: E402
@@ -52,21 +53,8 @@ def main() -> None:
     ap.add_argument("--json")
     a = ap.parse_args()
     started = time.perf_counter()
-    pos, box = sp.lattice(a.cells, 0.8442)
-    n = pos.shape[0]
-    rng = np.random.default_rng(0)
-    x = jnp.asarray(np.mod(np.asarray(pos) + rng.uniform(-0.1, 0.1, np.shape(pos)), box),
-                    jnp.float32)
-    space = sp.periodic(jnp.float32(box))
-    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
-    params = dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0))
-    if a.melt:
-        v = jnp.asarray(sp.maxwell_boltzmann(1.44, 1.0, key=jax.random.key(2), n=n),
-                        jnp.float32)
-        traj = sp.simulate(energy, sp.State(x, v - v.mean(0), 1.0), params, space=space,
-                           dt=0.005, n_steps=a.melt, save_every=a.melt,
-                           neighbors=sp.cell_list(space, x, r_cut=2.5, skin=0.3))
-        x = jnp.asarray(np.mod(np.asarray(traj.positions[-1]), box), jnp.float32)
+    x, box, space, energy, params = lj_liquid(a.cells, 0.1, a.melt, skin=0.3)
+    n = x.shape[0]
     meta = dict(n=n, backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
                 jax=jax.__version__, melt_s=time.perf_counter() - started)
     print(meta, flush=True)

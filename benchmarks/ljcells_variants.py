@@ -90,6 +90,28 @@ def r2_pass(x_atoms, cells, space, r_cut, full: bool):
     return u, f[cells.atom_slot]
 
 
+def lj_liquid(cells: int, jitter: float, melt: int, skin: float = 0.0):
+    """``(x, box, space, energy, params)``: float32 LJ (r_c 2.5, density 0.8442, sigma =
+    epsilon = 1) at ``4 cells^3`` atoms, an fcc lattice displaced by ``jitter`` (uniform, per
+    axis) and melted by ``melt`` NVE steps at T = 1.44 over cells with ``skin``."""
+    pos, box = sp.lattice(cells, 0.8442)
+    n = pos.shape[0]
+    rng = np.random.default_rng(0)
+    pos = np.asarray(pos) + rng.uniform(-jitter, jitter, np.shape(pos))
+    x = jnp.asarray(np.mod(pos, box), jnp.float32)
+    space = sp.periodic(jnp.float32(box))
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
+    params = dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0))
+    if melt:
+        v = jnp.asarray(sp.maxwell_boltzmann(1.44, 1.0, key=jax.random.key(2), n=n),
+                        jnp.float32)
+        traj = sp.simulate(energy, sp.State(x, v - v.mean(0), 1.0), params, space=space,
+                           dt=0.005, n_steps=melt, save_every=melt,
+                           neighbors=sp.cell_list(space, x, r_cut=2.5, skin=skin))
+        x = jnp.asarray(np.mod(np.asarray(traj.positions[-1]), box), jnp.float32)
+    return x, box, space, energy, params
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=int, default=40)
@@ -110,21 +132,8 @@ def main() -> None:
                          "size, and print simlib's simulate rows as ratios to it")
     ap.add_argument("--json")
     a = ap.parse_args()
-    pos, box = sp.lattice(a.cells, 0.8442)
-    n = pos.shape[0]
-    rng = np.random.default_rng(0)
-    pos = np.asarray(pos) + rng.uniform(-a.jitter, a.jitter, np.shape(pos))
-    x = jnp.asarray(np.mod(pos, box), jnp.float32)
-    space = sp.periodic(jnp.float32(box))
-    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
-    params = dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0))
-    if a.melt:
-        v = jnp.asarray(sp.maxwell_boltzmann(1.44, 1.0, key=jax.random.key(2), n=n),
-                        jnp.float32)
-        traj = sp.simulate(energy, sp.State(x, v - v.mean(0), 1.0), params, space=space,
-                           dt=0.005, n_steps=a.melt, save_every=a.melt,
-                           neighbors=sp.cell_list(space, x, r_cut=2.5))
-        x = jnp.asarray(np.mod(np.asarray(traj.positions[-1]), box), jnp.float32)
+    x, box, space, energy, params = lj_liquid(a.cells, a.jitter, a.melt)
+    n = x.shape[0]
     cl = sp.cell_list(space, x, r_cut=2.5)
     occupancy = np.bincount(np.asarray(cl.atom_slot) // cl.capacity, minlength=cl.n_cells)
     print(f"{n:,} atoms, grid {cl.grid}, capacity {cl.capacity}, fullest cell "
