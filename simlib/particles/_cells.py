@@ -239,8 +239,10 @@ def cell_list(space: Space, positions: ArrayLike, r_cut: float, *, capacity: int
             cell (Newton's third law); ``"full"``: all ``3^d`` cells around each one, every
             pair computed from both ends and forces kept on the home cell only (twice the
             pair slots, no rolling back).
-        kernel: The pass that sums Lennard-Jones over the cells: ``"auto"`` (the default)
-            and ``"jax"``, the pure-JAX pass; ``"pallas"``, the Pallas kernel
+        kernel: The pass that sums Lennard-Jones over the cells in ``energy_and_forces`` and
+            ``virial`` (the energy alone and its gradient keep the pure-JAX pass):
+            ``"auto"`` (the default) and ``"jax"``, the pure-JAX pass; ``"pallas"``, the
+            Pallas kernel
             (``_cells_pallas``; one ``sigma`` and ``epsilon``, float32, 3D, the half shell;
             compiled on a TPU, in Pallas's interpret mode elsewhere: slow, for tests). On a
             TPU v5e the kernel was faster for one evaluation and slower inside ``simulate``

@@ -705,9 +705,9 @@ def _lj_cells_kernel(want_virial, energy, positions, sigma, epsilon, cells):
 def _lj_cells_kernel_jvp(want_virial, primals, tangents):
     energy, positions, sigma, epsilon, cells = primals
     out = _lj_cells_kernel(want_virial, *primals)
-    _, t_out = jax.jvp(lambda e, x, s, p: _lj_cells_pure(e, x, s, p, cells),
-                       (energy, positions, sigma, epsilon), tangents[:4])
-    return out, t_out
+    _, (t_u, t_f, t_w) = jax.jvp(lambda e, x, s, p: _lj_cells_pure(e, x, s, p, cells),
+                                 (energy, positions, sigma, epsilon), tangents[:4])
+    return out, (t_u, t_f, t_w if want_virial else jnp.zeros_like(t_w))
 
 
 def pair_energy(potential: Callable, space: Space, r_cut: float | None = None, *,
