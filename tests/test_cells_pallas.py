@@ -219,3 +219,19 @@ def test_simulate_through_the_kernel_matches_the_pure_jax_pass(fluid32):
     a, b = run("pallas"), run("jax")
     assert int(a.neighbors.n_builds) == int(b.neighbors.n_builds) > 1
     assert np.max(np.abs(np.asarray(a.positions - b.positions))) < 1e-4
+
+
+@pytest.mark.slow  # interpret mode, batched
+def test_kernel_under_vmap_equals_each_system_alone(fluid32):
+    """Two configurations batched by ``vmap`` through the kernel equal each one alone."""
+    x, space = fluid32
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
+    params = dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0))
+    cells = sp.cell_list(space, x, R_CUT, skin=0.2, kernel="pallas")
+    noise = 0.05 * jax.random.normal(jax.random.key(4), x.shape, jnp.float32)
+    xs = jnp.stack([x, x + noise])
+    ub, fb = jax.vmap(lambda y: energy.energy_and_forces(y, params, cells))(xs)
+    for k in range(2):
+        u, f = energy.energy_and_forces(xs[k], params, cells)
+        assert abs(float(ub[k]) - float(u)) <= 1e-6 * abs(float(u))
+        assert np.max(np.abs(np.asarray(fb[k] - f))) <= 1e-6 * np.max(np.abs(np.asarray(f)))
