@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -98,21 +99,14 @@ def fluid32():
 
 
 def _primitives(fn, *args):
-    jaxpr = jax.make_jaxpr(fn)(*args)
-    names = set()
+    """The names of every primitive in ``fn``'s program, inner programs included."""
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            yield eqn.primitive.name
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                yield from walk(sub)
 
-    def walk(j):
-        for eqn in j.eqns:
-            names.add(eqn.primitive.name)
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, (list, tuple)) else [value]:
-                    if hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
-                        walk(sub.jaxpr)
-                    elif hasattr(sub, "eqns"):
-                        walk(sub)
-
-    walk(jaxpr.jaxpr)
-    return names
+    return set(walk(jax.make_jaxpr(fn)(*args).jaxpr))
 
 
 def test_which_pass_serves_a_cell_list(fluid32):

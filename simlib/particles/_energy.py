@@ -327,53 +327,51 @@ class PairEnergy(Energy):
             return _lj_native(positions, params, neighbors, self)
         return self._energy_and_forces(positions, params, neighbors)
 
-    def _native_lj(self, positions, params, neighbors):
-        """Whether the native Lennard-Jones kernel over a neighbour list serves this call:
-        3D, float32/64, ``sigma`` and ``epsilon`` scalars or one per particle with the
-        default (Lorentz-Berthelot) mixing, and no parameter that promotes the dtype."""
-        if not (self.potential is lennard_jones and neighbors is not None
-                and self.r_cut is not None and positions.ndim == 2
-                and positions.shape[1] == 3
+    def _lj_parameter_shapes(self, positions, params):
+        """The shapes of ``sigma`` and ``epsilon`` where this is plain 3D Lennard-Jones with a
+        cutoff, float32/64 positions, the default (Lorentz-Berthelot) mixing and no
+        parameter that promotes the dtype, which the dedicated LJ kernels take; else
+        ``None``."""
+        if not (self.potential is lennard_jones and self.r_cut is not None
+                and positions.ndim == 2 and positions.shape[1] == 3
                 and positions.dtype in (jnp.float32, jnp.float64)
-                and getattr(neighbors.idx, "dtype", None) == jnp.int32
                 and isinstance(params, Mapping) and "sigma" in params
                 and "epsilon" in params
                 and self.rules["sigma"] is MIXING_RULES["sigma"]
                 and self.rules["epsilon"] is MIXING_RULES["epsilon"]):
-            return False
-        n = positions.shape[0]
+            return None
         values = (params["sigma"], params["epsilon"])
         try:
             shapes = [jnp.shape(v) for v in values]
             promoted = jnp.result_type(positions.dtype, *values)
         except TypeError:
+            return None
+        return shapes if promoted == positions.dtype else None
+
+    def _native_lj(self, positions, params, neighbors):
+        """Whether the native Lennard-Jones kernel over a neighbour list serves this call:
+        :meth:`_lj_parameter_shapes`, with ``sigma`` and ``epsilon`` scalars or one per
+        particle, and the native library built."""
+        if getattr(getattr(neighbors, "idx", None), "dtype", None) != jnp.int32:
             return False
-        return (all(s in ((), (n,)) for s in shapes) and promoted == positions.dtype
+        shapes = self._lj_parameter_shapes(positions, params)
+        n = positions.shape[0]
+        return (shapes is not None and all(s in ((), (n,)) for s in shapes)
                 and _native.load() is not None)
 
     def _pallas_lj(self, positions, params, neighbors):
         """Whether the Pallas Lennard-Jones cell kernel (``_cells_pallas``) serves this call:
-        cells built with ``kernel="pallas"`` and the half shell, 3D float32, one ``sigma``
-        and one ``epsilon`` (scalars of the positions' dtype) with the default mixing rules,
-        a capacity that fills whole sublanes (a multiple of 8), and on a TPU resident arrays
-        that fit its VMEM."""
+        cells built with ``kernel="pallas"`` and the half shell, float32,
+        :meth:`_lj_parameter_shapes` with one ``sigma`` and one ``epsilon``, a capacity that
+        fills whole sublanes (a multiple of 8), and on a TPU resident arrays that fit its
+        VMEM."""
         if not (isinstance(neighbors, CellList) and neighbors.kernel == "pallas"
-                and neighbors.shell == "half"
-                and self.potential is lennard_jones and self.r_cut is not None
-                and positions.shape[1] == 3 and positions.dtype == jnp.float32
-                and neighbors.capacity % 8 == 0
-                and isinstance(params, Mapping) and "sigma" in params and "epsilon" in params
-                and self.rules["sigma"] is MIXING_RULES["sigma"]
-                and self.rules["epsilon"] is MIXING_RULES["epsilon"]):
+                and neighbors.shell == "half" and neighbors.capacity % 8 == 0
+                and positions.dtype == jnp.float32):
             return False
-        values = (params["sigma"], params["epsilon"])
-        try:
-            scalars = all(jnp.ndim(v) == 0 for v in values)
-            promoted = jnp.result_type(positions.dtype, *values)
-        except TypeError:
-            return False
+        shapes = self._lj_parameter_shapes(positions, params)
         vmem = vmem_capacity() if jax.default_backend() == "tpu" else None
-        return (scalars and promoted == positions.dtype
+        return (shapes is not None and all(s == () for s in shapes)
                 and fits(neighbors.grid, neighbors.capacity, vmem))
 
     def _direct_gravity(self, positions, params, neighbors):
