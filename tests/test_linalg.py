@@ -347,6 +347,32 @@ def test_gmres_matches_jax_scipy_gmres_and_numpy():
     np.testing.assert_allclose(x, xj, atol=1e-9)
 
 
+@pytest.mark.parametrize("restart, cycles", [(10, 1), (2, 1), (2, 2)])
+def test_gmres_takes_one_product_with_a_per_iteration_and_cycle(restart, cycles):
+    """The mechanism: A x is evaluated once per Arnoldi iteration and once at each cycle's
+    end (the residual that tests convergence, carried into the next cycle), and not for
+    the start x0 = 0. ``A`` has three distinct eigenvalues: GMRES(10) converges in three
+    iterations (numpy's solve is the reference); GMRES(2) does not, and runs its
+    ``cycles`` cycles of two."""
+    a = np.diag(np.repeat([1.0, 2.0, 5.0], 4))
+    b = np.random.default_rng(3).normal(size=12)
+    calls = []
+
+    def matvec(z):
+        jax.debug.callback(lambda: calls.append(1))
+        return jnp.asarray(a) @ z
+
+    x, info = jax.jit(lambda b: gmres(matvec, b, rtol=1e-12, restart=restart,
+                                      max_restarts=cycles))(jnp.asarray(b))
+    jax.block_until_ready(x)
+    if restart == 10:
+        np.testing.assert_allclose(x, np.linalg.solve(a, b), atol=1e-12)
+        assert int(info.iterations) == 3 and bool(info.converged)
+    else:
+        assert int(info.iterations) == 2 * cycles and not bool(info.converged)
+    assert len(calls) == int(info.iterations) + cycles
+
+
 def test_jvp_map_is_the_jacobian():
     e = jnp.eye(2 * N)
     np.testing.assert_allclose(jax.vmap(jvp_map(g, 0.0, V), out_axes=1)(e), J_TRUE, atol=1e-13)

@@ -73,11 +73,13 @@ def gmres(matvec, b, precondition=None, *, rtol: float = 1e-8, restart: int = 20
     bnorm = jnp.linalg.norm(b)
     target = rtol * bnorm
     tiny = jnp.finfo(dtype).tiny
+    # the residual of each cycle's start is carried from the previous cycle's end (which
+    # computes it to test convergence): one product with A per cycle, none for x0 = 0
     x = jnp.zeros_like(b) if x0 is None else x0
+    r = b if x0 is None else b - matvec(x0)
 
     def cycle(state):
-        x, its, _, k_cycle = state
-        r = b - matvec(x)
+        x, r, its, _, k_cycle = state
         beta = jnp.linalg.norm(r)
         V = jnp.zeros((m + 1, n), dtype).at[0].set(r / jnp.maximum(beta, tiny))
         H = jnp.zeros((m + 1, m), dtype)
@@ -127,15 +129,15 @@ def gmres(matvec, b, precondition=None, *, rtol: float = 1e-8, restart: int = 20
         Hk = jnp.where(used[:, None] & used[None, :], H[:m], jnp.eye(m, dtype=dtype))
         y = jax.scipy.linalg.solve_triangular(Hk, jnp.where(used, g[:m], 0.0), lower=False)
         x = x + precondition(V[:m].T @ y)
-        res = jnp.linalg.norm(b - matvec(x))
-        return x, its + k, res, k_cycle + 1
+        r = b - matvec(x)
+        return x, r, its + k, jnp.linalg.norm(r), k_cycle + 1
 
     def more(state):
-        _, _, res, k_cycle = state
+        *_, res, k_cycle = state
         return (res > target) & (k_cycle < max_restarts)
 
-    x, its, res, _ = lax.while_loop(more, cycle, (x, jnp.asarray(0), jnp.asarray(jnp.inf, dtype),
-                                                  jnp.asarray(0)))
+    x, _, its, res, _ = lax.while_loop(
+        more, cycle, (x, r, jnp.asarray(0), jnp.asarray(jnp.inf, dtype), jnp.asarray(0)))
     rel = res / jnp.maximum(bnorm, tiny)
     return x, GMRESInfo(its, rel, res <= target)
 
