@@ -688,6 +688,42 @@ def _axis_eigenvalues(n: int, h: float, bc: tuple[str, str], half: bool) -> np.n
     return -(4.0 / h**2) * np.sin(arg) ** 2
 
 
+def _paired_fft_preconditioner(grid: Grid, d: np.ndarray, species: int,
+                               layout: str) -> Callable[[Any, jax.Array], jax.Array]:
+    """:func:`diffusion_preconditioner` on a periodic grid whose species pair up with equal
+    diffusivities (``d[2p] == d[2p + 1]``): each pair is one complex field ``u_{2p} + i
+    u_{2p+1}`` and the real operator acts on both parts at once, so one complex FFT of the
+    grid serves two species. The transformed axes are the minor ones, so no transposes of
+    ``rfftn``'s ``species``-last layout are needed (on the CPU, about 0.7x the time of
+    the ``rfftn`` form on a 128 x 128 x 2 state)."""
+    ndim, pairs = grid.ndim, species // 2
+    lam = np.zeros((1,) * ndim)
+    for a, (n, h) in enumerate(zip(grid.shape, grid.spacing, strict=True)):
+        ev = _axis_eigenvalues(n, h, grid.bc[a], half=False)
+        lam = lam + ev.reshape([-1 if b == a else 1 for b in range(ndim)])
+    lam = lam[None] * d[0::2].reshape((pairs,) + (1,) * ndim)     # (pairs, spectrum...)
+    axes = tuple(range(1, ndim + 1))
+
+    def precondition(c, x):
+        if layout == "interleaved":   # grid..., pairs, 2 -> pairs, grid...
+            u = jnp.moveaxis(x.reshape(grid.shape + (pairs, 2)), ndim, 0)
+            re, im = u[..., 0], u[..., 1]
+        else:                         # pairs, 2, grid...
+            u = x.reshape((pairs, 2) + grid.shape)
+            re, im = u[:, 0], u[:, 1]
+        z = lax.complex(re, im)
+        denom = 1.0 - jnp.asarray(c, x.dtype) * jnp.asarray(lam, x.dtype)
+        z = jnp.fft.ifftn(jnp.fft.fftn(z, axes=axes) / denom, axes=axes)
+        if layout == "interleaved":
+            out = jnp.stack([z.real, z.imag], axis=-1)                # pairs, grid..., 2
+            out = jnp.moveaxis(out, 0, ndim)                          # grid..., pairs, 2
+        else:
+            out = jnp.stack([z.real, z.imag], axis=1)                 # pairs, 2, grid...
+        return out.astype(x.dtype).reshape(-1)
+
+    return precondition
+
+
 def diffusion_preconditioner(grid: Grid, diffusivity: Any, *, species: int = 1,
                              layout: str = "interleaved") -> Callable[[Any, jax.Array],
                                                                       jax.Array]:
@@ -750,6 +786,8 @@ def diffusion_preconditioner(grid: Grid, diffusivity: Any, *, species: int = 1,
     ndim = grid.ndim
     periodic = [a for a in range(ndim) if grid.bc[a][0] == "periodic"]
     neumann = [a for a in range(ndim) if grid.bc[a][0] == "neumann"]
+    if not neumann and species % 2 == 0 and np.all(d[0::2] == d[1::2]):
+        return _paired_fft_preconditioner(grid, d, species, layout)
     real_fft = not neumann                                  # rfftn over every axis
     lam = np.zeros((1,) * ndim)
     for a, (n, h) in enumerate(zip(grid.shape, grid.spacing, strict=True)):
