@@ -153,11 +153,14 @@ class LinearSolver(Settings):
 
         return lax.custom_linear_solve(mv, b, solve, transpose_solve)
 
-    def solve_linear_map(self, linear_map: Callable[[Array], Array], b: Array) -> Array:
+    def solve_linear_map(self, linear_map: Callable[[Array], Array], b: Array,
+                         c: Array | None = None) -> Array:
         """``L^-1 b`` for a linear map ``L`` on ``R^n`` (the ``tangent_solve`` of
         ``lax.custom_root``: ``L`` is the residual's linearisation at the root). ``L`` is
         materialised in this solver's format, factorised and solved; its transposed solve
-        (reverse mode) reuses the factorisation."""
+        (reverse mode) reuses the factorisation. ``c``: where ``L = M - c J`` (an implicit
+        stage's linearisation), its ``c``, for a preconditioner that needs it; a direct
+        solver does not."""
         n, dtype = b.shape[0], b.dtype
         jac = self.materialise(linear_map, n, dtype)
         # A = M - c J with M = 0, c = -1: A = J, the map itself

@@ -22,8 +22,8 @@ Or the user's own: a callable ``(c, x) -> z ~ (M - c J)^-1 x``, given the ``c`` 
 factorisation, such as :func:`simlib.pde.diffusion_preconditioner` (the exact inverse of a
 reaction-diffusion system's diffusion part by FFT). It serves transposed solves too, which
 suits a symmetric ``P``; GMRES's answer does not depend on ``P``, only its iterations do.
-:meth:`Krylov.solve_linear_map` (a converged stage's implicit-function solve, not of the
-form ``M - c J``) leaves it out.
+:meth:`Krylov.solve_linear_map` (a converged stage's implicit-function solve, ``M - c J``
+with the stage's ``c``) gives it that ``c``, and leaves it out where no ``c`` is known.
 """
 
 from __future__ import annotations
@@ -253,6 +253,8 @@ class Krylov(LinearSolver):
         if self.preconditioner is None:
             return None
         if callable(self.preconditioner):
+            if data is None:             # no c known (a tangent solve without one)
+                return None
             user = self.preconditioner
             return lambda x: user(data, x).astype(x.dtype)
         if self.preconditioner == "block_jacobi":
@@ -270,25 +272,43 @@ class Krylov(LinearSolver):
 
         return apply
 
-    def _solve(self, fac, b, transpose, field):
+    def _solve(self, fac, b, transpose, field, strict: bool = False):
         def mv(x):
             return self.matvec(fac.jac, fac.c, fac.mass, x, field=field, transpose=transpose)
 
-        x, _ = gmres(mv, b, self._precondition(fac.data, transpose), rtol=self.rtol,
-                     restart=self.restart, max_restarts=self.max_restarts)
-        return x
+        x, info = gmres(mv, b, self._precondition(fac.data, transpose), rtol=self.rtol,
+                        restart=self.restart, max_restarts=self.max_restarts)
+        # strict (a tangent solve): not converged is nan; a Newton iteration tests its own
+        # residual instead
+        return jnp.where(info.converged, x, jnp.nan) if strict else x
 
-    def solve_linear_map(self, linear_map: Callable[[Array], Array], b: Array) -> Array:
-        """As :meth:`LinearSolver.solve_linear_map`; a user's preconditioner is left out
-        here: it approximates ``(M - c J)^-1`` for the ``c`` it is given, while this map (a
-        converged stage's linearisation, solved as ``0 - (-1) L``) is none of those, and
-        ``P(-1, x)`` may be near singular (``(I + D lap)^-1`` for
-        :func:`simlib.pde.diffusion_preconditioner`). GMRES alone keeps the answer exact."""
+    def solve_linear_map(self, linear_map: Callable[[Array], Array], b: Array,
+                         c: Array | None = None) -> Array:
+        """As :meth:`LinearSolver.solve_linear_map` (a converged stage's implicit-function
+        solve, ``L = M - c J``), by GMRES on ``L`` itself. A user's preconditioner is given
+        the stage's ``c``; without one (``c`` not known) it is left out, since ``P(-1, x)``
+        may be near singular (``(I + D lap)^-1`` for
+        :func:`simlib.pde.diffusion_preconditioner`). A solve that does not reach
+        ``rtol`` within ``restart * max_restarts`` iterations returns ``nan``: a
+        derivative from it would be wrong by an unknown amount, never quietly so."""
+        n, dtype = b.shape[0], b.dtype
+        jac = self.materialise(linear_map, n, dtype)
+        # A = M - c J with M = 0, c = -1: A = L, the map itself
+        fac = self.factor(jac, jnp.asarray(-1.0, dtype), self._zero_mass(n, dtype))
         if callable(self.preconditioner):
-            plain = Krylov(None, rtol=self.rtol, restart=self.restart,
-                           max_restarts=self.max_restarts)
-            return plain.solve_linear_map(linear_map, b)
-        return super().solve_linear_map(linear_map, b)
+            fac = fac._replace(data=None if c is None else jnp.asarray(c, dtype))
+        field = lambda t, v: linear_map(v)  # noqa: E731
+
+        def mv(x):
+            return self.matvec(fac.jac, fac.c, fac.mass, x, field=field)
+
+        def solve(_, r):
+            return self._solve(fac, r, False, field, strict=True)
+
+        def transpose_solve(_, r):
+            return self._solve(fac, r, True, field, strict=True)
+
+        return lax.custom_linear_solve(mv, b, solve, transpose_solve)
 
     def solve_with_info(self, fac: Factorisation, b: Array, *, field: Field,
                         transpose: bool = False) -> tuple[Array, GMRESInfo]:

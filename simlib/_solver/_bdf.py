@@ -459,7 +459,7 @@ class BDF(LinearAlgebra, AbstractSolver):
                             jnp.where(refreshed, jnp.inf, eta0))
 
         d = lax.custom_root(residual, jnp.zeros_like(y_pred), lambda _, __: second.d,
-                            tangent_solver(ls))
+                            tangent_solver(ls, c))
         y_new = y_pred + d
         error = error_const[k] * d
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -215,14 +215,15 @@ class LinearAlgebra:
         return new
 
 
-def tangent_solver(ls: LinearSolver) -> Callable:
+def tangent_solver(ls: LinearSolver, c: Any = None) -> Callable:
     """The ``tangent_solve`` of ``lax.custom_root`` for a converged implicit stage: the
-    residual's linearisation ``I - c J(z*)`` (exact, at the root) materialised in ``ls``'s
+    residual's linearisation ``M - c J(z*)`` (exact, at the root) materialised in ``ls``'s
     format, factorised and solved (its transpose, in reverse mode, with the same
-    factors)."""
+    factors). ``c`` (no derivative taken) is passed on for a preconditioner that needs it
+    (:class:`simlib.NewtonKrylov` with a user's ``(c, x) -> z``)."""
 
     def tangent_solve(lin, b):
-        return ls.solve_linear_map(lin, b)
+        return ls.solve_linear_map(lin, b, c=None if c is None else lax.stop_gradient(c))
 
     return tangent_solve
 

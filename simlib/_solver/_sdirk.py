@@ -191,7 +191,7 @@ class _ImplicitRK(LinearAlgebra, AbstractSolver):
             # the flags travel as floats: custom_root gives a bool aux a bool tangent
             return res.z, (res.converged.astype(z0.dtype), res.iterations.astype(z0.dtype))
 
-        z, (converged, iters) = lax.custom_root(residual, z0, solve, tangent_solver(ls),
+        z, (converged, iters) = lax.custom_root(residual, z0, solve, tangent_solver(ls, hg),
                                                 has_aux=True)
         return (z, lax.stop_gradient(converged) > 0.5,
                 lax.stop_gradient(iters).astype(jnp.int32))
