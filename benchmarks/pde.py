@@ -138,6 +138,8 @@ SIMLIB: tuple[str, ...] = ("simlib BDF (banded)", "simlib BDF (sparse)", "simlib
                            "simlib BDF (Krylov+FFT + carried rate)")
 CARRIED = dict(carry_rate=True, newton_coef=0.03)
 KRYLOV_LOOSE_RTOL = 1e-4  # GMRES's relative residual in "simlib BDF (Krylov 1e-4)"
+# --gradient-linear-solver fft: reverse mode's transposed solves take GMRES's tolerance too
+GRADIENT_FFT_GMRES_RTOL = 1e-8
 CONTENDERS = SCIPY + CVODE + DENSE + SIMLIB
 
 
@@ -504,8 +506,12 @@ def gradient_worker(spec: dict) -> dict:
     warm-up call, with the given linear solver."""
     prob = ref.problem("bruss2d", spec["n"]).with_t1(spec.get("t1"))
     rtol = spec["rtol"]
-    linear_solver = (sl.SparseLU(prob.sparsity) if spec["linear_solver"] == "sparse" else
-                     sl.NewtonKrylov("ilu0", prob.sparsity, rtol=spec["gmres_rtol"]))
+    linear_solver = {
+        "sparse": lambda: sl.SparseLU(prob.sparsity),
+        "krylov": lambda: sl.NewtonKrylov("ilu0", prob.sparsity, rtol=spec["gmres_rtol"]),
+        "fft": lambda: sl.NewtonKrylov(fft_preconditioner(prob), rtol=spec["gmres_rtol"],
+                                       restart=5),
+    }[spec["linear_solver"]]()
     y0 = jnp.asarray(prob.y0)
 
     def loss(p, adjoint=None):
@@ -721,8 +727,10 @@ def main(argv=None) -> int:
                         help="time the gradient of a loss w.r.t. (A, B, alpha) against the "
                         "forward solve on this problem (e.g. bruss2d_128; with --t1)")
     parser.add_argument("--gradient-linear-solver", default="sparse",
-                        choices=("sparse", "krylov"), help="for --gradient (default sparse; "
-                        f"krylov: ILU(0) GMRES at rtol {KRYLOV_LOOSE_RTOL:g})")
+                        choices=("sparse", "krylov", "fft"),
+                        help="for --gradient (default sparse; krylov: ILU(0) GMRES at rtol "
+                        f"{KRYLOV_LOOSE_RTOL:g}; fft: GMRES(5) with the FFT preconditioner at "
+                        f"rtol {GRADIENT_FFT_GMRES_RTOL:g}, 2-D only)")
     parser.add_argument("--ensemble-contenders", default=None,
                         help="comma-separated subset of: " + ", ".join(ENSEMBLE_CONTENDERS))
     parser.add_argument("--single-thread", action="store_true",
@@ -825,7 +833,9 @@ def main(argv=None) -> int:
     if opts.gradient:
         name, n = opts.gradient.rsplit("_", 1)
         spec = dict(gradient=True, n=int(n), t1=opts.t1, rtol=1e-6,
-                    linear_solver=opts.gradient_linear_solver, gmres_rtol=KRYLOV_LOOSE_RTOL)
+                    linear_solver=opts.gradient_linear_solver,
+                    gmres_rtol=(GRADIENT_FFT_GMRES_RTOL if opts.gradient_linear_solver == "fft"
+                                else KRYLOV_LOOSE_RTOL))
         print(f"[pde] gradient on {opts.gradient} ...", flush=True)
         results["gradient"] = run_in_process(spec, opts.single_thread, opts.timeout)
     results["wall_s"] = clock.stop()
