@@ -9,32 +9,11 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _lj_reference import numpy_lj
 
 from simlib import particles as sp
 
 R_CUT = 2.5
-
-
-def numpy_lj(x, box, sigma, epsilon, r_cut):
-    """Energy, forces and virial of truncated LJ over all pairs, the nearest image each,
-    with Lorentz-Berthelot mixing of per-particle sigma and epsilon (numpy, float64)."""
-    x = np.asarray(x, np.float64)
-    n = len(x)
-    i, j = np.triu_indices(n, 1)
-    dv = x[i] - x[j]
-    dv -= box * np.round(dv / box)
-    r = np.sqrt(np.sum(dv * dv, axis=1))
-    s = 0.5 * (sigma[i] + sigma[j])
-    e = np.sqrt(epsilon[i] * epsilon[j])
-    inside = r < r_cut
-    s6 = (s / r) ** 6
-    u = np.where(inside, 4 * e * (s6 * s6 - s6), 0.0)
-    du = np.where(inside, 4 * e * (-12 * s6 * s6 + 6 * s6) / r, 0.0)
-    fij = -(du / r)[:, None] * dv                     # force on i from j
-    forces = np.zeros_like(x)
-    np.add.at(forces, i, fij)
-    np.add.at(forces, j, -fij)
-    return u.sum(), forces, np.sum(-du * r)
 
 
 def assert_matches_numpy(results, x, box, sigma, epsilon):

@@ -11,30 +11,12 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _lj_reference import numpy_lj
 
 from simlib import particles as sp
 from simlib.particles import _cells_pallas as cp
 
 R_CUT = 2.5
-
-
-def numpy_lj(x, box, sigma, epsilon, r_cut, shift):
-    """Energy, forces and virial of truncated (optionally shifted) LJ over all pairs, the
-    nearest image each (numpy, float64)."""
-    x = np.asarray(x, np.float64)
-    i, j = np.triu_indices(len(x), 1)
-    dv = x[i] - x[j]
-    dv -= box * np.round(dv / box)
-    r2 = np.sum(dv * dv, axis=1)
-    inside = r2 < r_cut**2
-    s6 = (sigma**2 / r2) ** 3
-    c6 = (sigma / r_cut) ** 6
-    u = np.where(inside, 4 * epsilon * (s6 * s6 - s6 - (c6 * c6 - c6 if shift else 0)), 0.0)
-    c = np.where(inside, 24 * epsilon * (2 * s6 * s6 - s6) / r2, 0.0)     # -u'(r) / r
-    forces = np.zeros_like(x)
-    np.add.at(forces, i, c[:, None] * dv)
-    np.add.at(forces, j, -c[:, None] * dv)
-    return u.sum(), forces, np.sum(c * r2)
 
 
 def liquid(box, n, seed):
