@@ -205,20 +205,18 @@ def lane_positions(positions, atoms, grid: tuple[int, int, int], box):
     return jnp.where(occupied, x, -FAR)
 
 
-@functools.partial(jax.jit, static_argnames=("grid", "capacity", "r_cut", "shift",
-                                             "want_virial", "interpret"))
-def lj_cells(positions, slot_atom, atom_slot, box, sigma, epsilon, *,
-             grid: tuple[int, int, int], capacity: int, r_cut: float, shift: bool,
-             want_virial: bool = True, interpret: bool = False):
-    """``(U, forces (n, 3), W)`` of Lennard-Jones over the cells, each pair once (``W`` is
-    zero without ``want_virial``)."""
+def lane_pass(x, sigma, epsilon, *, grid: tuple[int, int, int], r_cut: float, shift: bool,
+              want_virial: bool = True, interpret: bool = False):
+    """The kernel on coordinates already in its layout, ``x``: ``(3, capacity, lanes)``
+    (:func:`lane_positions`). Returns ``(sums, f)``: per target slot of the real cells'
+    lanes, the energy (and the virial with ``want_virial``), ``(1 or 2, capacity, span)``,
+    and the forces on every slot, image cells included, ``(3, capacity, lanes)``
+    (:func:`fold_images` adds the images' onto their cells)."""
     from jax.experimental.pallas import tpu as pltpu
-    dtype = positions.dtype
-    n = positions.shape[0]
+    dtype = x.dtype
+    capacity = x.shape[1]
     geo = geometry(grid)
     interior = _lane_tables(grid)[2]
-    atoms = lane_atoms(slot_atom, grid, capacity, n)
-    x = lane_positions(positions, atoms, grid, box)
     sigma, epsilon = jnp.asarray(sigma, dtype), jnp.asarray(epsilon, dtype)
     sc6 = (sigma * sigma / (r_cut * r_cut)) ** 3
     ushift = 4.0 * epsilon * (sc6 * sc6 - sc6) if shift else jnp.zeros((), dtype)
@@ -229,7 +227,7 @@ def lj_cells(positions, slot_atom, atom_slot, box, sigma, epsilon, *,
     lanes = slice(geo.first, geo.first + span)
     n_sums = 2 if want_virial else 1
     everything = pl.BlockSpec((3, capacity, geo.total), lambda i: (zero, zero, zero))
-    sums, f = pl.pallas_call(
+    return pl.pallas_call(
         functools.partial(_kernel, geo, want_virial),
         out_shape=[jax.ShapeDtypeStruct((n_sums, capacity, span), dtype),
                    jax.ShapeDtypeStruct((3, capacity, geo.total), dtype)],
@@ -246,12 +244,15 @@ def lj_cells(positions, slot_atom, atom_slot, box, sigma, epsilon, *,
             vmem_limit_bytes=resident_bytes(grid, capacity, jnp.dtype(dtype).itemsize)),
         interpret=interpret,
     )(scalars, jnp.asarray(interior[None, lanes], dtype), x)
-    counted = (atoms[:, lanes] < n) & jnp.asarray(interior[lanes])
-    u = jnp.sum(jnp.where(counted, sums[0], 0.0))
-    w = jnp.sum(jnp.where(counted, sums[1], 0.0)) if want_virial else jnp.zeros((), dtype)
-    # fold the image cells' forces onto their cells, one axis after the other
+
+
+def fold_images(f, grid: tuple[int, int, int]):
+    """``(3, capacity, g_x + 2, g_y + 2, g_z + 2)``: the kernel's forces on the padded grid,
+    each image cell's added onto the cell it copies (one axis after the other); the real
+    cells are ``[..., 1:-1, 1:-1, 1:-1]``."""
+    geo = geometry(grid)
     g = f[:, :, geo.margin:geo.margin + math.prod(geo.padded)]
-    g = g.reshape(3, capacity, *geo.padded)
+    g = g.reshape(*f.shape[:2], *geo.padded)
     for axis in (2, 3, 4):
         def at(i, axis=axis):
             index = [slice(None)] * 5
@@ -259,6 +260,29 @@ def lj_cells(positions, slot_atom, atom_slot, box, sigma, epsilon, *,
             return tuple(index)
 
         g = g.at[at(1)].add(g[at(-1)]).at[at(-2)].add(g[at(0)])
+    return g
+
+
+@functools.partial(jax.jit, static_argnames=("grid", "capacity", "r_cut", "shift",
+                                             "want_virial", "interpret"))
+def lj_cells(positions, slot_atom, atom_slot, box, sigma, epsilon, *,
+             grid: tuple[int, int, int], capacity: int, r_cut: float, shift: bool,
+             want_virial: bool = True, interpret: bool = False):
+    """``(U, forces (n, 3), W)`` of Lennard-Jones over the cells, each pair once (``W`` is
+    zero without ``want_virial``)."""
+    dtype = positions.dtype
+    n = positions.shape[0]
+    geo = geometry(grid)
+    interior = _lane_tables(grid)[2]
+    atoms = lane_atoms(slot_atom, grid, capacity, n)
+    x = lane_positions(positions, atoms, grid, box)
+    sums, f = lane_pass(x, sigma, epsilon, grid=grid, r_cut=r_cut, shift=shift,
+                        want_virial=want_virial, interpret=interpret)
+    lanes = slice(geo.first, geo.first + geo.blocks * LANES)
+    counted = (atoms[:, lanes] < n) & jnp.asarray(interior[lanes])
+    u = jnp.sum(jnp.where(counted, sums[0], 0.0))
+    w = jnp.sum(jnp.where(counted, sums[1], 0.0)) if want_virial else jnp.zeros((), dtype)
+    g = fold_images(f, grid)
     slot = jnp.minimum(atom_slot, math.prod(grid) * capacity - 1)   # overflow: flagged anyway
     cell = np.stack(np.unravel_index(np.arange(math.prod(grid)), grid)) + 1
     c = slot // capacity
