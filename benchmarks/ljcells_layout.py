@@ -1,21 +1,23 @@
 """What a step costs with the state kept in the Pallas kernel's layout: the ceiling of the
 cell kernel inside an NVE run, when no step gathers the particles into cells.
 
-    python benchmarks/ljcells_layout.py [CELLS] [STEPS]        # writes $OUT/layout.json
+    python benchmarks/ljcells_layout.py [CELLS] [STEPS] [SKIN]  # $OUT/layout_skin<SKIN>.json
 
-A prototype, not a library path. Float32 LJ liquid (``ljcells_variants.lj_liquid``,
-``4 CELLS^3`` atoms, default 40: 256,000, melted by 100 steps), cells with skin 0.3 and
-capacity 40 as ``simulate`` builds them. Positions and velocities are laid out once in the
-kernel's ``(3, capacity, lanes)`` order and then advanced by velocity Verlet (``dt``
-0.005, unit masses) on the real cells' slots, ``STEPS`` steps (default 6, fewer than the
-steps between two rebuilds; checked): at each step the image cells are refreshed from the
-real ones (a wrap-around pad, static slices only), the kernel runs (``lane_pass``) and the
-images' forces are folded back (``fold_images``). The end state, gathered back to the
-atoms, is compared with ``sp.simulate`` over the same steps (pure-JAX cell pass).
+A prototype, not a library path. Float32 LJ liquid (``ljcells_variants.lj_liquid``, ``4
+CELLS^3`` atoms, default 40: 256,000, melted by 100 steps), cells with ``SKIN`` (default
+0.3) and capacity 40 as ``simulate`` builds them. Positions and velocities are laid out
+once in the kernel's ``(3, capacity, lanes)`` order and then advanced by velocity Verlet
+(``dt`` 0.005, unit masses) on the real cells' slots, ``STEPS`` steps (default 6, fewer
+than the steps between two rebuilds; checked): at each step the image cells are
+refreshed from the real ones (a wrap-around pad, static slices only), the kernel runs
+(``lane_pass``) and the images' forces are folded back (``fold_images``). The end state,
+gathered back to the atoms, is compared with ``sp.simulate`` over the same steps (pure-
+JAX cell pass).
 
 Rows (best of 10 after a warm-up): the ``STEPS``-step run per step, and its parts alone;
 the rebuild round trip this design needs every ``k`` steps (positions and velocities
-back to the atoms, the cells rebuilt, both laid out again), with ``k`` read from
+back to the atoms in one gather of rows, the cells rebuilt, both laid out again in one),
+with ``k`` read from
 ``simulate``'s own build count over 100 steps, which is timed too (today's path, best of
 3); and the atom-steps per second the design would give.
 """
@@ -52,18 +54,19 @@ def best_of(fn, *args, repeats=10):
 def main() -> None:
     cells = int(sys.argv[1]) if len(sys.argv) > 1 else 40
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 6
-    out_path = Path(os.environ.get("OUT", "/tmp")) / "layout.json"
+    skin = float(sys.argv[3]) if len(sys.argv) > 3 else 0.3
+    out_path = Path(os.environ.get("OUT", "/tmp")) / f"layout_skin{skin:g}.json"
     interpret = jax.default_backend() != "tpu"
     x, box, space, energy, params = lj_liquid(cells, 0.1, 100, skin=0.3)
     n = x.shape[0]
     v = jnp.asarray(sp.maxwell_boltzmann(1.44, 1.0, key=jax.random.key(5), n=n), jnp.float32)
     v = v - v.mean(0)
-    c = sp.cell_list(space, x, r_cut=2.5, skin=0.3, capacity=40, kernel="pallas")
+    c = sp.cell_list(space, x, r_cut=2.5, skin=skin, capacity=40, kernel="pallas")
     grid, cap = c.grid, c.capacity
     geo = cp.geometry(grid)
     boxv = c.space.box_vector(3, x.dtype)
     res = dict(backend=jax.default_backend(), n=n, grid=grid, capacity=cap, steps=steps,
-               lanes=geo.total, rows={})
+               skin=skin, lanes=geo.total, rows={})
     padded, margin, total = geo.padded, geo.margin, geo.total
     size = int(np.prod(padded))
     shift = np.zeros((3, 1, *padded), np.float32)       # the image cells' box offsets
@@ -90,18 +93,25 @@ def main() -> None:
                             want_virial=False, interpret=interpret)
         return cp.fold_images(f, grid)[:, :, 1:-1, 1:-1, 1:-1]
 
-    def lay_out(x, v, cells):
+    def lay_out(x, v, cells):              # one gather of rows (x, v) per slot
         atoms = cp.lane_atoms(cells.slot_atom, grid, cap, n)
         occupied = atoms < n
-        xl = cp.lane_positions(x, atoms, grid, boxv)
-        vl = jnp.where(occupied, v.T[:, jnp.where(occupied, atoms, 0)], 0.0)
-        return core(xl), core(vl)
+        xv = jnp.concatenate([x, v], axis=1)[jnp.where(occupied, atoms, 0)]
+        xv = jnp.moveaxis(xv, -1, 0)                               # (6, cap, lanes)
+        lanes = cp._lane_tables(grid)[1]
+        centre = (jnp.asarray(lanes, x.dtype) - 0.5) * (boxv / jnp.asarray(grid, x.dtype))[
+            :, None]
+        xl = xv[:3] - boxv[:, None, None] * jnp.round((xv[:3] - centre[:, None, :])
+                                                      / boxv[:, None, None])
+        return (core(jnp.where(occupied, xl, -cp.FAR)),
+                core(jnp.where(occupied, xv[3:], 0.0)))
 
-    def to_atoms(a, cells):                # (3, cap, gx, gy, gz) -> (n, 3)
+    def to_atoms(a, cells):                # (k, cap, gx, gy, gz) -> (n, k), one gather
         slot = cells.atom_slot
         cell = np.stack(np.unravel_index(np.arange(int(np.prod(grid))), grid))
         cid = slot // cap
-        return a[:, slot % cap, *(jnp.asarray(cell[k])[cid] for k in range(3))].T
+        rows = jnp.moveaxis(a, 0, -1)                              # (cap, gx, gy, gz, k)
+        return rows[slot % cap, *(jnp.asarray(cell[k])[cid] for k in range(3))]
 
     @jax.jit
     def run(xc, vc, fc):
@@ -115,9 +125,10 @@ def main() -> None:
 
     @jax.jit
     def rebuild(xc, vc, cells):            # what this design does every k steps
-        xa, va = to_atoms(xc, cells), to_atoms(vc, cells)
-        new = cells.build(jnp.mod(xa, boxv))
-        return lay_out(jnp.mod(xa, boxv), va, new), new
+        xv = to_atoms(jnp.concatenate([xc, vc]), cells)
+        xa = jnp.mod(xv[:, :3], boxv)
+        new = cells.build(xa)
+        return lay_out(xa, xv[:, 3:], new), new
 
     xc, vc = jax.jit(lay_out)(x, v, c)
     fc = jax.jit(forces)(xc)
@@ -127,12 +138,12 @@ def main() -> None:
     disp = np.max(np.linalg.norm(np.asarray(jnp.mod(x_end - np.asarray(x) + 0.5 * box, box)
                                             - 0.5 * box), axis=1))
     traj = sp.simulate(energy, sp.State(x, v, 1.0), params, space=space, dt=DT, n_steps=steps,
-                       save_every=steps, neighbors=sp.cell_list(space, x, r_cut=2.5, skin=0.3,
+                       save_every=steps, neighbors=sp.cell_list(space, x, r_cut=2.5, skin=skin,
                                                                 kernel="jax"))
     ref = np.asarray(traj.positions[-1])
     diff = np.mod(x_end - ref + 0.5 * box, box) - 0.5 * box
     res["check"] = dict(max_position_diff_vs_simulate=float(np.max(np.abs(diff))),
-                        max_displacement=float(disp), half_skin=0.15)
+                        max_displacement=float(disp), half_skin=skin / 2)
     print(res["check"], flush=True)
     for name, fn, args in [("part: images refreshed (pad, shift, lanes)", jax.jit(to_lanes),
                             (xc,)),
@@ -144,7 +155,7 @@ def main() -> None:
         secs, _ = best_of(fn, *args)
         res["rows"][name] = dict(ms=1e3 * secs)
         print(name, res["rows"][name], flush=True)
-    cells_jax = sp.cell_list(space, x, r_cut=2.5, skin=0.3, capacity=cap)
+    cells_jax = sp.cell_list(space, x, r_cut=2.5, skin=skin, capacity=cap)
 
     def simulate_100():
         return sp.simulate(energy, sp.State(x, v, 1.0), params, space=space, dt=DT,
