@@ -18,7 +18,6 @@ it), best of 10 after a warm-up:
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -27,6 +26,7 @@ import numpy as np
 from jax import lax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _timing  # noqa: E402
 from ljcells_variants import lj_liquid  # noqa: E402
 
 import simlib.particles as sp  # noqa: E402
@@ -34,14 +34,9 @@ from simlib.particles import _cells_pallas as cp  # noqa: E402
 
 
 def best_of(fn, *args, repeats=10):
-    """``(best seconds, output)`` after one warm-up call."""
-    out = jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t)
-    return best, out
+    """``(best seconds, output)`` of ``fn(*args)`` after one warm-up call."""
+    timing = _timing.best_of(lambda: fn(*args), repeats=repeats, slow_s=float("inf"))
+    return timing.best, timing.out
 
 
 def main() -> None:

@@ -24,7 +24,6 @@ with ``k`` read from
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -32,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _timing  # noqa: E402
 from ljcells_variants import lj_liquid  # noqa: E402
 
 import simlib.particles as sp  # noqa: E402
@@ -41,14 +41,9 @@ DT = 0.005
 
 
 def best_of(fn, *args, repeats=10):
-    """``(best seconds, output)`` after one warm-up call."""
-    out = jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t)
-    return best, out
+    """``(best seconds, output)`` of ``fn(*args)`` after one warm-up call."""
+    timing = _timing.best_of(lambda: fn(*args), repeats=repeats, slow_s=float("inf"))
+    return timing.best, timing.out
 
 
 def main() -> None:
