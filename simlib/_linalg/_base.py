@@ -141,15 +141,20 @@ class LinearSolver(Settings):
         if b.ndim == 2:
             return jax.vmap(lambda col: self.solve(fac, col, field=field, transpose=transpose),
                             in_axes=1, out_axes=1)(b)
+        return self._linear_solve(fac, b, field, transpose, self._solve)
 
+    def _linear_solve(self, fac: Factorisation, b: Array, field, transpose: bool,
+                      inner: Callable) -> Array:
+        """``lax.custom_linear_solve`` of ``A`` (``A^T``) with ``inner(fac, r, transpose,
+        field)`` for the solve and its transpose."""
         def mv(x):
             return self.matvec(fac.jac, fac.c, fac.mass, x, field=field, transpose=transpose)
 
         def solve(_, r):
-            return self._solve(fac, r, transpose, field)
+            return inner(fac, r, transpose, field)
 
         def transpose_solve(_, r):
-            return self._solve(fac, r, not transpose, field)
+            return inner(fac, r, not transpose, field)
 
         return lax.custom_linear_solve(mv, b, solve, transpose_solve)
 

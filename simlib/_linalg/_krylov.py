@@ -28,6 +28,7 @@ with the stage's ``c``) gives it that ``c``, and leaves it out where no ``c`` is
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -297,18 +298,8 @@ class Krylov(LinearSolver):
         fac = self.factor(jac, jnp.asarray(-1.0, dtype), self._zero_mass(n, dtype))
         if callable(self.preconditioner):
             fac = fac._replace(data=None if c is None else jnp.asarray(c, dtype))
-        field = lambda t, v: linear_map(v)  # noqa: E731
-
-        def mv(x):
-            return self.matvec(fac.jac, fac.c, fac.mass, x, field=field)
-
-        def solve(_, r):
-            return self._solve(fac, r, False, field, strict=True)
-
-        def transpose_solve(_, r):
-            return self._solve(fac, r, True, field, strict=True)
-
-        return lax.custom_linear_solve(mv, b, solve, transpose_solve)
+        return self._linear_solve(fac, b, lambda t, v: linear_map(v), False,
+                                  functools.partial(self._solve, strict=True))
 
     def solve_with_info(self, fac: Factorisation, b: Array, *, field: Field,
                         transpose: bool = False) -> tuple[Array, GMRESInfo]:
