@@ -688,6 +688,18 @@ def _axis_eigenvalues(n: int, h: float, bc: tuple[str, str], half: bool) -> np.n
     return -(4.0 / h**2) * np.sin(arg) ** 2
 
 
+def _grid_eigenvalues(grid: Grid, half_last: bool) -> np.ndarray:
+    """The Laplacian's eigenvalues on the grid, ``sum_k lambda_k`` over the axes' spectra
+    (:func:`_axis_eigenvalues`), broadcast to the transform's shape; ``half_last``: the
+    last axis halved, as ``rfftn`` returns it."""
+    ndim = grid.ndim
+    lam = np.zeros((1,) * ndim)
+    for a, (n, h) in enumerate(zip(grid.shape, grid.spacing, strict=True)):
+        ev = _axis_eigenvalues(n, h, grid.bc[a], half=half_last and a == ndim - 1)
+        lam = lam + ev.reshape([-1 if b == a else 1 for b in range(ndim)])
+    return lam
+
+
 def _paired_fft_preconditioner(grid: Grid, d: np.ndarray, species: int,
                                layout: str) -> Callable[[Any, jax.Array], jax.Array]:
     """:func:`diffusion_preconditioner` on a periodic grid whose species pair up with equal
@@ -697,11 +709,8 @@ def _paired_fft_preconditioner(grid: Grid, d: np.ndarray, species: int,
     ``rfftn``'s ``species``-last layout are needed (on the CPU, about 0.7x the time of
     the ``rfftn`` form on a 128 x 128 x 2 state)."""
     ndim, pairs = grid.ndim, species // 2
-    lam = np.zeros((1,) * ndim)
-    for a, (n, h) in enumerate(zip(grid.shape, grid.spacing, strict=True)):
-        ev = _axis_eigenvalues(n, h, grid.bc[a], half=False)
-        lam = lam + ev.reshape([-1 if b == a else 1 for b in range(ndim)])
-    lam = lam[None] * d[0::2].reshape((pairs,) + (1,) * ndim)     # (pairs, spectrum...)
+    lam = _grid_eigenvalues(grid, half_last=False)[None] * d[0::2].reshape(
+        (pairs,) + (1,) * ndim)                                       # (pairs, spectrum...)
     axes = tuple(range(1, ndim + 1))
 
     def precondition(c, x):
@@ -789,11 +798,7 @@ def diffusion_preconditioner(grid: Grid, diffusivity: Any, *, species: int = 1,
     if not neumann and species % 2 == 0 and np.all(d[0::2] == d[1::2]):
         return _paired_fft_preconditioner(grid, d, species, layout)
     real_fft = not neumann                                  # rfftn over every axis
-    lam = np.zeros((1,) * ndim)
-    for a, (n, h) in enumerate(zip(grid.shape, grid.spacing, strict=True)):
-        ev = _axis_eigenvalues(n, h, grid.bc[a], half=real_fft and a == ndim - 1)
-        lam = lam + ev.reshape([-1 if b == a else 1 for b in range(ndim)])
-    lam = lam[..., None] * d                                   # (spectrum..., species)
+    lam = _grid_eigenvalues(grid, half_last=real_fft)[..., None] * d  # (spectrum..., species)
     shape = grid.shape + (species,)
     axes = tuple(range(ndim))
 
