@@ -51,7 +51,7 @@ def main() -> None:
     atoms = jax.jit(cp.lane_atoms, static_argnums=(1, 2, 3))(c.slot_atom, grid, cap, n)
     res = dict(backend=jax.default_backend(), n=n, grid=grid, cap=cap,
                lanes=int(atoms.shape[1]), melt=melt)
-    lane_cell, centres, _, _ = cp._lane_tables(grid)
+    lane_cell = cp._lane_tables(grid)[0]
     n_cells = int(np.prod(grid))
     slots = np.asarray(c.slot_atom).reshape(n_cells, cap)
     counts = (slots < n).sum(1)
@@ -62,11 +62,7 @@ def main() -> None:
     lane_count = jnp.asarray(np.where(lane_cell < n_cells, counts[cell], 0), jnp.int32)
 
     def unwrap(xx, occupied):  # as lane_positions: the image nearest each cell's centre
-        centre = (jnp.asarray(centres, x.dtype) - 0.5) * (boxv / jnp.asarray(grid, x.dtype))[
-            :, None]
-        xx = xx - boxv[:, None, None] * jnp.round((xx - centre[:, None, :])
-                                                  / boxv[:, None, None])
-        return jnp.where(occupied, xx, -cp.FAR)
+        return cp.unwrap_to_cells(xx, occupied, grid, boxv)
 
     @jax.jit
     def current(pos, atoms):

@@ -93,12 +93,7 @@ def main() -> None:
         occupied = atoms < n
         xv = jnp.concatenate([x, v], axis=1)[jnp.where(occupied, atoms, 0)]
         xv = jnp.moveaxis(xv, -1, 0)                               # (6, cap, lanes)
-        lanes = cp._lane_tables(grid)[1]
-        centre = (jnp.asarray(lanes, x.dtype) - 0.5) * (boxv / jnp.asarray(grid, x.dtype))[
-            :, None]
-        xl = xv[:3] - boxv[:, None, None] * jnp.round((xv[:3] - centre[:, None, :])
-                                                      / boxv[:, None, None])
-        return (core(jnp.where(occupied, xl, -cp.FAR)),
+        return (core(cp.unwrap_to_cells(xv[:3], occupied, grid, boxv)),
                 core(jnp.where(occupied, xv[3:], 0.0)))
 
     def to_atoms(a, cells):                # (k, cap, gx, gy, gz) -> (n, k), one gather

@@ -195,10 +195,15 @@ def lane_positions(positions, atoms, grid: tuple[int, int, int], box):
     """``(3, capacity, lanes)``: the coordinates of the particles ``atoms`` (from
     :func:`lane_atoms`), each unwrapped to the image nearest its padded cell's centre; empty
     slots at ``-FAR``."""
-    n, dtype = positions.shape[0], positions.dtype
+    occupied = atoms < positions.shape[0]
+    return unwrap_to_cells(positions.T[:, jnp.where(occupied, atoms, 0)], occupied, grid, box)
+
+
+def unwrap_to_cells(x, occupied, grid: tuple[int, int, int], box):
+    """``x`` (``(3, capacity, lanes)`` coordinates in the lane layout) with each slot moved
+    to the image nearest its padded cell's centre; slots not ``occupied`` at ``-FAR``."""
+    dtype = x.dtype
     p = _lane_tables(grid)[1]
-    occupied = atoms < n
-    x = positions.T[:, jnp.where(occupied, atoms, 0)]
     box = jnp.asarray(box, dtype)
     centre = (jnp.asarray(p, dtype) - 0.5) * (box / jnp.asarray(grid, dtype))[:, None]
     x = x - box[:, None, None] * jnp.round((x - centre[:, None, :]) / box[:, None, None])
