@@ -7,7 +7,9 @@ Verlet, float32. For each pair search (neighbour list, cell-dense) it records th
 energy every ``--every`` steps and reports the largest change per atom from the start
 and the slope of a least-squares line through E(t) per atom per 1,000 steps. Run it on
 the CPU and on an accelerator and compare: the issue's target is the chip within 2x of
-the CPU run's drift.
+the CPU run's drift. ``pallas``: cells summed by the Pallas kernel (``kernel="pallas"``), which
+in ``simulate`` keeps the state in the kernel's cell layout (a TPU path; interpret mode,
+slow, elsewhere).
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ def run(cells: int, steps: int, every: int, method: str) -> dict:
     energy = sp.pair_energy(sp.lennard_jones, space, r_cut=2.5)
     v = jnp.asarray(sp.maxwell_boltzmann(1.44, 1.0, key=jax.random.key(2), n=n), jnp.float32)
     params = dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0))
-    search = sp.pair_search(space, pos, 2.5, 0.3, method=method)
+    if method == "pallas":     # the cells summed by the Pallas kernel, the state kept in
+        search = sp.cell_list(space, pos, 2.5, skin=0.3, capacity_multiplier=1.25,  # its layout
+                              kernel="pallas")
+    else:
+        search = sp.pair_search(space, pos, 2.5, 0.3, method=method)
     with Timer() as clock:
         traj = sp.simulate(energy, sp.State(pos, v, 1.0), params, space=space, dt=0.005,
                            n_steps=steps, save_every=every, neighbors=search)
@@ -52,7 +58,8 @@ def main() -> None:
     ap.add_argument("--cells", type=int, default=10, help="lattice cells per side (4 n^3 atoms)")
     ap.add_argument("--steps", type=int, default=10_000)
     ap.add_argument("--every", type=int, default=100)
-    ap.add_argument("--methods", nargs="+", default=["list", "cells"])
+    ap.add_argument("--methods", nargs="+", default=["list", "cells"],
+                    choices=["list", "cells", "pallas"])
     ap.add_argument("--json")
     a = ap.parse_args()
     rows = []

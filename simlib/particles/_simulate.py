@@ -31,7 +31,7 @@ from .._adjoint import AbstractAdjoint, Checkpointed, Direct, StepLoop, Steps
 from .._auto import AUTOMATIC
 from .._errors import check_in_graph
 from .._util import inside_trace, is_tracer, split_inexact
-from . import _checkpoint, _chunked
+from . import _checkpoint, _chunked, _layout
 from ._cells import CellList, pair_search
 from ._dynamics import NVE, Carry, Integrator, State
 from ._energy import Energy
@@ -54,6 +54,7 @@ from ._trajectory import builds as _builds
 
 # The compiled pieces of an eager run (read at each call: tests wrap them).
 _frames_jit = jax.jit(frames, static_argnums=(7, 8, 9))
+_layout_frames_jit = jax.jit(_layout.frames, static_argnums=(7, 8, 9))
 _begin_jit = jax.jit(begin)
 _assemble_jit = jax.jit(assemble, static_argnums=6)
 _concatenate = jax.jit(concatenate)
@@ -274,7 +275,10 @@ def simulate(energy: Energy | Callable[..., jax.Array], state: State, params: An
         checkpoint, int(checkpoint_every), resume, _checkpoint.signature(
             model, integrator, state, masses, params, dt, key, n_frames, save_every,
             neighbors, chunk_steps, checkpoint_metadata))
-    compiled = _chunked.Compiled(_begin_jit, _frames_jit, _assemble_jit, _concatenate)
+    in_cells = _layout.applies(model, integrator, jnp.asarray(state.positions), masses, params,
+                               neighbors)
+    compiled = _chunked.Compiled(_begin_jit, _layout_frames_jit if in_cells else _frames_jit,
+                                 _assemble_jit, _concatenate)
     job = _chunked.Job(model, integrator, masses, params, dt, key, save_every, adjoint, compiled)
     return _chunked.run_chunked(job, state, neighbors, n_frames, throw=throw, progress=progress,
                                 chunk_steps=chunk_steps, ckpt=ckpt)
