@@ -92,9 +92,13 @@ def _primitives(fn, *args):
 
 
 def test_which_pass_serves_a_cell_list(fluid32):
-    """``kernel="pallas"``: the kernel (interpret mode on the CPU); ``"auto"`` and ``"jax"``:
-    only the pure-JAX pass. Per-particle sigma, float64, the full shell or another
-    potential take the pure-JAX pass whatever the cells say."""
+    """``kernel="pallas"``: the kernel (interpret mode on the CPU); ``"jax"``, and ``"auto"``
+    off a TPU: only the pure-JAX pass. Per-particle sigma, float64, the full shell or
+    another potential take the pure-JAX pass whatever the cells say."""
+    from simlib.particles._cells import uses_kernel
+    assert uses_kernel("pallas", "cpu") and uses_kernel("pallas", "tpu")
+    assert uses_kernel("auto", "tpu") and not uses_kernel("auto", "cpu")
+    assert not uses_kernel("auto", "gpu") and not uses_kernel("jax", "tpu")
     x, space = fluid32
     energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
     params = dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0))
@@ -130,6 +134,27 @@ def test_kernel_lowers_for_a_tpu_with_and_without_x64(x64):
             jnp.float32(1.0), jnp.float32(1.0), grid=cells.grid, capacity=cells.capacity,
             r_cut=R_CUT, shift=True))
         text = fn.trace(x).lower(lowering_platforms=("tpu",)).as_text()
+    assert "tpu_custom_call" in text
+
+
+@pytest.mark.parametrize("x64", [True, False])
+def test_the_layout_loop_lowers_for_a_tpu_with_and_without_x64(moving, x64, monkeypatch):
+    """The whole layout loop (``_layout.frames``: Verlet steps, the sort in a ``cond``, the
+    kernel compiled rather than interpreted) lowers for a TPU under x64 and without."""
+    from simlib import Direct
+    from simlib.particles import _layout
+    from simlib.particles._model import Model
+    x, v, space = moving
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
+    cells = sp.cell_list(space, x, R_CUT, skin=0.2, kernel="pallas")
+    model = Model(energy, space)
+    params = {k: jnp.asarray(p) for k, p in PARAMS32.items()}
+    carry = sp.NVE().start(model, sp.State(x, v, 1.0), params, cells)
+    monkeypatch.setattr(_layout, "interpret", lambda: False)
+    with jax.enable_x64(x64):
+        fn = jax.jit(lambda c: _layout.frames(model, sp.NVE(), c, jnp.float32(1.0), params,
+                                              jnp.float32(0.005), None, 2, 3, Direct()))
+        text = fn.trace(carry).lower(lowering_platforms=("tpu",)).as_text()
     assert "tpu_custom_call" in text
 
 
@@ -177,26 +202,6 @@ def test_overlapping_atoms_give_a_non_finite_energy(fluid32):
     assert not np.isfinite(float(u))
 
 
-@pytest.mark.slow  # interpret mode at every step
-def test_simulate_through_the_kernel_matches_the_pure_jax_pass(fluid32):
-    """20 NVE steps with cells and a skin: the kernel's trajectory equals the pure-JAX
-    pass's to float32 round-off, rebuilds included."""
-    x, space = fluid32
-    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
-    v = jnp.asarray(sp.maxwell_boltzmann(0.7, 1.0, key=jax.random.key(1), n=len(x)),
-                    jnp.float32)
-
-    def run(kernel):
-        cells = sp.cell_list(space, x, R_CUT, skin=0.2, kernel=kernel)
-        return sp.simulate(energy, sp.State(x, v, 1.0),
-                           dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0)),
-                           space=space, dt=0.005, n_steps=20, save_every=10, neighbors=cells)
-
-    a, b = run("pallas"), run("jax")
-    assert int(a.neighbors.n_builds) == int(b.neighbors.n_builds) > 1
-    assert np.max(np.abs(np.asarray(a.positions - b.positions))) < 1e-4
-
-
 @pytest.mark.slow  # interpret mode, batched
 def test_kernel_under_vmap_equals_each_system_alone(fluid32):
     """Two configurations batched by ``vmap`` through the kernel equal each one alone."""
@@ -211,3 +216,171 @@ def test_kernel_under_vmap_equals_each_system_alone(fluid32):
         u, f = energy.energy_and_forces(xs[k], params, cells)
         assert abs(float(ub[k]) - float(u)) <= 1e-6 * abs(float(u))
         assert np.max(np.abs(np.asarray(fb[k] - f))) <= 1e-6 * np.max(np.abs(np.asarray(f)))
+
+
+# -- simulate with the state in the kernel's layout (_layout) ------------------------------
+
+PARAMS32 = dict(sigma=np.float32(1.0), epsilon=np.float32(1.0))
+
+
+def _run(x, v, space, kernel, *, capacity=None, masses=1.0, integrator=None, **kw):
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
+    cells = sp.cell_list(space, x, R_CUT, skin=0.2, kernel=kernel, capacity=capacity)
+    run = dict(space=space, dt=0.005, n_steps=20, save_every=10, neighbors=cells) | kw
+    return sp.simulate(energy, sp.State(x, v, masses),
+                       {k: jnp.asarray(p) for k, p in PARAMS32.items()},
+                       integrator=integrator, **run)
+
+
+@pytest.fixture(scope="module")
+def moving(fluid32):
+    x, space = fluid32
+    v = jnp.asarray(sp.maxwell_boltzmann(0.7, 1.0, key=jax.random.key(1), n=len(x)),
+                    jnp.float32)
+    return x, v, space
+
+
+def _counting(monkeypatch, name):
+    """Wrap ``_simulate.<name>`` (a compiled piece) to count its calls."""
+    from simlib.particles import _simulate
+    calls = []
+    inner = getattr(_simulate, name)
+
+    def counted(*a, **k):
+        calls.append(1)
+        return inner(*a, **k)
+
+    monkeypatch.setattr(_simulate, name, counted)
+    return calls
+
+
+def test_simulate_keeps_the_state_in_the_kernels_layout(moving, monkeypatch):
+    """``kernel="pallas"`` with NVE and one mass: ``simulate`` runs the layout path
+    (``_layout.frames``), and its frames (positions, velocities, energies) and builds equal
+    the pure-JAX pass's to float32 round-off."""
+    x, v, space = moving
+    layout = _counting(monkeypatch, "_layout_frames_jit")
+    plain = _counting(monkeypatch, "_frames_jit")
+    a = _run(x, v, space, "pallas")
+    assert len(layout) == 1 and not plain
+    b = _run(x, v, space, "jax")
+    assert len(layout) == 1 and len(plain) == 1
+    assert int(a.neighbors.n_builds) == int(b.neighbors.n_builds) > 1
+    box = 8.4
+    d = np.mod(np.asarray(a.positions - b.positions) + box / 2, box) - box / 2
+    assert np.max(np.abs(d)) < 1e-4
+    assert np.max(np.abs(np.asarray(a.velocities - b.velocities))) < 1e-3
+    e_scale = np.max(np.abs(np.asarray(b.potential_energy)))
+    for name in ("potential_energy", "kinetic_energy", "total_energy"):
+        np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=0,
+                                   atol=2e-6 * e_scale)
+    # the end state comes back in atom order, as the last frame
+    np.testing.assert_array_equal(a.final.positions, a.positions[-1])
+    np.testing.assert_array_equal(a.final.velocities, a.velocities[-1])
+
+
+def test_a_layout_step_gathers_nothing_outside_a_sort(moving):
+    """The mechanism: in ``_layout.frames`` the step (the inner scan) moves atoms between
+    atom and cell order only inside the ``cond`` that sorts the cells again; the plain
+    loop's step through the same kernel gathers the atoms into cells at every step."""
+    from simlib import Direct
+    from simlib.particles import _layout, _loop
+    from simlib.particles._dynamics import NVE
+    from simlib.particles._model import Model
+    x, v, space = moving
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
+    cells = sp.cell_list(space, x, R_CUT, skin=0.2, kernel="pallas")
+    model = Model(energy, space)
+    params = {k: jnp.asarray(p) for k, p in PARAMS32.items()}
+    carry = NVE().start(model, sp.State(x, v, 1.0), params, cells)
+
+    def step_gathers(frames):
+        jaxpr = jax.make_jaxpr(lambda c: frames(model, NVE(), c, jnp.float32(1.0), params,
+                                                jnp.float32(0.005), jax.random.key(0), 2, 3,
+                                                Direct()))(carry)
+        outer = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+        inner = [e for e in outer[-1].params["jaxpr"].jaxpr.eqns if e.primitive.name == "scan"]
+        body = inner[0].params["jaxpr"].jaxpr
+
+        def count(jx, skip_cond):
+            n = 0
+            for e in jx.eqns:
+                if e.primitive.name == "gather":
+                    n += 1
+                if skip_cond and e.primitive.name == "cond":
+                    continue
+                for sub in jax.extend.core.jaxprs_in_params(e.params):
+                    n += count(sub, skip_cond)
+            return n
+
+        return count(body, True), count(body, False)
+
+    outside, everywhere = step_gathers(_layout.frames)
+    assert outside == 0 and everywhere >= 2          # to atom order, and back into cells
+    plain_outside, _ = step_gathers(_loop.frames)
+    assert plain_outside >= 2
+
+
+def test_the_layout_path_serves_nve_with_one_mass_and_the_kernels_energy(moving):
+    """``_layout.applies``: NVE, one mass, cells with ``kernel="pallas"`` and an energy the
+    kernel takes; anything else runs the plain loop (which takes the same kernel, or the
+    pure-JAX pass, for its forces)."""
+    from simlib.particles import _layout
+    from simlib.particles._model import Model
+    x, v, space = moving
+    energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
+    params = {k: jnp.asarray(p) for k, p in PARAMS32.items()}
+    cells = sp.cell_list(space, x, R_CUT, skin=0.2, kernel="pallas")
+    model = Model(energy, space)
+
+    nve, one = sp.NVE(), jnp.float32(1.0)
+
+    def applies(integrator=nve, masses=one, positions=x, params=params, cells=cells,
+                model=model):
+        return _layout.applies(model, integrator, positions, masses, params, cells)
+
+    assert applies()
+    assert not applies(integrator=sp.Langevin(1.0, 1.0))
+    assert not applies(masses=jnp.ones(len(x), jnp.float32))
+    assert not applies(positions=x.astype(jnp.float64))                # x64 in tests
+    assert not applies(params=dict(params, sigma=jnp.ones(len(x), jnp.float32)))
+    assert not applies(cells=sp.cell_list(space, x, R_CUT, skin=0.2, kernel="jax"))
+    assert not applies(cells=None)
+    assert not applies(model=Model(sp.pair_energy(sp.wca, space, r_cut=R_CUT), space))
+
+
+@pytest.mark.slow  # interpret mode, five runs
+@pytest.mark.parametrize("gap, code", [(0.3, "UNSTABLE_DYNAMICS"),
+                                       (1e-3, "NONFINITE_STATE")])
+def test_a_blown_up_layout_run_names_the_step_and_atom_as_the_plain_loop(moving, gap, code):
+    """Two atoms ``gap`` apart at the start: their first step flies them apart
+    (``UNSTABLE_DYNAMICS``) or their forces overflow float32 (``NONFINITE_STATE``). The
+    layout path reports the same code, step and atom as the plain loop, and raises the same
+    error with ``throw=True``."""
+    from simlib import Result, SolverError
+    x, v, space = moving
+    i, j = 137, 300
+    y = x.at[i].set(x[j] + jnp.asarray([gap, 0.0, 0.0], jnp.float32))
+    runs = [_run(y, v, space, kernel, throw=False) for kernel in ("pallas", "jax")]
+    a, b = ({k: int(t.stats[k]) for k in ("failed_step", "failed_atom")} | dict(
+        result=int(t.result)) for t in runs)
+    assert a == b
+    assert a["result"] == Result[code] and a["failed_step"] == 1
+    assert a["failed_atom"] >= 0     # a crowded neighbour of atom j may be the fastest
+    with pytest.raises(SolverError, match=f"atom {a['failed_atom']}"):
+        _run(y, v, space, "pallas")
+
+
+@pytest.mark.slow  # interpret mode, three runs
+def test_a_layout_run_that_overflows_its_cells_is_reallocated_and_run_again(moving):
+    """Cells of capacity 8 (the fullest holds more): the overflow in the layout path is
+    repaired as in the plain loop (larger cells, the chunk again), to the same trajectory;
+    and chunks of 10 steps give the run in one chunk."""
+    x, v, space = moving
+    a = _run(x, v, space, "pallas", capacity=8)
+    b = _run(x, v, space, "jax", capacity=8)
+    assert int(a.stats["n_reallocations"]) == int(b.stats["n_reallocations"]) >= 1
+    assert int(a.result) == int(b.result) == 0
+    assert np.max(np.abs(np.asarray(a.positions - b.positions))) < 1e-4
+    c = _run(x, v, space, "pallas", capacity=8, chunk_steps=10)
+    assert np.max(np.abs(np.asarray(a.positions - c.positions))) < 1e-4

@@ -241,12 +241,12 @@ def cell_list(space: Space, positions: ArrayLike, r_cut: float, *, capacity: int
             pair slots, no rolling back).
         kernel: The pass that sums Lennard-Jones over the cells in ``energy_and_forces`` and
             ``virial`` (the energy alone and its gradient keep the pure-JAX pass):
-            ``"auto"`` (the default) and ``"jax"``, the pure-JAX pass; ``"pallas"``, the
-            Pallas kernel
-            (``_cells_pallas``; one ``sigma`` and ``epsilon``, float32, 3D, the half shell;
-            compiled on a TPU, in Pallas's interpret mode elsewhere: slow, for tests). On a
-            TPU v5e the kernel was faster for one evaluation and slower inside ``simulate``
-            (docs/particles.md, "Accelerators"), so ``"auto"`` does not take it. Other
+            ``"pallas"``, the Pallas kernel (``_cells_pallas``; one ``sigma`` and
+            ``epsilon``, float32, 3D, the half shell; compiled on a TPU, in Pallas's
+            interpret mode elsewhere: slow, for tests), with which :func:`simulate` keeps an
+            NVE run's state in the kernel's cell layout (``_layout``); ``"jax"``, the
+            pure-JAX pass; ``"auto"`` (the default), the kernel on a TPU and the pure-JAX
+            pass elsewhere (:func:`uses_kernel`; docs/particles.md, "Accelerators"). Other
             energies always take the pure-JAX pass.
     """
     if not isinstance(space, Space) or not space.periodic:
@@ -292,6 +292,16 @@ def cell_list(space: Space, positions: ArrayLike, r_cut: float, *, capacity: int
                      r_cut=float(r_cut), capacity=int(capacity), grid=grid, skin=float(skin),
                      shell=shell, kernel=kernel)
     return empty.build(positions)
+
+
+def uses_kernel(kernel: str, backend: str | None = None) -> bool:
+    """Whether cells built with ``kernel`` take the Pallas kernel on ``backend`` (default
+    ``jax.default_backend()``): ``"pallas"`` always, ``"auto"`` on a TPU (where, with the
+    state kept in its layout, ``simulate`` ran 2.8x the pure-JAX pass at 256,000 atoms:
+    benchmarks/results/accelerator_tpu_v5e_ljcells_simulate.json), ``"jax"`` never."""
+    if kernel == "auto":
+        return (jax.default_backend() if backend is None else backend) == "tpu"
+    return kernel == "pallas"
 
 
 def pair_search(space: Space, positions: ArrayLike, r_cut: float, skin: float = 0.3, *,

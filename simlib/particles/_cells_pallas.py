@@ -26,7 +26,9 @@ arrays must fit VMEM (:func:`resident_bytes`).
 
 Cost on a TPU v5e (docs/particles.md, "Accelerators"): the pair tiles are cheap; laying the
 particles out in cell order at every call (a gather of ``3 x capacity`` values per padded
-cell) is not, so the kernel is chosen only on request (``cell_list(kernel="pallas")``).
+cell) is not. So :func:`~simlib.particles.simulate` keeps an NVE run's state in this
+layout between sorts of the cells (``_layout``) and calls :func:`lane_pass` directly; one
+evaluation (:func:`lj_cells`) pays the gathers.
 
 Dense cell blocks: Anderson, Lorenz & Travesset, J. Comput. Phys. 227, 5342 (2008); cell
 lists: Allen & Tildesley, *Computer Simulation of Liquids*, 2nd ed. (2017), §5.3. The

@@ -23,7 +23,8 @@ and the atoms laid out anew), a saved frame and the end of a chunk.
 carry in atom order, the failure, the frames), so the eager driver (:mod:`._chunked`) runs
 it unchanged: reallocation after an overflow, progress, checkpoints. Every step is checked
 as :func:`._health.status` checks it. :func:`applies` says when it serves: NVE, one mass,
-and cells whose Lennard-Jones the kernel takes (``cell_list(kernel="pallas")``).
+and cells whose Lennard-Jones the kernel takes (``cell_list(kernel="pallas")``, or
+``"auto"`` on a TPU: :func:`._cells.uses_kernel`).
 """
 
 from __future__ import annotations
@@ -45,12 +46,17 @@ from ._health import Failure, merge, move_limit
 
 def applies(model, integrator, positions, masses, params, neighbors) -> bool:
     """Whether :func:`frames` serves this run: :class:`NVE`, one mass for every atom, and
-    cells built with ``kernel="pallas"`` for a Lennard-Jones energy the kernel takes
+    cells whose ``kernel`` takes the Pallas kernel, for a Lennard-Jones energy it takes
     (:meth:`PairEnergy._pallas_lj`: one ``sigma`` and ``epsilon``, float32, 3D, the half
     shell, resident arrays that fit VMEM)."""
     return (type(integrator) is NVE and isinstance(neighbors, CellList)
             and isinstance(model.energy, PairEnergy) and jnp.ndim(masses) == 0
             and model.energy._pallas_lj(positions, params, neighbors))
+
+
+def interpret() -> bool:
+    """Whether the kernel runs in Pallas's interpret mode: off a TPU."""
+    return jax.default_backend() != "tpu"
 
 
 class Layout:
@@ -115,7 +121,7 @@ class Layout:
         sums, f = cp.lane_pass(self.lanes(x, box), jnp.asarray(params["sigma"], dtype),
                                jnp.asarray(params["epsilon"], dtype), grid=self.grid,
                                r_cut=energy.r_cut, shift=energy.shift, want_virial=False,
-                               interpret=jax.default_backend() != "tpu")
+                               interpret=interpret())
         # image cells, empty slots and lanes without a cell are targets at +FAR: zero terms
         return jnp.sum(sums[0]), cp.fold_images(f, self.grid)[:, :, 1:-1, 1:-1, 1:-1]
 
