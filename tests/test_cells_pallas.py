@@ -5,6 +5,7 @@ per-pair index, which pass ``energy_and_forces`` takes, and its derivatives."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import jax
 import jax.extend
@@ -120,11 +121,24 @@ def test_which_pass_serves_a_cell_list(fluid32):
         sp.cell_list(space, x, R_CUT, kernel="cuda")
 
 
+def _mosaic_text(monkeypatch, capsys):
+    """Make every ``pallas_call`` print its kernel's jaxpr and Mosaic module when lowered
+    (``debug=True``); returns a function that reads what was printed."""
+    pallas_call = cp.pl.pallas_call
+    monkeypatch.setattr(cp.pl, "pallas_call", lambda *a, **k: pallas_call(*a, **k, debug=True))
+    capsys.readouterr()
+    return lambda: capsys.readouterr().out
+
+
 @pytest.mark.parametrize("x64", [True, False])
-def test_kernel_lowers_for_a_tpu_with_and_without_x64(x64):
+def test_kernel_lowers_for_a_tpu_with_and_without_x64(x64, monkeypatch, capsys):
     """Mosaic's verifier runs when the kernel is lowered for a TPU, which works on the CPU:
     under x64 a loop bound or shift left as a Python integer becomes an int64 that Mosaic
-    refuses (benchmarks/gpu.sh, which turns x64 on, failed so on the chip)."""
+    refuses (benchmarks/gpu.sh, which turns x64 on, failed so on the chip), and a weakly
+    typed float constant a float64 that Mosaic cannot truncate to float32 (it failed so on
+    the chip at compile time, after this lowering had passed). So the kernel's jaxpr and
+    Mosaic module must hold no 64-bit value."""
+    printed = _mosaic_text(monkeypatch, capsys)
     x = jnp.asarray(liquid((8.4, 8.4, 8.4), 500, 2), jnp.float32)
     space = sp.periodic(jnp.float32(8.4))
     cells = sp.cell_list(space, x, R_CUT)
@@ -135,12 +149,20 @@ def test_kernel_lowers_for_a_tpu_with_and_without_x64(x64):
             r_cut=R_CUT, shift=True))
         text = fn.trace(x).lower(lowering_platforms=("tpu",)).as_text()
     assert "tpu_custom_call" in text
+    kernel = printed()
+    assert "tpu.vector_load" in kernel or "vector.load" in kernel      # the module printed
+    assert "f64" not in kernel
+    # no op yields an int64 value (attributes such as array<i64: ...> are fine)
+    assert not re.findall(r"^\s*%\S+ = .*[:x]\s*i64>?\s*$", kernel, re.M)
 
 
 @pytest.mark.parametrize("x64", [True, False])
-def test_the_layout_loop_lowers_for_a_tpu_with_and_without_x64(moving, x64, monkeypatch):
+def test_the_layout_loop_lowers_for_a_tpu_with_and_without_x64(moving, x64, monkeypatch,
+                                                               capsys):
     """The whole layout loop (``_layout.frames``: Verlet steps, the sort in a ``cond``, the
-    kernel compiled rather than interpreted) lowers for a TPU under x64 and without."""
+    kernel compiled rather than interpreted) lowers for a TPU under x64 and without, with
+    no float64 in the kernel."""
+    printed = _mosaic_text(monkeypatch, capsys)
     from simlib import Direct
     from simlib.particles import _layout
     from simlib.particles._model import Model
@@ -156,6 +178,7 @@ def test_the_layout_loop_lowers_for_a_tpu_with_and_without_x64(moving, x64, monk
                                               jnp.float32(0.005), None, 2, 3, Direct()))
         text = fn.trace(carry).lower(lowering_platforms=("tpu",)).as_text()
     assert "tpu_custom_call" in text
+    assert "f64" not in printed()
 
 
 def test_the_vmem_rule():

@@ -132,7 +132,9 @@ def _kernel(geo: Geometry, want_virial: bool, scalars_ref, inside_ref, x_ref, su
     here = pl.ds(pl.multiple_of(base, LANES), LANES)
     xt = [x_ref[k, :, here] for k in range(3)]
     keep = (inside_ref[...] > 0) & (xt[0] > -0.5 * FAR)     # image cells and empty slots:
-    xt = [jnp.where(keep, a, FAR) for a in xt]               # far from every partner
+    dtype = xt[0].dtype     # typed constants: a weak one is float64 under x64, which Mosaic
+    far, one, zero = (jnp.asarray(c, dtype) for c in (FAR, 1.0, 0.0))  # cannot truncate
+    xt = [jnp.where(keep, a, far) for a in xt]               # far from every partner
 
     @pl.when(pl.program_id(0) == 0)
     def _():
@@ -147,11 +149,11 @@ def _kernel(geo: Geometry, want_virial: bool, scalars_ref, inside_ref, x_ref, su
         mask = r2 < rc2
         if own:                                                  # in the cell itself: a < b
             mask = mask & (rows < b)
-        inv = 1.0 / jnp.where(mask, r2, 1.0)
+        inv = 1.0 / jnp.where(mask, r2, one)
         s3 = sig2 * inv
         s3 = s3 * s3 * s3
-        c = jnp.where(mask, eps24 * s3 * (2.0 * s3 - 1.0) * inv, 0.0)
-        u = jnp.where(mask, eps4 * s3 * (s3 - 1.0) - ushift, 0.0)
+        c = jnp.where(mask, eps24 * s3 * (2.0 * s3 - 1.0) * inv, zero)
+        u = jnp.where(mask, eps4 * s3 * (s3 - 1.0) - ushift, zero)
         f = [c * d[k] for k in range(3)]
         for k in range(3):
             partner_ref[k, pl.ds(b, 1), :] = -jnp.sum(f[k], axis=0, keepdims=True)
