@@ -93,13 +93,9 @@ def _primitives(fn, *args):
 
 
 def test_which_pass_serves_a_cell_list(fluid32):
-    """``kernel="pallas"``: the kernel (interpret mode on the CPU); ``"jax"``, and ``"auto"``
-    off a TPU: only the pure-JAX pass. Per-particle sigma, float64, the full shell or
-    another potential take the pure-JAX pass whatever the cells say."""
-    from simlib.particles._cells import uses_kernel
-    assert uses_kernel("pallas", "cpu") and uses_kernel("pallas", "tpu")
-    assert uses_kernel("auto", "tpu") and not uses_kernel("auto", "cpu")
-    assert not uses_kernel("auto", "gpu") and not uses_kernel("jax", "tpu")
+    """``kernel="pallas"``: the kernel (interpret mode on the CPU); ``"auto"`` and ``"jax"``:
+    only the pure-JAX pass. Per-particle sigma, float64, the full shell or another
+    potential take the pure-JAX pass whatever the cells say."""
     x, space = fluid32
     energy = sp.pair_energy(sp.lennard_jones, space, r_cut=R_CUT)
     params = dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0))
@@ -345,9 +341,9 @@ def test_a_layout_step_gathers_nothing_outside_a_sort(moving):
 
 
 def test_the_layout_path_serves_nve_with_one_mass_and_the_kernels_energy(moving):
-    """``_layout.applies``: NVE, one mass, cells with ``kernel="pallas"`` and an energy the
-    kernel takes; anything else runs the plain loop (which takes the same kernel, or the
-    pure-JAX pass, for its forces)."""
+    """``_layout.applies``: NVE, one mass, cells with ``kernel="pallas"`` (or ``"auto"`` on
+    a TPU) and an energy the kernel takes; anything else runs the plain loop (which takes
+    the kernel for ``"pallas"`` cells, the pure-JAX pass otherwise, for its forces)."""
     from simlib.particles import _layout
     from simlib.particles._model import Model
     x, v, space = moving
@@ -368,6 +364,12 @@ def test_the_layout_path_serves_nve_with_one_mass_and_the_kernels_energy(moving)
     assert not applies(positions=x.astype(jnp.float64))                # x64 in tests
     assert not applies(params=dict(params, sigma=jnp.ones(len(x), jnp.float32)))
     assert not applies(cells=sp.cell_list(space, x, R_CUT, skin=0.2, kernel="jax"))
+    auto = sp.cell_list(space, x, R_CUT, skin=0.2)           # "auto": on a TPU only
+    assert applies(cells=auto) == (jax.default_backend() == "tpu")
+    from simlib.particles._cells import keeps_layout
+    assert keeps_layout("pallas", "cpu") and keeps_layout("pallas", "tpu")
+    assert keeps_layout("auto", "tpu") and not keeps_layout("auto", "cpu")
+    assert not keeps_layout("auto", "gpu") and not keeps_layout("jax", "tpu")
     assert not applies(cells=None)
     assert not applies(model=Model(sp.pair_energy(sp.wca, space, r_cut=R_CUT), space))
 

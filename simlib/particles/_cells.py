@@ -243,10 +243,13 @@ def cell_list(space: Space, positions: ArrayLike, r_cut: float, *, capacity: int
             ``virial`` (the energy alone and its gradient keep the pure-JAX pass):
             ``"pallas"``, the Pallas kernel (``_cells_pallas``; one ``sigma`` and
             ``epsilon``, float32, 3D, the half shell; compiled on a TPU, in Pallas's
-            interpret mode elsewhere: slow, for tests), with which :func:`simulate` keeps an
-            NVE run's state in the kernel's cell layout (``_layout``); ``"jax"``, the
-            pure-JAX pass; ``"auto"`` (the default), the kernel on a TPU and the pure-JAX
-            pass elsewhere (:func:`uses_kernel`; docs/particles.md, "Accelerators"). Other
+            interpret mode elsewhere: slow, for tests); ``"jax"``, the pure-JAX pass;
+            ``"auto"`` (the default), the pure-JAX pass for an evaluation. In
+            :func:`simulate`, an NVE run with one mass over cells built with ``"pallas"``,
+            or ``"auto"`` on a TPU (:func:`keeps_layout`), keeps its state in the kernel's
+            cell layout (``_layout``): on a TPU v5e that ran 2.8x the pure-JAX pass at
+            256,000 atoms, where one evaluation by the kernel, which gathers the atoms into
+            the layout, ran 0.77x (docs/particles.md, "Accelerators"). Other
             energies always take the pure-JAX pass.
     """
     if not isinstance(space, Space) or not space.periodic:
@@ -294,11 +297,11 @@ def cell_list(space: Space, positions: ArrayLike, r_cut: float, *, capacity: int
     return empty.build(positions)
 
 
-def uses_kernel(kernel: str, backend: str | None = None) -> bool:
-    """Whether cells built with ``kernel`` take the Pallas kernel on ``backend`` (default
-    ``jax.default_backend()``): ``"pallas"`` always, ``"auto"`` on a TPU (where, with the
-    state kept in its layout, ``simulate`` ran 2.8x the pure-JAX pass at 256,000 atoms:
-    benchmarks/results/accelerator_tpu_v5e_ljcells_simulate.json), ``"jax"`` never."""
+def keeps_layout(kernel: str, backend: str | None = None) -> bool:
+    """Whether :func:`simulate` keeps an NVE run's state in the Pallas kernel's layout over
+    cells built with ``kernel``, on ``backend`` (default ``jax.default_backend()``):
+    ``"pallas"`` always, ``"auto"`` on a TPU, ``"jax"`` never (the energy and masses
+    permitting: ``_layout.applies``)."""
     if kernel == "auto":
         return (jax.default_backend() if backend is None else backend) == "tpu"
     return kernel == "pallas"
@@ -315,7 +318,9 @@ def pair_search(space: Space, positions: ArrayLike, r_cut: float, skin: float = 
     take the same skin (sorted again only when some particle has moved half of it), the
     half shell and 1.25 times the fullest cell's count as capacity: on one TPU v5e chip at
     256,000 Lennard-Jones atoms that ran 2.5x the steps per second of cells sorted at every
-    step (benchmarks/results/accelerator_tpu_v5e_ljcells_skin.json). ``"list"`` and
+    step (benchmarks/results/accelerator_tpu_v5e_ljcells_skin.json); on a TPU,
+    :func:`simulate` then keeps an NVE run's state in the Pallas kernel's layout
+    (:func:`keeps_layout`), 2.8x faster again. ``"list"`` and
     ``"cells"`` choose one. Either result goes wherever ``neighbors=`` is taken.
 
     Args:

@@ -27,7 +27,7 @@ from jax.typing import ArrayLike
 
 from .._errors import Result
 from . import _native
-from ._cells import CellList, cell_pass, check_cells, uses_kernel
+from ._cells import CellList, cell_pass, check_cells
 from ._cells_pallas import fits, lj_cells
 from ._gravity_pallas import gravity_pair_sums, vmem_capacity
 from ._mixing import MIXING_RULES, PairParams
@@ -361,11 +361,11 @@ class PairEnergy(Energy):
 
     def _pallas_lj(self, positions, params, neighbors):
         """Whether the Pallas Lennard-Jones cell kernel (``_cells_pallas``) serves this call:
-        cells whose ``kernel`` takes it (:func:`uses_kernel`) and the half shell, float32,
+        cells built with ``kernel="pallas"`` and the half shell, float32,
         :meth:`_lj_parameter_shapes` with one ``sigma`` and one ``epsilon``, a capacity that
         fills whole sublanes (a multiple of 8), and on a TPU resident arrays that fit its
         VMEM."""
-        if not (isinstance(neighbors, CellList) and uses_kernel(neighbors.kernel)
+        if not (isinstance(neighbors, CellList) and neighbors.kernel == "pallas"
                 and neighbors.shell == "half" and neighbors.capacity % 8 == 0
                 and positions.dtype == jnp.float32):
             return False

@@ -24,7 +24,7 @@ carry in atom order, the failure, the frames), so the eager driver (:mod:`._chun
 it unchanged: reallocation after an overflow, progress, checkpoints. Every step is checked
 as :func:`._health.status` checks it. :func:`applies` says when it serves: NVE, one mass,
 and cells whose Lennard-Jones the kernel takes (``cell_list(kernel="pallas")``, or
-``"auto"`` on a TPU: :func:`._cells.uses_kernel`).
+``"auto"`` on a TPU: :func:`._cells.keeps_layout`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from jax import lax
 
 from .._errors import Result
 from . import _cells_pallas as cp
-from ._cells import CellList
+from ._cells import CellList, keeps_layout
 from ._dynamics import NVE, Carry, kinetic
 from ._energy import PairEnergy
 from ._health import Failure, merge, move_limit
@@ -50,8 +50,9 @@ def applies(model, integrator, positions, masses, params, neighbors) -> bool:
     (:meth:`PairEnergy._pallas_lj`: one ``sigma`` and ``epsilon``, float32, 3D, the half
     shell, resident arrays that fit VMEM)."""
     return (type(integrator) is NVE and isinstance(neighbors, CellList)
+            and keeps_layout(neighbors.kernel)
             and isinstance(model.energy, PairEnergy) and jnp.ndim(masses) == 0
-            and model.energy._pallas_lj(positions, params, neighbors))
+            and model.energy._pallas_lj(positions, params, neighbors.replace(kernel="pallas")))
 
 
 def interpret() -> bool:

@@ -176,6 +176,10 @@ def simulate(energy: Energy | Callable[..., jax.Array], state: State, params: An
             reallocated on overflow. ``"auto"``: the one that suits the backend, built here
             from ``state.positions`` by :func:`pair_search` (the native neighbour-list
             kernels on the CPU, cells on an accelerator where the box holds 3 cells a side).
+            On a TPU, an NVE run with one mass over cells (``"auto"`` or
+            ``cell_list(kernel="pallas")``) and plain Lennard-Jones keeps its state in the
+            Pallas cell kernel's layout between sorts of the cells (docs/particles.md,
+            "Accelerators").
         key: PRNG key, required by stochastic integrators. The noise of step ``k`` is drawn
             from ``fold_in(key, k)`` with ``k`` counted from 0 in every call, so continue a
             run from ``traj.final`` with a new key (``jax.random.split``), not the same one.
