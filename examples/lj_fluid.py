@@ -16,6 +16,8 @@ checked before the equilibration, which a resumed run repeats to rebuild its sta
     simlib run lj_fluid --x64 --out out/lj_fluid.npz
     simlib run lj_fluid --steps 100000 --checkpoint out/lj.ckpt.npz            # Ctrl-C, then
     simlib run lj_fluid --steps 100000 --checkpoint out/lj.ckpt.npz --resume   # goes on
+    simlib run lj_fluid --n-cells 40 --pairs auto   # 256,000 atoms: on a TPU, cells and the
+                                                    # state in the Pallas kernel's layout
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ def parse(argv):
     p.add_argument("--shift", action=argparse.BooleanOptionalAction, default=True,
                    help="shift the potential to zero at the cutoff")
     p.add_argument("--skin", type=cli.nonnegative_float, default=0.3, help="neighbour-list skin")
+    p.add_argument("--pairs", choices=("list", "auto", "cells"), default="list",
+                   help="pair search: a neighbour list, what suits the backend "
+                   "(sp.pair_search: the list on the CPU, cells on an accelerator, where on a "
+                   "TPU the NVE run keeps its state in the Pallas kernel's cell layout), or "
+                   "cells (box of at least 3 (r-cut + skin) a side)")
     p.add_argument("--tail-correction", action="store_true",
                    help="add the analytic long-range correction to the pressure "
                    "(and, unshifted, to the energy)")
@@ -126,6 +133,7 @@ def parse(argv):
 
 RUN_OPTIONS = ("n_cells", "density", "kT", "gamma", "equil_steps", "steps", "dt", "r_cut",
                "shift", "skin", "save_every", "debug", "seed", "x64")  # a resume must match
+# (--pairs changes how the pairs are found, not the run: a resume may change it)
 
 
 def settings(args) -> dict:
@@ -159,13 +167,23 @@ def main(argv: list[str] | None = None) -> None:
     masses = 1.0
     key_v, key_langevin = jax.random.split(jax.random.key(args.seed))
     velocities = sp.maxwell_boltzmann(masses, args.kT, key=key_v, n=n, dtype=positions.dtype)
-    nbrs = sp.neighbor_list(space, positions, r_cut=args.r_cut, skin=args.skin,
-                            debug=args.debug)
+    if args.pairs == "list":
+        nbrs = sp.neighbor_list(space, positions, r_cut=args.r_cut, skin=args.skin,
+                                debug=args.debug)
+    else:
+        try:
+            nbrs = sp.pair_search(space, positions, args.r_cut, args.skin, method=args.pairs)
+        except ValueError as err:       # cells in a box under 3 cells a side
+            parser.error(f"argument --pairs: {err}")
+    cells = isinstance(nbrs, sp.CellList)
     state = sp.State(positions, velocities, masses)
+    if cells:
+        pairs = f"cells: grid {nbrs.grid}, capacity {nbrs.capacity}, skin {args.skin}"
+    else:
+        pairs = (f"neighbour list capacity {nbrs.capacity}, skin {args.skin}, "
+                 + (f"cell grid {nbrs.grid}" if nbrs.grid else "all-pairs build (box < 3 cells)"))
     say(f"{n} atoms in a periodic box of side {box:.4f} (density {args.density}), "
-          f"{positions.dtype}; LJ r_cut={args.r_cut}, shift={args.shift}; "
-          f"neighbour list capacity {nbrs.capacity}, skin {args.skin}, "
-          f"{'cell grid ' + str(nbrs.grid) if nbrs.grid else 'all-pairs build (box < 3 cells)'}")
+          f"{positions.dtype}; LJ r_cut={args.r_cut}, shift={args.shift}; {pairs}")
     common = dict(space=space, dt=args.dt, save_every=args.save_every)
 
     if args.equil_steps:
@@ -268,9 +286,12 @@ def main(argv: list[str] | None = None) -> None:
                   f"{tail_pressure(args.density, args.r_cut):+.4f})"))
     say(f"  total momentum: max change {np.abs(momentum - momentum[0]).max():.1e} "
           f"(start {np.abs(momentum[0]).max():.1e})")
-    say(f"  neighbour list: {n_builds} rebuilds ({args.steps / max(n_builds, 1):.1f} steps "
-          f"per rebuild), {int(traj.stats['n_reallocations'])} reallocations, capacity "
-          f"{traj.neighbors.capacity}, most neighbours seen {int(traj.neighbors.max_neighbors)}"
+    most = (f"most atoms in a cell {int(traj.neighbors.max_cell_occupancy)}" if cells
+            else f"most neighbours seen {int(traj.neighbors.max_neighbors)}")
+    say(f"  {'cells' if cells else 'neighbour list'}: {n_builds} rebuilds "
+          f"({args.steps / max(n_builds, 1):.1f} steps per rebuild), "
+          f"{int(traj.stats['n_reallocations'])} reallocations, capacity "
+          f"{traj.neighbors.capacity}, {most}"
           + (f", missed pairs {int(traj.neighbors.missed_pairs)}" if args.debug else ""))
     if steps_run:
         say(f"  {steps_run} steps in {seconds:.2f} s: {n * steps_run / seconds:,.0f} "

@@ -58,6 +58,8 @@ BAD = [
     ("lj_fluid", ["--resume", "--resume-if-exists", "--checkpoint", "c.npz"],
      "--resume-if-exists"),
     ("lj_fluid", ["--checkpoint", "c.h5"], "--checkpoint"),
+    ("lj_fluid", ["--pairs", "cuda"], "--pairs"),
+    ("lj_fluid", ["--n-cells", "4", "--pairs", "cells"], "--pairs"),   # box < 3 cells a side
 ]
 
 
@@ -395,6 +397,19 @@ def test_resume_checks_the_checkpoint_before_any_work(examples, capsys, tmp_path
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "Traceback" not in err, (out, err)
     assert message.format(path=path) in err, err
+
+
+@pytest.mark.slow  # a run of 864 atoms over cells, compiled
+def test_lj_fluid_runs_over_cells(examples, capsys):
+    """``--pairs cells``: the run goes over a cell list (on the CPU the pure-JAX cell pass)
+    and reports the cells' builds; its energy is conserved as over the list."""
+    lj = examples["lj_fluid"]
+    lj.main(["--n-cells", "6", "--equil-steps", "20", "--steps", "40", "--save-every", "10",
+             "--pairs", "cells"])
+    out = capsys.readouterr().out
+    assert "cells: grid (3, 3, 3)" in out and "  cells: " in out and "rebuilds" in out
+    drift = float(out.split("max |E(t) - E(0)| / N = ")[1].split(",")[0])
+    assert drift < 1e-3
 
 
 def test_resume_if_exists_reads_the_checkpoint_it_finds(examples, tmp_path):
