@@ -3,23 +3,24 @@ cell kernel inside an NVE run, when no step gathers the particles into cells.
 
     python benchmarks/ljcells_layout.py [CELLS] [STEPS] [SKIN]  # $OUT/layout_skin<SKIN>.json
 
-A prototype, not a library path. Float32 LJ liquid (``ljcells_variants.lj_liquid``, ``4
-CELLS^3`` atoms, default 40: 256,000, melted by 100 steps), cells with ``SKIN`` (default
-0.3) and capacity 40 as ``simulate`` builds them. Positions and velocities are laid out
-once in the kernel's ``(3, capacity, lanes)`` order and then advanced by velocity Verlet
-(``dt`` 0.005, unit masses) on the real cells' slots, ``STEPS`` steps (default 6, fewer
-than the steps between two rebuilds; checked): at each step the image cells are
-refreshed from the real ones (a wrap-around pad, static slices only), the kernel runs
-(``lane_pass``) and the images' forces are folded back (``fold_images``). The end state,
-gathered back to the atoms, is compared with ``sp.simulate`` over the same steps (pure-
-JAX cell pass).
+The prototype of ``simulate``'s layout path (``simlib/particles/_layout.py``, whose
+``Layout`` moves it now uses), kept to time the parts of a step apart. Float32 LJ liquid
+(``ljcells_variants.lj_liquid``, ``4 CELLS^3`` atoms, default 40: 256,000, melted by 100
+steps), cells with ``SKIN`` (default 0.3) and capacity 40 as ``simulate`` builds them.
+Positions and velocities are laid out once in the kernel's ``(3, capacity, lanes)`` order
+and then advanced by velocity Verlet (``dt`` 0.005, unit masses) on the real cells' slots,
+``STEPS`` steps (default 6, fewer than the steps between two rebuilds; checked): at each
+step the image cells are refreshed from the real ones (a wrap-around pad, static slices
+only), the kernel runs (``lane_pass``) and the images' forces are folded back
+(``fold_images``). The end state, gathered back to the atoms, is compared with
+``sp.simulate`` over the same steps (pure-JAX cell pass).
 
 Rows (best of 10 after a warm-up): the ``STEPS``-step run per step, and its parts alone;
 the rebuild round trip this design needs every ``k`` steps (positions and velocities
 back to the atoms in one gather of rows, the cells rebuilt, both laid out again in one),
-with ``k`` read from
-``simulate``'s own build count over 100 steps, which is timed too (today's path, best of
-3); and the atom-steps per second the design would give.
+with ``k`` read from ``simulate``'s own build count over 100 steps, which is timed too
+(the pure-JAX cell pass, best of 3); and the atom-steps per second the design would give.
+``benchmarks/ljcells_simulate.py`` times the library path itself.
 """
 import json
 import os
@@ -36,6 +37,7 @@ from ljcells_variants import lj_liquid  # noqa: E402
 
 import simlib.particles as sp  # noqa: E402
 from simlib.particles import _cells_pallas as cp  # noqa: E402
+from simlib.particles._layout import Layout  # noqa: E402
 
 DT = 0.005
 
@@ -62,46 +64,20 @@ def main() -> None:
     boxv = c.space.box_vector(3, x.dtype)
     res = dict(backend=jax.default_backend(), n=n, grid=grid, capacity=cap, steps=steps,
                skin=skin, lanes=geo.total, rows={})
-    padded, margin, total = geo.padded, geo.margin, geo.total
-    size = int(np.prod(padded))
-    shift = np.zeros((3, 1, *padded), np.float32)       # the image cells' box offsets
-    for a in range(3):
-        lo = [slice(None)] * 5
-        hi = [slice(None)] * 5
-        lo[2 + a], hi[2 + a] = 0, padded[a] - 1
-        shift[(a, *lo[1:])] -= float(box)
-        shift[(a, *hi[1:])] += float(box)
-    shift = jnp.asarray(shift)
-
-    def core(a):                           # (k, cap, lanes) -> (k, cap, gx, gy, gz)
-        a = a[:, :, margin:margin + size].reshape(a.shape[0], cap, *padded)
-        return a[:, :, 1:-1, 1:-1, 1:-1]
-
-    def to_lanes(xc):                      # real cells -> the kernel's padded lanes
-        p5 = jnp.pad(xc, ((0, 0), (0, 0), (1, 1), (1, 1), (1, 1)), mode="wrap") + shift
-        far = jnp.full((3, cap, margin), -cp.FAR, xc.dtype)
-        rest = jnp.full((3, cap, total - margin - size), -cp.FAR, xc.dtype)
-        return jnp.concatenate([far, p5.reshape(3, cap, size), rest], axis=-1)
+    lay = Layout(c, n)                    # the library's layout (simlib/particles/_layout.py)
 
     def forces(xc):
-        _, f = cp.lane_pass(to_lanes(xc), 1.0, 1.0, grid=grid, r_cut=2.5, shift=False,
+        _, f = cp.lane_pass(lay.lanes(xc, boxv), 1.0, 1.0, grid=grid, r_cut=2.5, shift=False,
                             want_virial=False, interpret=interpret)
         return cp.fold_images(f, grid)[:, :, 1:-1, 1:-1, 1:-1]
 
     def lay_out(x, v, cells):              # one gather of rows (x, v) per slot
-        atoms = cp.lane_atoms(cells.slot_atom, grid, cap, n)
-        occupied = atoms < n
-        xv = jnp.concatenate([x, v], axis=1)[jnp.where(occupied, atoms, 0)]
-        xv = jnp.moveaxis(xv, -1, 0)                               # (6, cap, lanes)
-        return (core(cp.unwrap_to_cells(xv[:3], occupied, grid, boxv)),
-                core(jnp.where(occupied, xv[3:], 0.0)))
+        atoms = lay.atoms(cells)
+        xv = lay.gather(jnp.concatenate([x, v], axis=1), atoms)          # (6, cap, g...)
+        return lay.unwrap(xv[:3], atoms, boxv), jnp.where(atoms < n, xv[3:], 0.0)
 
     def to_atoms(a, cells):                # (k, cap, gx, gy, gz) -> (n, k), one gather
-        slot = cells.atom_slot
-        cell = np.stack(np.unravel_index(np.arange(int(np.prod(grid))), grid))
-        cid = slot // cap
-        rows = jnp.moveaxis(a, 0, -1)                              # (cap, gx, gy, gz, k)
-        return rows[slot % cap, *(jnp.asarray(cell[k])[cid] for k in range(3))]
+        return lay.to_atoms(a, cells)
 
     @jax.jit
     def run(xc, vc, fc):
@@ -135,12 +111,13 @@ def main() -> None:
     res["check"] = dict(max_position_diff_vs_simulate=float(np.max(np.abs(diff))),
                         max_displacement=float(disp), half_skin=skin / 2)
     print(res["check"], flush=True)
-    for name, fn, args in [("part: images refreshed (pad, shift, lanes)", jax.jit(to_lanes),
+    for name, fn, args in [("part: images refreshed (pad, shift, lanes)",
+                            jax.jit(lambda xc: lay.lanes(xc, boxv)),
                             (xc,)),
                            ("part: kernel (lane_pass)", jax.jit(lambda xl: cp.lane_pass(
                                xl, 1.0, 1.0, grid=grid, r_cut=2.5, shift=False,
                                want_virial=False, interpret=interpret)[1]),
-                            (jax.jit(to_lanes)(xc),)),
+                            (jax.jit(lambda xc: lay.lanes(xc, boxv))(xc),)),
                            ("rebuild round trip", rebuild, (xc, vc, c))]:
         secs, _ = best_of(fn, *args)
         res["rows"][name] = dict(ms=1e3 * secs)
