@@ -122,7 +122,7 @@ def main() -> None:
         secs, _ = best_of(fn, *args)
         res["rows"][name] = dict(ms=1e3 * secs)
         print(name, res["rows"][name], flush=True)
-    cells_jax = sp.cell_list(space, x, r_cut=2.5, skin=skin, capacity=cap)
+    cells_jax = sp.cell_list(space, x, r_cut=2.5, skin=skin, capacity=cap, kernel="jax")
 
     def simulate_100():
         return sp.simulate(energy, sp.State(x, v, 1.0), params, space=space, dt=DT,

@@ -38,7 +38,8 @@ def split(n_cells: int, melt: int, steps: int, repeats: int, block_elements=()) 
     params = dict(sigma=jnp.float32(1.0), epsilon=jnp.float32(1.0))
 
     def cells(x):
-        return sp.cell_list(space, x, r_cut=2.5, capacity=40, skin=0.3, shell="half")
+        return sp.cell_list(space, x, r_cut=2.5, capacity=40, skin=0.3, shell="half",
+                            kernel="jax")          # the pure-JAX pass, on a TPU too
 
     def run(x, v, c, n_steps):
         return sp.simulate(energy, sp.State(x, v - v.mean(0), 1.0), params, space=space,
