@@ -46,9 +46,10 @@ from ._health import Failure, merge, move_limit
 
 def applies(model, integrator, positions, masses, params, neighbors) -> bool:
     """Whether :func:`frames` serves this run: :class:`NVE`, one mass for every atom, and
-    cells whose ``kernel`` takes the Pallas kernel, for a Lennard-Jones energy it takes
+    cells whose ``kernel`` keeps the layout (:func:`._cells.keeps_layout`: ``"pallas"``, or
+    ``"auto"`` on a TPU), for a Lennard-Jones energy the kernel takes
     (:meth:`PairEnergy._pallas_lj`: one ``sigma`` and ``epsilon``, float32, 3D, the half
-    shell, resident arrays that fit VMEM)."""
+    shell, a capacity a multiple of 8, resident arrays that fit VMEM)."""
     return (type(integrator) is NVE and isinstance(neighbors, CellList)
             and keeps_layout(neighbors.kernel)
             and isinstance(model.energy, PairEnergy) and jnp.ndim(masses) == 0
