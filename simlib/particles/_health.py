@@ -59,27 +59,38 @@ def status(carry: Carry, masses, dt, limit):
     """
     x = lax.stop_gradient(carry.positions)
     v = lax.stop_gradient(carry.velocities)
-    v2 = jnp.sum(v * v, axis=-1)
-    atom = jnp.argmax(v2).astype(jnp.int32) if v2.size else jnp.int32(-1)
-    fastest = jnp.max(v2, initial=0.0) if v2.size else jnp.zeros((), v.dtype)
     energies = jnp.isfinite(lax.stop_gradient(carry.potential_energy)) & jnp.isfinite(
         kinetic(v, lax.stop_gradient(masses)))
+    finite_atoms = jnp.all(jnp.isfinite(x), axis=-1) & jnp.all(jnp.isfinite(v), axis=-1)
+    return classify(jnp.sum(v * v, axis=-1), finite_atoms, energies, carry.neighbors,
+                    lax.stop_gradient(dt), limit)
+
+
+def classify(v2, finite_atoms, energies, neighbors, dt, limit, atom_ids=None, n=None):
+    """:func:`status`'s code and atom from its per-atom reductions: squared speeds ``v2``
+    and whether each position and velocity is finite, ``(m,)`` each, and whether the
+    energies are finite. Entry ``i`` is atom ``i``, or with ``atom_ids`` atom
+    ``atom_ids[i]`` (entries naming ``n``, empty slots, are finite and still)."""
+    m = v2.shape[0]
+    if atom_ids is None:
+        atom_ids = jnp.arange(m, dtype=jnp.int32)
+        n = m
+    atom = atom_ids[jnp.argmax(v2)].astype(jnp.int32) if m else jnp.int32(-1)
+    fastest = jnp.max(v2, initial=0.0) if m else jnp.zeros((), v2.dtype)
     code = jnp.where(energies, jnp.int32(Result.SUCCESSFUL), jnp.int32(Result.NONFINITE_STATE))
-    if carry.neighbors is not None:
+    if neighbors is not None:
         # An overflow drops pairs, so it explains missed pairs and takes precedence.
-        code = jnp.where(carry.neighbors.missed_pairs > 0, Result.NEIGHBOR_LIST_MISSED_PAIRS,
-                         code)
-        code = jnp.where(carry.neighbors.overflow, Result.NEIGHBOR_LIST_OVERFLOW, code)
-    dt = lax.stop_gradient(dt)
+        code = jnp.where(neighbors.missed_pairs > 0, Result.NEIGHBOR_LIST_MISSED_PAIRS, code)
+        code = jnp.where(neighbors.overflow, Result.NEIGHBOR_LIST_OVERFLOW, code)
     too_far = fastest * (dt * dt) > limit * limit           # nan compares False: see below
     code = jnp.where(too_far, Result.UNSTABLE_DYNAMICS, code)
-    finite_atoms = jnp.all(jnp.isfinite(x), axis=-1) & jnp.all(jnp.isfinite(v), axis=-1)
     finite = jnp.all(finite_atoms)
     code = jnp.where(finite, code, Result.NONFINITE_STATE)
-    if v2.size:   # the first non-finite atom (argmax of v2 would name any nan-speed atom)
-        atom = jnp.where(finite, atom, jnp.argmin(finite_atoms).astype(jnp.int32))
+    if m:   # the first non-finite atom (argmax of v2 would name any nan-speed atom)
+        first_bad = jnp.min(jnp.where(finite_atoms, n, atom_ids)).astype(jnp.int32)
+        atom = jnp.where(finite, atom, first_bad)
     named = (code == Result.UNSTABLE_DYNAMICS) | (code == Result.NONFINITE_STATE)
-    return code, jnp.where(named, atom, -1)
+    return code.astype(jnp.int32), jnp.where(named, atom, -1)
 
 
 def escaped(space, positions):
