@@ -12,6 +12,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _chunks import default_sigint, wrap_chunk
 from _lj_reference import numpy_lj
 
 from simlib import particles as sp
@@ -168,7 +169,7 @@ def test_the_layout_loop_lowers_for_a_tpu_with_and_without_x64(moving, x64, monk
     model = Model(energy, space)
     params = {k: jnp.asarray(p) for k, p in PARAMS32.items()}
     carry = sp.NVE().start(model, sp.State(x, v, 1.0), params, cells)
-    monkeypatch.setattr(_layout, "interpret", lambda: False)
+    monkeypatch.setattr(cp, "interpret", lambda: False)
     with jax.enable_x64(x64):
         fn = jax.jit(lambda c: _layout.frames(model, sp.NVE(), c, jnp.float32(1.0), params,
                                               jnp.float32(0.005), None, 2, 3, Direct()))
@@ -259,27 +260,13 @@ def moving(fluid32):
     return x, v, space
 
 
-def _counting(monkeypatch, name):
-    """Wrap ``_simulate.<name>`` (a compiled piece) to count its calls."""
-    from simlib.particles import _simulate
-    calls = []
-    inner = getattr(_simulate, name)
-
-    def counted(*a, **k):
-        calls.append(1)
-        return inner(*a, **k)
-
-    monkeypatch.setattr(_simulate, name, counted)
-    return calls
-
-
 def test_simulate_keeps_the_state_in_the_kernels_layout(moving, monkeypatch):
     """``kernel="pallas"`` with NVE and one mass: ``simulate`` runs the layout path
     (``_layout.frames``), and its frames (positions, velocities, energies) and builds equal
     the pure-JAX pass's to float32 round-off."""
     x, v, space = moving
-    layout = _counting(monkeypatch, "_layout_frames_jit")
-    plain = _counting(monkeypatch, "_frames_jit")
+    layout = wrap_chunk(monkeypatch, "_layout_frames_jit")
+    plain = wrap_chunk(monkeypatch, "_frames_jit")
     a = _run(x, v, space, "pallas")
     assert len(layout) == 1 and not plain
     b = _run(x, v, space, "jax")
@@ -416,31 +403,16 @@ def test_a_layout_run_stopped_by_ctrl_c_resumes_bit_identically(moving, tmp_path
                                                                 monkeypatch):
     """Checkpoints hold the layout path's end carry in atom order: a run stopped by SIGINT
     in its first chunk and resumed ends bit for bit where the run without a stop ends."""
-    import os
-    import signal
-
-    from simlib.particles import _simulate
     x, v, space = moving
     path = tmp_path / "run.npz"
     kw = dict(n_steps=30, chunk_steps=10)
     reference = _run(x, v, space, "pallas", **kw)
-    frames = _simulate._layout_frames_jit
-    calls = []
-
-    def interrupted(*args, **k):
-        calls.append(1)
-        if len(calls) == 1:      # a real SIGINT while the first chunk runs
-            os.kill(os.getpid(), signal.SIGINT)
-        return frames(*args, **k)
-
-    monkeypatch.setattr(_simulate, "_layout_frames_jit", interrupted)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt, match="resume=True"):
-            _run(x, v, space, "pallas", checkpoint=path, **kw)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    monkeypatch.setattr(_simulate, "_layout_frames_jit", frames)
+    # a real SIGINT while the first chunk runs
+    calls = wrap_chunk(monkeypatch, "_layout_frames_jit", sigint_at=1)
+    with default_sigint(), pytest.raises(KeyboardInterrupt, match="resume=True"):
+        _run(x, v, space, "pallas", checkpoint=path, **kw)
+    assert len(calls) == 1
+    monkeypatch.undo()
     resumed = _run(x, v, space, "pallas", checkpoint=path, resume=True, **kw)
     for name in ("positions", "velocities", "potential_energy", "kinetic_energy"):
         assert np.array_equal(np.asarray(getattr(resumed, name)),

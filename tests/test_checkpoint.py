@@ -16,9 +16,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from _chunks import default_sigint, wrap_chunk
 
 from simlib import particles as sp
-from simlib.particles import _simulate
 from simlib.particles._checkpoint import CheckpointError
 
 SETUP = """
@@ -67,29 +67,16 @@ def _header(path):
 def test_ctrl_c_writes_a_checkpoint_and_resume_is_bit_identical(reference, tmp_path,
                                                                  monkeypatch):
     path = tmp_path / "run.npz"
-    calls = []
-    frames = _simulate._frames_jit
-
-    def interrupted(*args, **kw):
-        calls.append(1)
-        if len(calls) == 3:  # a real SIGINT to ourselves while the third chunk runs
-            os.kill(os.getpid(), signal.SIGINT)
-        return frames(*args, **kw)
-
-    monkeypatch.setattr(_simulate, "_frames_jit", interrupted)
-    # simulate takes over SIGINT only from its default handler: start from it (pytest run
-    # as a shell's background job starts with SIGINT ignored: "DID NOT RAISE")
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
+    # a real SIGINT to ourselves while the third chunk runs
+    calls = wrap_chunk(monkeypatch, "_frames_jit", sigint_at=3)
+    with default_sigint():
         with pytest.raises(KeyboardInterrupt, match="resume=True"):
             run(checkpoint=path, checkpoint_every=100)
         # simulate put back the handler it found (checked before the test puts back its own:
         # under nohup or as a background job that one is SIG_IGN)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    finally:
-        signal.signal(signal.SIGINT, previous)
     assert len(calls) == 3, calls
-    monkeypatch.setattr(_simulate, "_frames_jit", frames)
+    monkeypatch.undo()
     assert _header(path)["done"] == 12  # three chunks of 4 frames, the third one finished
     resumed = run(checkpoint=path, resume=True)
     _same(resumed, reference)

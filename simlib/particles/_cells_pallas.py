@@ -106,6 +106,11 @@ def _lane_tables(grid: tuple[int, int, int]):
     return lane_cell, p.astype(np.float64), interior, cell_lane
 
 
+def interpret() -> bool:
+    """Whether the kernel runs in Pallas's interpret mode: off a TPU."""
+    return jax.default_backend() != "tpu"
+
+
 def resident_bytes(grid: tuple[int, int, int], capacity: int, itemsize: int = 4) -> int:
     """VMEM the kernel asks for: the resident coordinates and forces, double buffered, and
     8 MiB more."""

@@ -28,7 +28,7 @@ from jax.typing import ArrayLike
 from .._errors import Result
 from . import _native
 from ._cells import CellList, cell_pass, check_cells
-from ._cells_pallas import fits, lj_cells
+from ._cells_pallas import fits, interpret, lj_cells
 from ._gravity_pallas import gravity_pair_sums, vmem_capacity
 from ._mixing import MIXING_RULES, PairParams
 from ._potentials import gravity, is_long_range, lennard_jones
@@ -696,7 +696,7 @@ def _lj_cells_kernel(want_virial, energy, positions, sigma, epsilon, cells):
                     energy.space.box_vector(3, positions.dtype), sigma, epsilon,
                     grid=cells.grid, capacity=cells.capacity, r_cut=energy.r_cut,
                     shift=energy.shift, want_virial=want_virial,
-                    interpret=jax.default_backend() != "tpu")
+                    interpret=interpret())
 
 
 @_lj_cells_kernel.defjvp

@@ -31,17 +31,15 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._errors import Result
 from . import _cells_pallas as cp
 from ._cells import CellList, keeps_layout
 from ._dynamics import NVE, Carry, kinetic
 from ._energy import PairEnergy
-from ._health import Failure, merge, move_limit
+from ._health import Failure, classify, merge, move_limit
 
 
 def applies(model, integrator, positions, masses, params, neighbors) -> bool:
@@ -53,12 +51,8 @@ def applies(model, integrator, positions, masses, params, neighbors) -> bool:
     return (type(integrator) is NVE and isinstance(neighbors, CellList)
             and keeps_layout(neighbors.kernel)
             and isinstance(model.energy, PairEnergy) and jnp.ndim(masses) == 0
-            and model.energy._pallas_lj(positions, params, neighbors.replace(kernel="pallas")))
-
-
-def interpret() -> bool:
-    """Whether the kernel runs in Pallas's interpret mode: off a TPU."""
-    return jax.default_backend() != "tpu"
+            and model.energy._pallas_lj(jnp.asarray(positions), params,
+                                        neighbors.replace(kernel="pallas")))
 
 
 class Layout:
@@ -123,7 +117,7 @@ class Layout:
         sums, f = cp.lane_pass(self.lanes(x, box), jnp.asarray(params["sigma"], dtype),
                                jnp.asarray(params["epsilon"], dtype), grid=self.grid,
                                r_cut=energy.r_cut, shift=energy.shift, want_virial=False,
-                               interpret=interpret())
+                               interpret=cp.interpret())
         # image cells, empty slots and lanes without a cell are targets at +FAR: zero terms
         return jnp.sum(sums[0]), cp.fold_images(f, self.grid)[:, :, 1:-1, 1:-1, 1:-1]
 
@@ -163,23 +157,16 @@ def frames(model, integrator, carry: Carry, masses, params, dt, key, n_frames: i
         return x, jnp.where(atoms < n, laid[3:6], 0.0), x, atoms, new
 
     def check(s):
-        x, v, e, atoms, cells, step = s["x"], s["v"], s["e"], s["atoms"], s["cells"], s["step"]
+        """:func:`._health.status` on the state in cell order (slots named by their atom)."""
+        x, v = s["x"], s["v"]
         v2 = jnp.sum(v * v, axis=0)
-        fastest = jnp.max(v2)
-        atom = atoms.reshape(-1)[jnp.argmax(v2.reshape(-1))]
-        ok = jnp.isfinite(e) & jnp.isfinite(0.5 * jnp.asarray(masses, dtype) * jnp.sum(v2))
-        code = jnp.where(ok, jnp.int32(Result.SUCCESSFUL), jnp.int32(Result.NONFINITE_STATE))
-        code = jnp.where(cells.missed_pairs > 0, Result.NEIGHBOR_LIST_MISSED_PAIRS, code)
-        code = jnp.where(cells.overflow, Result.NEIGHBOR_LIST_OVERFLOW, code)
-        code = jnp.where(fastest * (dt * dt) > limit * limit, Result.UNSTABLE_DYNAMICS, code)
-        bad = ~(jnp.all(jnp.isfinite(x), axis=0) & jnp.all(jnp.isfinite(v), axis=0))
-        finite = ~jnp.any(bad)
-        code = jnp.where(finite, code, Result.NONFINITE_STATE)
-        atom = jnp.where(finite, atom, jnp.min(jnp.where(bad, atoms, n)))
-        named = (code == Result.UNSTABLE_DYNAMICS) | (code == Result.NONFINITE_STATE)
-        code = code.astype(jnp.int32)
-        return code, Failure(jnp.where(code != 0, step, -1).astype(jnp.int32),
-                             jnp.where(named, atom, -1).astype(jnp.int32))
+        energies = jnp.isfinite(s["e"]) & jnp.isfinite(0.5 * jnp.asarray(masses, dtype)
+                                                       * jnp.sum(v2))
+        finite = jnp.all(jnp.isfinite(x), axis=0) & jnp.all(jnp.isfinite(v), axis=0)
+        code, atom = classify(v2.reshape(-1), finite.reshape(-1), energies, s["cells"], dt,
+                              limit, s["atoms"].reshape(-1), n)
+        return code, Failure(jnp.where(code != 0, s["step"], -1).astype(jnp.int32),
+                             atom.astype(jnp.int32))
 
     def one_step(state, _):
         s, code, failure = state
@@ -195,14 +182,16 @@ def frames(model, integrator, carry: Carry, masses, params, dt, key, n_frames: i
         code, failure = merge((code, failure), check(s))
         return (s, code, failure), None
 
-    def in_atom_order(s, k):
-        rows = lay.to_atoms(jnp.concatenate([s["x"], s["v"], s["f"]][:k]), s["cells"])
-        return space.wrap(rows[:, :3]), rows[:, 3:6], rows[:, 6:9] if k == 3 else None
+    def in_atom_order(s, names):
+        """``s[name]`` for each of ``names`` (positions first, wrapped) in atom order."""
+        rows = lay.to_atoms(jnp.concatenate([s[k] for k in names]), s["cells"])
+        parts = [rows[:, 3 * i:3 * i + 3] for i in range(len(names))]
+        return [space.wrap(parts[0]), *parts[1:]]
 
     def one_frame(state, _):
         state, _ = lax.scan(one_step, state, None, length=save_every)
         s = state[0]
-        x, v, _ = in_atom_order(s, 2)
+        x, v = in_atom_order(s, ("x", "v"))
         c = Carry(x, v, None, s["e"], None, s["step"])
         return state, (x, v, s["e"], kinetic(v, masses), integrator.observe(c, masses))
 
@@ -212,7 +201,7 @@ def frames(model, integrator, carry: Carry, masses, params, dt, key, n_frames: i
               cells=cells0, step=carry.step)
     (s, code, failure), records = lax.scan(one_frame, (s0, *check(s0)), None,
                                            length=n_frames)
-    x, v, f = in_atom_order(s, 3)
+    x, v, f = in_atom_order(s, ("x", "v", "f"))
     end = carry._replace(positions=x, velocities=v, forces=f, potential_energy=s["e"],
                          neighbors=s["cells"], step=s["step"])
     return (end, code, failure), records

@@ -279,8 +279,7 @@ def simulate(energy: Energy | Callable[..., jax.Array], state: State, params: An
         checkpoint, int(checkpoint_every), resume, _checkpoint.signature(
             model, integrator, state, masses, params, dt, key, n_frames, save_every,
             neighbors, chunk_steps, checkpoint_metadata))
-    in_cells = _layout.applies(model, integrator, jnp.asarray(state.positions), masses, params,
-                               neighbors)
+    in_cells = _layout.applies(model, integrator, state.positions, masses, params, neighbors)
     compiled = _chunked.Compiled(_begin_jit, _layout_frames_jit if in_cells else _frames_jit,
                                  _assemble_jit, _concatenate)
     job = _chunked.Job(model, integrator, masses, params, dt, key, save_every, adjoint, compiled)
