@@ -12,6 +12,7 @@ setup(
     packages=[*find_packages(include=["simlib", "simlib.*"]), "simlib.examples",
               "simlib.examples.data"],
     package_dir={"simlib.examples": "examples", "simlib.examples.data": "examples/data"},
-    package_data={"simlib.particles._native": ["*.cc"], "simlib._linalg": ["native/*.cc"],
+    package_data={"simlib": ["native/*.cc"], "simlib.particles._native": ["*.cc"],
+                  "simlib._linalg": ["native/*.cc"],
                   "simlib.examples.data": ["*.csv"]},
 )

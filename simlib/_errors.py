@@ -184,22 +184,50 @@ class SolverError(RuntimeError):
         if isinstance(exc, SolverError):
             return exc
         text = str(exc)
-        marker = "SolverError: "
-        at = text.rfind(marker)
-        if at < 0:
+        matches = list(_MARKER.finditer(text))  # the last one: the innermost error
+        if not matches:
             return None
-        message = text[at + len(marker):].splitlines()[0].strip()
+        found = matches[-1]
+        message = found.group(2)
         raised = _RAISED.get(message)  # the error our callback raised, when in this process
         if raised is not None:
             err = cls(message, raised.result, member=raised.member)
         else:
-            code = _code_of(message)
+            code = Result.__members__.get(found.group(1) or "") or _code_of(message)
             if code is None:
                 return None
-            found = re.search(r": member (\d+) of \d+: ", message)
-            err = cls(message, code, member=int(found.group(1)) if found else None)
+            member = re.search(r": member (\d+) of \d+: ", message)
+            err = cls(message, code, member=int(member.group(1)) if member else None)
         err.jax_error = exc
+        _forget_failed_tokens()
         return err
+
+
+def _forget_failed_tokens() -> None:
+    """Let JAX forget a program that the native check stopped, once its failure has been
+    delivered as a :class:`SolverError`.
+
+    JAX keeps each device's runtime token of the last program with effects and waits on it
+    at exit (and in ``jax.effects_barrier``); the token of a program stopped by the native
+    check holds its error, which JAX would then raise a second time ("Exception ignored in
+    atexit callback"). JAX has no public call for this: the token set is private, so any
+    change there leaves the tokens as they are.
+    """
+    try:
+        from jax._src import dispatch
+        tokens = dispatch.runtime_tokens.output_runtime_tokens
+    except (ImportError, AttributeError):
+        return
+    for device, token in list(tokens.items()):
+        try:
+            token.block_until_ready()
+        except Exception:  # noqa: BLE001 - the failure just delivered
+            tokens.pop(device, None)
+
+
+# "SolverError(<code name>): <message>", as the native check writes it, or a traceback's
+# "SolverError: <message>" (a host callback's); group 1 the name (or None), 2 the message
+_MARKER = re.compile(r"SolverError(?:\((\w+)\))?: (.*)")
 
 
 # The errors the in-graph check's callback raised, by message (the last few), so that
@@ -422,35 +450,128 @@ def _share_candidate(picked, sharing):
     return (jnp.where(here, out[0], jnp.zeros_like(out[0])),) + out[1:]
 
 
-def _in_graph_check(caller: str, max_steps, describe=None):
-    """A ``custom_vmap`` function ``check(result, t, step, t1, *detail, member, count)``
-    whose host callback raises :class:`SolverError` for the first failure; it returns an
-    int32 zero. ``describe(code, *detail)``, when given, writes the message of the codes
-    it knows (``None`` for the others, which take :func:`result_message`).
+class _Field:
+    """A value of the in-graph check's message, by its operand position: formatting it
+    writes the field of :func:`render`'s template (``{N}``, ``{N:d}`` or ``{N:r}``)."""
 
-    Under ``vmap`` the batch is first reduced in the graph to its first failing member
-    (:func:`_pick_first_failure`), so the callback only ever receives one member's values
-    (one callback per call, however many ``vmap`` levels), never the batch: with the batch
-    sharded over devices, each device sends one candidate member.
+    def __init__(self, position: int, kind: str = ""):
+        self.position, self.kind = position, kind
+
+    def __format__(self, spec: str) -> str:
+        if spec.endswith("g"):
+            return f"{{{self.position}}}"
+        if spec:
+            raise ValueError(f"a message field takes '.17g' or no format, not {spec!r}")
+        return f"{{{self.position}:{self.kind}}}" if self.kind else f"{{{self.position}}}"
+
+
+_FIELD = re.compile(r"\{(where:(\d+),(\d+)|(\d+)(?::([dr]))?)\}")
+
+
+def render(template: str, values) -> str:
+    """The message of ``template`` with the check's ``values`` (its operands) filled in.
+
+    The template language that ``simlib/native/failure.cc`` renders too: ``{N}`` is operand
+    ``N`` with 17 significant digits, ``{N:d}`` an integer, ``{N:r}`` ``repr(float)``, and
+    ``{where:M,C}`` reads ``"member <M> of <C>: "`` when the count ``C`` is above 1.
     """
 
-    def callback(result, t, step, t1, *rest):
-        code = int(result)
-        if code == 0:
+    def field(match: re.Match) -> str:
+        if match.group(2) is not None:
+            member, count = int(values[int(match.group(2))]), int(values[int(match.group(3))])
+            return f"member {member} of {count}: " if count > 1 else ""
+        value, kind = values[int(match.group(4))], match.group(5)
+        if kind == "d":
+            return str(int(value))
+        if kind == "r":
+            return repr(float(value))
+        return f"{float(value):.17g}"
+
+    return _FIELD.sub(field, template)
+
+
+def _message_table(caller: str, max_steps, n_detail: int, messages) -> tuple[tuple[int, str],
+                                                                             ...]:
+    """The in-graph check's messages, by key: ``(key, template)`` for every code (the key
+    is the code) and for each of ``messages`` (``(key, code, template, kinds)``, whose
+    format fields are named after the detail values, kinds giving each one's ``d`` or
+    ``r``). Each starts ``SolverError(<code name>): <caller>: ``, which
+    :meth:`SolverError.from_exception` reads back.
+
+    The operands are ``(key, code, t, step, t1, *detail, member, count)``.
+    """
+    t, step, t1 = _Field(2), _Field(3, "d"), _Field(4)
+    where = f"{{where:{5 + n_detail},{6 + n_detail}}}"
+
+    def head(code: Result) -> str:
+        return f"SolverError({code.name}): {caller}: {where}"
+
+    table = [(int(code), head(code) + template.format(t=t, step=step, t1=t1,
+                                                      max_steps=max_steps))
+             for code, template in _MESSAGES.items() if code]
+    for key, code, template, kinds in messages:
+        fields = {name: _Field(5 + i, kind) for i, (name, kind) in enumerate(kinds)}
+        table.append((int(key), head(Result(code)) + template.format(**fields)))
+    return tuple(table)
+
+
+# The native check (simlib/native/failure.cc): a custom call, so the programs that hold it
+# can be kept in JAX's persistent cache; where it cannot be built or the backend is not the
+# CPU, a Python host callback does the same (and the program cannot be cached).
+_NATIVE = None
+
+
+def _native_library():
+    global _NATIVE
+    if _NATIVE is None:
+        from pathlib import Path
+
+        from ._native import NativeLibrary
+        _NATIVE = NativeLibrary(Path(__file__).parent / "native", sources=("failure.cc",),
+                                targets=("simlib_failure_check",),
+                                library="libsimlib_failure.so")
+    return _NATIVE
+
+
+def uses_native_check() -> bool:
+    """Whether in-graph failure checks traced now are native custom calls (cacheable
+    programs) rather than Python host callbacks: on the CPU backend, when the native
+    library builds (``SIMLIB_NATIVE=0`` turns it off)."""
+    return jax.default_backend() == "cpu" and _native_library().load() is not None
+
+
+def _in_graph_check(table: tuple[tuple[int, str], ...]):
+    """A ``custom_vmap`` function ``check(key, code, t, step, t1, *detail, member, count)``
+    that raises :class:`SolverError` with the message ``table`` holds for ``key`` when the
+    key is nonzero; it returns an int32 zero.
+
+    On the CPU the check is the native custom call ``simlib_failure_check``, whose error
+    JAX raises as a ``JaxRuntimeError`` carrying the message; elsewhere a host callback
+    raises the :class:`SolverError` itself. Under ``vmap`` the batch is first reduced in
+    the graph to its first failing member (:func:`_pick_first_failure`), so the check only
+    ever receives one member's values (one call per program, however many ``vmap`` levels),
+    never the batch: with the batch sharded over devices, each device sends one candidate.
+    """
+    templates = dict(table)
+    native = uses_native_check()
+    packed = "\x1e".join(f"{key}\x1f{template}" for key, template in table)
+
+    def callback(key, *values):
+        key = int(key)
+        if key == 0:
             return
-        *detail, member, count = rest
-        message = describe(code, *detail) if describe is not None else None
-        if message is None:
-            message = result_message(code, t=float(t), step=int(step), t1=float(t1),
-                                     max_steps=max_steps)
-        count = int(count)
-        member = int(member) if count > 1 else None
-        where = f"member {member} of {count}: " if member is not None else ""
-        raise _remember(SolverError(f"{caller}: {where}{message}", Result(code),
+        message = _MARKER.match(render(templates[key], (key, *values)))
+        count = int(values[-1])
+        member = int(values[-2]) if count > 1 else None
+        raise _remember(SolverError(message.group(2), Result[message.group(1)],
                                     member=member))
 
     @custom_vmap
     def check(*fields):
+        if native:
+            return jax.ffi.ffi_call("simlib_failure_check",
+                                    jax.ShapeDtypeStruct((), jnp.int32),
+                                    has_side_effect=True)(*fields, table=packed)
         jax.debug.callback(callback, *fields)
         return jnp.zeros((), jnp.int32)
 
@@ -481,23 +602,30 @@ def _in_graph_check(caller: str, max_steps, describe=None):
 
 
 def check_in_graph(outputs, result, t, step, t1, max_steps, caller="solve", *,  # noqa: D417
-                   detail=(), describe=None):
+                   detail=(), key=None, messages=()):
     """Raise from inside a traced computation when ``result`` reports a failure.
 
-    A ``jax.debug.callback`` (an effect: it runs whether or not the outputs are used, and
-    nothing waits for it, so a raise on one device cannot leave the others blocked in a
-    collective). Under ``vmap`` it is called once, with the first failing member only (see
-    :func:`_in_graph_check`), and the message names that member; a batch sharded over
-    devices is checked on each device's slice, then one candidate per device is gathered.
-    ``detail`` (scalars) and ``describe(code, *detail) -> str | None`` give the message of
-    codes whose text needs more than ``t`` and ``step`` (simlib/_validate.py).
+    An effect that runs whether or not the outputs are used (a native custom call on the
+    CPU, else a host callback; see :func:`_in_graph_check`), and that nothing waits for,
+    so a raise on one device cannot leave the others blocked in a collective. Under
+    ``vmap`` it is called once, with the first failing member only, and the message names
+    that member; a batch sharded over devices is checked on each device's slice, then one
+    candidate per device is gathered.
+
+    The message is the code's own (``t`` and ``step`` filled in), unless ``key`` (an
+    in-graph integer, nonzero where ``result`` is) selects one of ``messages``:
+    ``(key, code, template, kinds)`` with format fields named after ``detail``'s values
+    (``kinds``: ``((name, "d" or "r"), ...)`` in ``detail``'s order; simlib/_validate.py).
     Returns ``outputs`` plus a zero.
     """
-    fields = [lax.stop_gradient(jnp.asarray(x)) for x in (result, t, step, t1, *detail)]
+    result = jnp.asarray(result)
+    key = result if key is None else jnp.asarray(key)
+    fields = [lax.stop_gradient(jnp.asarray(x))
+              for x in (key.astype(jnp.int32), result, t, step, t1, *detail)]
     fields += [jnp.zeros((), jnp.int32), jnp.ones((), jnp.int32)]  # member, count
-    zero = _in_graph_check(caller, max_steps, describe)(*fields)
-    # the (constant) zero keeps the check alive where JAX prunes effects it cannot see
-    # through custom_vmap (older versions); no device waits for it
+    table = _message_table(caller, max_steps, len(detail), messages)
+    zero = _in_graph_check(table)(*fields)
+    # the zero ties the check to the outputs; no device waits for it
     return jax.tree_util.tree_map(lambda x: x + zero.astype(x.dtype), outputs)
 
 

@@ -47,6 +47,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import warnings
@@ -175,6 +176,9 @@ class NativeLibrary:
             tmp_lib = Path(tmp) / lib.name
             cmd = [*compiler, *flags, f"-I{jax.ffi.include_dir()}",
                    *[str(here / s) for s in self.sources], "-o", str(tmp_lib)]
+            # once per machine (the build is cached): say so, not a silent first call
+            print(f"simlib: building the native library {self.library} (once; cached in "
+                  f"{lib.parent.parent})", file=sys.stderr, flush=True)
             try:
                 run = subprocess.run(cmd, capture_output=True, text=True,
                                      timeout=_COMPILE_TIMEOUT_S, stdin=subprocess.DEVNULL)

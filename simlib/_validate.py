@@ -143,17 +143,14 @@ def _evaluate(operands, sol, t1, *, plan, caller, max_steps, throw):
     sol = type(sol)(poison(sol.ts), jax.tree_util.tree_map(poison, sol.ys), stats, result)
     if not throw:
         return sol
-    messages = [message for _, message, _ in plan]
-
-    def describe(c, which_, index_, value_):
-        if Result(c) not in CODES:  # the run's own failure: its usual message
-            return None
-        return messages[int(which_)].format(index=int(index_), value=_fmt(value_))
-
-    # one in-graph check for the run's failures and the arguments'
+    # one in-graph check for the run's failures and the arguments': a failed argument
+    # check selects its own message (key 1000 + its place in the plan)
+    key = jnp.where(code != 0, 1000 + which, result)
+    messages = tuple((1000 + i, c, message, (("index", "d"), ("value", "r")))
+                     for i, (c, message, _) in enumerate(plan))
     ts, ys, st, res = check_in_graph(
         tuple(sol), result, t_final, n_steps, t1, max_steps, caller,
-        detail=(which, index, value), describe=describe)
+        detail=(index, value), key=key, messages=messages)
     return type(sol)(ts, ys, st, res)
 
 

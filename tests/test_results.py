@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import simlib as sl
+from simlib import _errors as sl_errors
 from simlib import particles as sp
 from simlib.fit import FitResult
 
@@ -142,14 +143,23 @@ def test_result_works_under_jit_vmap_grad_and_prints_traced():
     assert "result=abstract" in abstract and "ys=float64[1,1]" in abstract
 
 
-def test_raise_solver_errors_unwraps_the_jit_error(caplog):
+@pytest.mark.parametrize("native", [True, False], ids=["native", "callback"])
+def test_raise_solver_errors_unwraps_the_jit_error(caplog, monkeypatch, native):
+    # The check is the native custom call where it builds (the default on the CPU), else a
+    # host callback; the fallback is forced here by saying the native one is unavailable.
+    if native and not sl_errors.uses_native_check():
+        pytest.skip("the native failure check did not build here")
+    monkeypatch.setattr(sl_errors, "uses_native_check", lambda: native)
+    jax.clear_caches()  # the choice is made when a solve is traced
     run = jax.jit(lambda y0: short_budget(y0, throw=True).ys)
-    # Without the helper: JAX's runtime error, whose text ends with the SolverError line,
-    # and a logged traceback.
+    # Without the helper: JAX's runtime error, whose text holds the SolverError line (and,
+    # from the callback, a logged traceback).
+    marker = "SolverError(MAX_STEPS_REACHED)" if native else "SolverError"
     with caplog.at_level(logging.ERROR), pytest.raises(
-            jax.errors.JaxRuntimeError, match="SolverError: solve: the step budget"):
+            jax.errors.JaxRuntimeError, match=re.escape(f"{marker}: solve: the step budget")):
         run(jnp.array([1.0])).block_until_ready()
-    assert [r for r in caplog.records if "callback failed" in r.getMessage()]
+    logged = [r for r in caplog.records if "callback failed" in r.getMessage()]
+    assert bool(logged) is not native
     caplog.clear()
     with caplog.at_level(logging.ERROR), pytest.raises(sl.SolverError) as info:
         with sl.raise_solver_errors():
