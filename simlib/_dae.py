@@ -45,7 +45,7 @@ from jax.flatten_util import ravel_pytree
 
 from ._errors import Result
 from ._events import Event
-from ._solver._base import Field
+from ._solver._base import Field, projectors
 from ._util import is_tracer
 
 INITIALIZE = ("check", "consistent", "none")
@@ -194,25 +194,6 @@ def prepare_mass(mass_matrix, solver, n: int, dtype, checks,
         band = jnp.where(jnp.asarray(ok), m[..., rows, np.clip(col, 0, n - 1)], 0.0)
         return m, band.astype(dtype)
     return m, m[..., np.asarray(ls.pattern.rows), np.asarray(ls.pattern.cols)]
-
-
-# ---------------------------------------------------------------------------- projectors
-
-def projectors(m: jax.Array):
-    """``(Q, B)`` of the module docstring for ``M`` (an ``(n,)`` diagonal or ``(n, n)``):
-    ``Q`` the projector onto ``M``'s left null space, ``B = U_r V_r^T``. A singular value
-    counts as zero below ``n eps max(s)`` (numpy's ``matrix_rank``)."""
-    m = lax.stop_gradient(m)  # the null spaces are held fixed under differentiation
-    if m.ndim == 1:
-        alg = (m == 0).astype(m.dtype)
-        return jnp.diag(alg), jnp.diag(1 - alg)
-    u, s, vt = jnp.linalg.svd(m)
-    n = m.shape[0]
-    tol = n * jnp.finfo(m.dtype).eps * jnp.max(s)
-    zero = (s <= tol).astype(m.dtype)
-    q = (u * zero) @ u.T
-    b = (u * (1 - zero)) @ vt
-    return q, b
 
 
 def _scale(v, rtol, atol):

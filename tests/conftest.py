@@ -1,12 +1,29 @@
-"""Test configuration: float64 on for the tests only (simlib itself never flips it)."""
+"""Test configuration: float64 on for the tests only (simlib itself never flips it), and
+JAX's persistent compilation cache, so that a program compiled once is loaded from disk by
+every later module, job and run.
+
+The cache lives in ``$SIMLIB_TEST_COMPILATION_CACHE`` (CI points the default and slow jobs
+at one folder), else ``.pytest_cache/jax`` in the clone; ``off`` turns it off. JAX keys each
+entry on the program's HLO, the compile options and the versions, so an edited solver
+compiles anew and never reuses a stale entry.
+"""
 
 import gc
+import os
+from pathlib import Path
 
 import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
 jax.config.update("jax_enable_x64", True)
+
+_CACHE = os.environ.get("SIMLIB_TEST_COMPILATION_CACHE",
+                        str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax"))
+if _CACHE.strip().lower() not in ("", "0", "off", "no", "false"):
+    jax.config.update("jax_compilation_cache_dir", _CACHE)
+    # every program, however quick to compile: a test suite compiles thousands of small ones
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 settings.register_profile(
     "simlib",

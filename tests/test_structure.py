@@ -20,6 +20,14 @@ def _modules() -> dict[str, pathlib.Path]:
     return out
 
 
+def _parents(target: str, importer: str) -> set[str]:
+    """The packages whose ``__init__`` runs first when ``target`` is imported (below the
+    root, whose ``__init__`` imports nothing), except the importer's own."""
+    parts = target.split(".")
+    return {p for p in (".".join(parts[:i]) for i in range(2, len(parts)))
+            if p != importer and not importer.startswith(p + ".")}
+
+
 def _imports(modules):
     """``({module: {imported module}}, [(module, source, private name)])``."""
     edges, private = {m: set() for m in modules}, []
@@ -39,6 +47,7 @@ def _imports(modules):
                     target = sub if sub in modules else source
                     if target != name:
                         edges[name].add(target)
+                    edges[name].update(_parents(target, name))
                     if (target == source and alias.name.startswith("_")
                             and not alias.name.startswith("__")):
                         private.append((name, source, alias.name))
@@ -46,6 +55,7 @@ def _imports(modules):
                 for alias in node.names:
                     if alias.name.startswith("simlib") and alias.name != name:
                         edges[name].add(alias.name)
+                        edges[name].update(_parents(alias.name, name))
     return edges, private
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from .._static import Settings
 from .._static import register_static as register_static  # the solvers register from here
@@ -259,3 +260,20 @@ class AbstractSolver(Settings):
         added by the adaptive driver to :meth:`num_fevals`: for a solver whose evaluations
         per step vary (Newton iterations)."""
         return 0
+
+
+def projectors(m: jax.Array):
+    """``(Q, B)`` of simlib/_dae.py's docstring for a mass matrix ``M`` (an ``(n,)``
+    diagonal or ``(n, n)``): ``Q`` the projector onto ``M``'s left null space, ``B = U_r V_r^T``. A singular value
+    counts as zero below ``n eps max(s)`` (numpy's ``matrix_rank``)."""
+    m = lax.stop_gradient(m)  # the null spaces are held fixed under differentiation
+    if m.ndim == 1:
+        alg = (m == 0).astype(m.dtype)
+        return jnp.diag(alg), jnp.diag(1 - alg)
+    u, s, vt = jnp.linalg.svd(m)
+    n = m.shape[0]
+    tol = n * jnp.finfo(m.dtype).eps * jnp.max(s)
+    zero = (s <= tol).astype(m.dtype)
+    q = (u * zero) @ u.T
+    b = (u * (1 - zero)) @ vt
+    return q, b

@@ -31,11 +31,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from .._dae import projectors
 from .._linalg._base import LinearSolver
 from .._linalg._dense import Dense
 from .._linalg._sparse import Sparse
-from ._base import PyTree, VectorField, mass_matrix, safe_sqrt, user_args
+from ._base import PyTree, VectorField, mass_matrix, projectors, safe_sqrt, user_args
 
 JAC_CHOICES = ("fwd", "rev")
 
