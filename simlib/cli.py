@@ -322,12 +322,8 @@ def check_md_frames(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def _one_line(err: BaseException) -> str:
-    """The error's message on one line (a SolverError caught under jit arrives wrapped)."""
-    text = str(err).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in lines:
-        if "SolverError" in ln:
-            return ln.split("SolverError:", 1)[-1].strip()
+    """The error's message on one line."""
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
     return lines[0] if lines else type(err).__name__
 
 
@@ -360,9 +356,10 @@ def script(main_fn: Callable[..., Any]) -> Callable[..., Any]:
             print(f"{prog}: error: {_one_line(err)}", file=sys.stderr)
             raise SystemExit(1) from None
         except jax.errors.JaxRuntimeError as err:
-            if "SolverError" not in str(err):
+            carried = SolverError.from_exception(err)
+            if carried is None:
                 raise
-            print(f"{prog}: error: {_one_line(err)}", file=sys.stderr)
+            print(f"{prog}: error: {_one_line(carried)}", file=sys.stderr)
             raise SystemExit(1) from None
         except KeyboardInterrupt:
             print(f"{prog}: interrupted", file=sys.stderr)

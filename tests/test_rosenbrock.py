@@ -173,7 +173,10 @@ def test_e5_step_keeps_the_linear_invariant(solver):
     # some roundings of the state. Before each stage's solve was refined through a jvp of
     # f, the LU's backward error moved it by 600-70,000 of them (Rodas5P at t = 1e4:
     # 7e4; Rosenbrock23 at t = 1e4: 614); after, by at most 16 (Kvaerno5 and
-    # BackwardEuler, whose Newton residual comes from f, measured at most 12 here).
+    # BackwardEuler, whose Newton residual comes from f, measured at most 12 here). The
+    # roundings depend on the CPU's kernels: on an AVX-512 machine (AMD EPYC, 2026-12-07)
+    # Rosenbrock23 at t = 1e4 moved it by 66.5 and Rodas5P by 23.3, so the bound is 100,
+    # still 6x below the smallest figure before the refinement.
     k, f = jnp.asarray(E5.args), E5.f
     step = jax.jit(lambda t, y, h: solver.step(f, t, y, h, k, solver.init(f, t, y, k))[0])
     eps = np.finfo(np.float64).eps
@@ -183,7 +186,7 @@ def test_e5_step_keeps_the_linear_invariant(solver):
         units = eps * np.max(np.abs(y[1:]))
         moved.append(abs(float(e5_invariant(y1) - e5_invariant(y))) / units)
     print(f"\n{type(solver).__name__}: invariant moved by {np.round(moved, 1)} roundings")
-    assert max(moved) <= 50.0
+    assert max(moved) <= 100.0
 
 
 @functools.cache
