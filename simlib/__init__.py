@@ -13,6 +13,8 @@ solvers alone, never loads the particle engine, file formats or plotting.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING
 
 from ._version import __version__  # noqa: F401 - the package version
@@ -170,6 +172,20 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """This package's module type: the public ``simlib.fit`` is the function, not the
+    subpackage of the same name, whose first import sets the package's attribute to the
+    module (the function is taken from it then)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "fit" and isinstance(value, types.ModuleType):
+            value = value.fit
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [

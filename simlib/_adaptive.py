@@ -87,20 +87,17 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
     def live(run):
         return _live(*run, t1, direction, max_steps)
 
-    def loop(body, init):
-        """``lax.while_loop`` while ``live``; an eager run with a bar (simlib/progress.py)
-        runs it as an outer loop over inner loops of ``progress`` attempts, telling the
-        host in between: the same attempts in the same order."""
-        def cond(s):
-            return live(s[:2])
-
+    def loop(cond, body, init, clock):
+        """``lax.while_loop``; an eager run with a bar (simlib/progress.py) runs it as an
+        outer loop over inner loops of ``progress`` attempts, telling the host the time
+        ``clock(state)`` in between: the same attempts in the same order."""
         if not progress:
             return lax.while_loop(cond, body, init)
 
         def chunk(s):
             s, _ = lax.while_loop(lambda si: cond(si[0]) & (si[1] < progress),
                                   lambda si: (body(si[0]), si[1] + 1), (s, jnp.int32(0)))
-            tick("solve", jnp.abs(s[0].t - t0))
+            tick("solve", jnp.abs(clock(s) - t0))
             return s
 
         return lax.while_loop(cond, chunk, init)
@@ -113,11 +110,14 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
             if progress:
                 report("solve", jnp.abs(run[0].t - t0), (i + 1) % max(1, n_save // 100) == 0)
 
-        ((carry, ev), _), saved = save_dense(
+        # the run's end as one more save time: the attempts after the last save time run
+        # in the same loop, so the step is traced and compiled once; its value is dropped
+        t_ext = jnp.concatenate([jnp.asarray(ts, tdtype), t1[None]])
+        ((c, ev), _), saved = save_dense(
             f, solver, args, advance, live, (carry, ev0), first_last(f, solver, carry, args),
-            jnp.asarray(ts, tdtype), direction, on_save=on_save)
-        c, ev = loop(lambda s: advance(s)[0], (carry, ev))
-        return out(c, ev, saved, (None, None))
+            t_ext, direction, on_save=on_save,
+            while_loop=lambda cond, body, init: loop(cond, body, init, lambda s: s[0][0].t))
+        return out(c, ev, jax.tree_util.tree_map(lambda b: b[:-1], saved), (None, None))
 
     def body(state):
         c, ev, sts, sys_ = state
@@ -130,7 +130,8 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
 
     sts = jnp.full((max_steps + 1,), jnp.inf, tdtype) if mode == "steps" else None
     sys_ = buffer(y0, max_steps + 1, jnp.inf) if mode == "steps" else None
-    c, ev, sts, sys_ = loop(body, (carry, ev0, sts, sys_))
+    c, ev, sts, sys_ = loop(lambda s: live(s[:2]), body, (carry, ev0, sts, sys_),
+                            lambda s: s[0].t)
     if mode == "steps":  # drop the row that rejected attempts wrote to
         sts, sys_ = sts[:max_steps], jax.tree_util.tree_map(lambda b: b[:max_steps], sys_)
     return out(c, ev, None, (sts, sys_))

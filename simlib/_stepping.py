@@ -11,6 +11,7 @@ filled by :func:`save_dense` from the solver's dense output, and every run ends 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -78,12 +79,22 @@ def adaptive_init(f: VectorField, solver: AbstractSolver, controller: PIDControl
     return carry, t0, t1, direction
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def solver_step(f: VectorField, solver: AbstractSolver, t, y, h, args, state) -> tuple:
+    """``solver.step(f, t, y, h, args, state)`` as one traced function: JAX keeps its
+    jaxpr (keyed on ``f``, the solver and the shapes), so the drivers' several uses of the
+    step in one solve (the save loop, the placeholder of its dense data, the replay, the
+    forward-mode push) trace it once and transform that jaxpr, instead of tracing the
+    Python step again each time."""
+    return solver.step(f, t, y, h, args, state)
+
+
 def _plain_step(f: VectorField, solver: AbstractSolver, controller: PIDController, t: Scalar,
                 y: PyTree, h: Scalar, args: Any, state: PyTree, rtol: Scalar,
                 atol: Scalar) -> tuple:
     """``(y1, err, dense, state1, ratio)``: the solver's step and the controller's error
     ratio of it."""
-    y1, err, dense, state1 = solver.step(f, t, y, h, args, state)
+    y1, err, dense, state1 = solver_step(f, solver, t, y, h, args, state)
     ratio = controller.error_ratio(solver, y, y1, err, h, rtol, atol)
     return y1, err, dense, state1, ratio
 
@@ -184,7 +195,7 @@ def not_done(c: Attempt, t1: Scalar, direction: Scalar, max_steps: int) -> jax.A
 
 def placeholder_dense(f: VectorField, solver: AbstractSolver, carry: Attempt, args: Any) -> PyTree:
     """Zeros shaped like one step's dense-output data (the solver's, opaque here)."""
-    shapes = jax.eval_shape(lambda t, y, h, a, s: solver.step(f, t, y, h, a, s)[2],
+    shapes = jax.eval_shape(lambda t, y, h, a, s: solver_step(f, solver, t, y, h, a, s)[2],
                             carry.t, carry.y, carry.h, args, carry.state)
     return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
@@ -199,7 +210,8 @@ def first_last(f: VectorField, solver: AbstractSolver, carry: Attempt, args: Any
 def save_dense(f: VectorField, solver: AbstractSolver, args: Any, advance: Callable, live: Callable,
                run: tuple, last: tuple, ts: jax.Array, direction: Scalar,
                previous: tuple | None = None,
-               on_save: Callable | None = None) -> tuple[tuple, PyTree]:
+               on_save: Callable | None = None,
+               while_loop: Callable = lax.while_loop) -> tuple[tuple, PyTree]:
     """The dense-output save loop of the adaptive drivers: a ``lax.scan`` over the save
     times, each running the attempts until one covers it, then evaluating the solver's
     dense output (``interpolate``) on the last accepted step.
@@ -216,6 +228,8 @@ def save_dense(f: VectorField, solver: AbstractSolver, args: Any, advance: Calla
         previous: ``(saved, n_saved)`` of an earlier call (a chunked run): save times
             before ``n_saved`` keep their value. ``None``: a save time not reached is NaN.
         on_save: ``on_save(run, i)`` after save time ``i`` is reached (a progress report).
+        while_loop: ``while_loop(cond, body, state)`` that runs the attempts up to a save
+            time (``lax.while_loop``, or the driver's loop that reports progress).
 
     Returns:
         ``((run, last), saved)``.
@@ -228,8 +242,8 @@ def save_dense(f: VectorField, solver: AbstractSolver, args: Any, advance: Calla
 
     def save(s, xs):
         t_save, i, old = xs
-        s = lax.while_loop(lambda s: live(s[0]) & (direction * (t_save - s[0][0].t) > 0),
-                           follow, s)
+        s = while_loop(lambda s: live(s[0]) & (direction * (t_save - s[0][0].t) > 0),
+                       follow, s)
         if on_save is not None:
             on_save(s[0], i)
         t, y, h, y1, dense = s[1]

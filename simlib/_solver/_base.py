@@ -264,8 +264,9 @@ class AbstractSolver(Settings):
 
 def projectors(m: jax.Array):
     """``(Q, B)`` of simlib/_dae.py's docstring for a mass matrix ``M`` (an ``(n,)``
-    diagonal or ``(n, n)``): ``Q`` the projector onto ``M``'s left null space, ``B = U_r V_r^T``. A singular value
-    counts as zero below ``n eps max(s)`` (numpy's ``matrix_rank``)."""
+    diagonal or ``(n, n)``): ``Q`` the projector onto ``M``'s left null space,
+    ``B = U_r V_r^T``. A singular value counts as zero below ``n eps max(s)`` (numpy's
+    ``matrix_rank``)."""
     m = lax.stop_gradient(m)  # the null spaces are held fixed under differentiation
     if m.ndim == 1:
         alg = (m == 0).astype(m.dtype)
