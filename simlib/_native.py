@@ -64,10 +64,16 @@ _FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fno-sign
 _COMPILE_TIMEOUT_S = 900
 
 
+def cache_root() -> Path:
+    """simlib's cache folder: ``$SIMLIB_CACHE``, else ``$XDG_CACHE_HOME/simlib`` or
+    ``~/.cache/simlib`` (native libraries in ``native/``, the examples' compiled programs
+    in ``jax/``)."""
+    return Path(os.environ.get("SIMLIB_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "simlib"))
+
+
 def _cache_dir() -> Path:
-    root = os.environ.get("SIMLIB_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "simlib")
-    return Path(root) / "native"
+    return cache_root() / "native"
 
 
 def _compiler() -> list[str]:

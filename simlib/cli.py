@@ -41,6 +41,7 @@ __all__ = [
     "check_md_frames",
     "checkpoint_path",
     "finite_float",
+    "keep_compiled_programs",
     "main",
     "nonnegative_float",
     "nonnegative_int",
@@ -327,10 +328,39 @@ def _one_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
+def keep_compiled_programs() -> str | None:
+    """Turn on JAX's persistent compilation cache for this process, in simlib's cache
+    folder (``$SIMLIB_CACHE/jax``, by default ``~/.cache/simlib/jax``), so that a
+    second run of an example loads its programs instead of compiling them. Nothing
+    changes if the process already chose a cache folder, or with
+    ``SIMLIB_COMPILATION_CACHE=0``. Returns the folder in use (``None``: off).
+
+    Every example calls it (through :func:`script`); a script of your own turns the cache
+    on with the same call, ``jax.config.update("jax_compilation_cache_dir", folder)``
+    (docs/compile-time.md).
+    """
+    import jax
+
+    from ._native import cache_root
+
+    chosen = jax.config.jax_compilation_cache_dir
+    if chosen is not None:
+        return chosen
+    if os.environ.get("SIMLIB_COMPILATION_CACHE", "1").strip().lower() in ("0", "false",
+                                                                           "no", "off"):
+        return None
+    folder = str(cache_root() / "jax")
+    jax.config.update("jax_compilation_cache_dir", folder)
+    # an example's programs take 0.1 s to a minute to compile; reading one back is ~ms
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+    return folder
+
+
 def script(main_fn: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate an example's ``main(argv)``: a failed solve becomes one line on stderr and
     exit status 1 (``SystemExit(1)``), Ctrl-C exit status 130, instead of a traceback; a
-    run whose output had to be written elsewhere (:func:`save_result`) exits with 1."""
+    run whose output had to be written elsewhere (:func:`save_result`) exits with 1; the
+    compiled programs are kept for the next run (:func:`keep_compiled_programs`)."""
 
     @functools.wraps(main_fn)
     def wrapped(argv: Sequence[str] | None = None):
@@ -339,6 +369,7 @@ def script(main_fn: Callable[..., Any]) -> Callable[..., Any]:
         from simlib import SolverError
 
         prog = _program()
+        keep_compiled_programs()
         # a SolverError raised in a callback under jit is logged by JAX with its traceback
         # before it is re-raised: the one-line message below is enough
         callback_logs = [logging.getLogger(n) for n in ("jax._src.debugging",
@@ -622,10 +653,12 @@ def info() -> dict[str, str]:
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
     }
+    from importlib.metadata import PackageNotFoundError, version
+
     for lib in ("numpy", "scipy", "optax", "matplotlib", "h5py", "diffrax"):
-        try:
-            rows[lib] = __import__(lib).__version__
-        except ImportError:
+        try:  # the installed distribution's version: nothing is imported
+            rows[lib] = version(lib)
+        except PackageNotFoundError:
             rows[lib] = "not installed"
     devices = jax.devices()
     rows["backend"] = jax.default_backend()
