@@ -20,6 +20,7 @@ from scipy.integrate import solve_ivp
 from test_stiff import PROBLEMS, relaxation, robertson, robertson_jac, robertson_np
 
 import simlib as sl
+from simlib._linalg import _kernels
 from simlib._solver._bdf import _ROWS
 
 
@@ -534,3 +535,49 @@ def test_member_cond_under_vmap_runs_the_branch_only_when_a_member_takes_it():
     np.testing.assert_array_equal(a, x)
     assert calls[0] == before  # the expensive branch did not run
     assert f(True, x[0])[1] == 3.0 and f(False, x[0])[1] == 0.0  # unbatched: lax.cond
+
+
+@pytest.mark.skipif(_kernels.load() is None,
+                    reason=f"native kernels: {_kernels.unavailable_reason()}")
+def test_newton_retry_refactorises_members_with_the_sparse_lu():
+    # BDF.step's retry after a Newton failure with an old J, for a linear solver that
+    # factorises member by member (SparseLU's native kernel: ls.factor_where, the masked
+    # batch). One step of plain BDF1 (backward Euler) from factors of a stale zero J,
+    # under vmap: on y' = k A y with h max|eig(A)| = 18, the first Newton attempt (with
+    # I - c 0 = I, a fixed-point iteration) diverges for k = 1, so the step evaluates J,
+    # refactorises that member alone and must land on numpy's (I - h A)^-1 y0; for k = 0
+    # the stale J is exact and the step is y0. Guards against the retry keeping the old
+    # factors (the step then fails: newton_failed) and against factorising the member
+    # that did not ask (the kernel's counter: the two refactorisations for the step's new
+    # c, then the one retry).
+    n, h = 4, 0.05
+    a = (np.diag(-2.0 * np.ones(n)) + np.diag(np.ones(n - 1), 1)
+         + np.diag(np.ones(n - 1), -1)) * 100.0
+    pattern = np.abs(np.subtract.outer(np.arange(n), np.arange(n))) <= 1
+    y0 = np.linspace(1.0, 2.0, n)
+
+    def f(t, y, k):
+        return k * (jnp.asarray(a) @ y)
+
+    solver = sl.BDF(ndf=False, linear_solver=sl.SparseLU(pattern, kernel="native"))
+
+    def start(k):
+        s = solver.set_tolerances(solver.init(f, 0.0, jnp.asarray(y0), k), 1e-8, 1e-10)
+        stale = jax.tree_util.tree_map(jnp.zeros_like, s.fac.jac)
+        return s._replace(fac=s.fac._replace(jac=stale), jac_current=jnp.asarray(False))
+
+    def step(k, s):
+        y1, err, _, _ = solver.step(f, 0.0, jnp.asarray(y0), h, k, s)
+        return y1, err.newton_failed
+
+    ks = jnp.asarray([1.0, 0.0])
+    states = jax.jit(jax.vmap(start))(ks)
+    run = jax.jit(jax.vmap(step))
+    jax.block_until_ready(run(ks, states))  # compile
+    before = _kernels.sparse_lu_count()
+    y1, failed = jax.block_until_ready(run(ks, states))
+    count = _kernels.sparse_lu_count() - before
+    assert np.asarray(failed).tolist() == [False, False], failed
+    np.testing.assert_allclose(y1[0], np.linalg.solve(np.eye(n) - h * a, y0), rtol=1e-12)
+    np.testing.assert_array_equal(y1[1], y0)
+    assert count == 3, count

@@ -246,6 +246,37 @@ def test_fixed_step_gradient_and_vmap():
     np.testing.assert_allclose(grad, fd, rtol=1e-7)
 
 
+def test_fixed_step_gradient_with_a_users_preconditioner():
+    # the cheap sibling of test_diffusion_preconditioner's slow BDF gradient: the tangent
+    # solve of a gradient through an implicit stage (one backward Euler step, the solver's
+    # own step) with NewtonKrylov, a user's preconditioner (c, x) -> (I - c A)^-1 x (exact
+    # at D = 1) and GMRES allowed two iterations. Given the stage's c (tangent_solver
+    # passes it on), every solve takes one iteration and y1 and d sum(y1) / dD equal the
+    # closed forms (I - h A)^-1 y0 and 1^T (I - h A)^-1 h A y1; without it (c = None) the
+    # preconditioner is left out, two iterations cannot solve I - h A and the derivative
+    # is nan. (y0 has all of A's 10 modes: the heat tests' two-mode y0 keeps the tangent
+    # in a 2-D invariant subspace, where two unpreconditioned iterations are exact.)
+    h = 0.01
+    x = np.arange(1, M + 1) / (M + 1)
+    y0 = x * (1 - x) * np.exp(x)
+
+    def precondition(c, v):
+        return jnp.linalg.solve(jnp.eye(M) - c * jnp.asarray(A_HEAT), v)
+
+    solver = sl.BackwardEuler(
+        linear_solver=sl.NewtonKrylov(precondition, rtol=1e-12, restart=2, max_restarts=1))
+
+    def total(diffusion):
+        state = solver.init(heat, 0.0, jnp.asarray(y0), diffusion)
+        return jnp.sum(solver.step(heat, 0.0, jnp.asarray(y0), h, diffusion, state)[0])
+
+    value, grad = jax.jit(jax.value_and_grad(total))(jnp.float64(1.0))
+    inverse = np.linalg.inv(np.eye(M) - h * A_HEAT)
+    y1 = inverse @ y0
+    np.testing.assert_allclose(float(value), np.sum(y1), rtol=1e-12)
+    np.testing.assert_allclose(float(grad), np.sum(inverse @ (h * A_HEAT @ y1)), rtol=1e-12)
+
+
 # ---------------------------------------------------------------------- gradients, vmap
 
 

@@ -194,6 +194,45 @@ def test_settle_nve_keeps_constraints_and_conserves_energy(cluster_runs):
     assert abs(order - 2.0) < 0.3, (excursion, order)
 
 
+@pytest.fixture(scope="module")
+def three_settle_steps(cluster_runs):
+    """Three SETTLE steps of 2 fs of the 4-molecule cluster, every step saved: the largest
+    ``| |r_ij| - d |`` and the largest ``|r_ij . v_ij|`` (half the rate of change of
+    ``|r_ij|^2``) over the cluster's bonds and the frames after the start. The cheap
+    siblings of the slow NVE test check them against its bounds."""
+    _, water, settle, state = cluster_runs
+    energy = (sp.pair_energy(sp.lennard_jones, sp.free())
+              + sp.pair_energy(sp.coulomb, sp.free()))
+    params = dict(sigma=water.sigma[:12], epsilon=water.epsilon[:12],
+                  charges=water.charges[:12], k=COULOMB_KJ_NM)
+    traj = sp.simulate(energy, state, params, space=sp.free(), dt=0.002, n_steps=3,
+                       save_every=1, integrator=settle)
+    x, v = np.asarray(traj.positions)[1:], np.asarray(traj.velocities)[1:]
+    length, rate = 0.0, 0.0
+    for mol in water.molecules[:4]:
+        for (i, j), d in zip(BONDS, _lengths(water), strict=True):
+            r = x[:, mol[i]] - x[:, mol[j]]
+            length = max(length, np.max(np.abs(np.linalg.norm(r, axis=-1) - d)))
+            rate = max(rate, np.max(np.abs(np.sum(r * (v[:, mol[i]] - v[:, mol[j]]), -1))))
+    return length, rate
+
+
+def test_settle_steps_keep_the_bond_lengths(three_settle_steps):
+    """After each SETTLE step every O-H and H-H distance is d_oh, d_hh to 1e-14 nm
+    (measured 4e-17). Guards Settle.step against skipping its position stage
+    (settle_positions): the unconstrained drift leaves the bonds 0.05 nm off."""
+    length, _ = three_settle_steps
+    assert length < 1e-14, length
+
+
+def test_settle_steps_leave_no_velocity_along_the_bonds(three_settle_steps):
+    """After each SETTLE step no bond length changes: d|r_ij|^2/dt = 2 r_ij . v_ij = 0 to
+    1e-12 nm^2/ps (measured 8e-16). Guards Settle.step against skipping its velocity
+    stage (settle_velocities): the second half kick leaves r . v = 1 nm^2/ps."""
+    _, rate = three_settle_steps
+    assert rate < 1e-12, rate
+
+
 @pytest.mark.slow
 def test_settle_failure_is_reported(cluster_runs):
     """A step far too long for the molecules (0.2 ps): Result.SETTLE_FAILED, not a quiet
