@@ -43,6 +43,8 @@ Writes ``benchmarks/results/compile.json`` (``--out``), with the versions and th
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -165,7 +167,11 @@ def make_call(case: str, tool: str):
         if case == "fisher_kpp":
             import numpy as np
             y0, sparsity = jnp.asarray(kpp_y0(np)), kpp_sparsity(np)
-            return lambda: sl.solve(lambda t, u, a: kpp_rhs(jnp, u, a), y0, 0.0, T_KPP,
+
+            def kpp(t, u, a):  # one function: a new one at every call would compile again
+                return kpp_rhs(jnp, u, a)
+
+            return lambda: sl.solve(kpp, y0, 0.0, T_KPP,
                                     solver=sl.BDF(), rtol=1e-6, atol=1e-9, args=(D_KPP,),
                                     jac_sparsity=sparsity, saveat=sl.SaveAt(t1=True)).ys[-1]
         if case == "lv_fit":
@@ -260,10 +266,64 @@ def run_child(case: str, tool: str, cache: str | None) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+CLI_CALLS = (["list"], ["info"], ["--version"], ["run", "nosuch"],
+             ["run", "lorenz", "--rtol", "-1"], ["run", "robertson", "--max-steps", "0"])
+
+
+def cli_times(repeats: int = 3) -> dict:
+    """Wall seconds of the ``simlib`` command for listing, info and argument errors (the
+    best of ``repeats`` processes each)."""
+    out = {}
+    for call in CLI_CALLS:
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "simlib.cli", *call], capture_output=True,
+                           timeout=300)
+            best = min(best, time.perf_counter() - t0)
+        out[" ".join(call)] = best
+        print(f"simlib {' '.join(call):35s} {best:6.2f} s", flush=True)
+    return out
+
+
+def targets_of(rows: list, cli: dict) -> list:
+    """The targets of docs/compile-time.md's section in docs/benchmarks.md."""
+    got = {(r["case"], r["tool"], r["state"]): r for r in rows if "error" not in r}
+    out = []
+
+    def add(target, need, value, unit, ok):
+        out.append(dict(target=target, need=need, value=value, unit=unit,
+                        status="met" if ok else "missed"))
+
+    for case in CASES:
+        mine, scipy = got.get((case, "simlib", "cold")), got.get((case, "scipy", "cold"))
+        if mine and scipy:
+            r = scipy["to_result_s"] / mine["to_result_s"]
+            add(f"{case}: cold process, scipy's time / simlib's", ">= 1", r, "x", r >= 1)
+        diffrax = got.get((case, "diffrax", "cold"))
+        if mine and diffrax:
+            r = diffrax["to_result_s"] / mine["to_result_s"]
+            add(f"{case}: cold process, diffrax's time / simlib's", ">= 1", r, "x", r >= 1)
+        warm = got.get((case, "simlib", "cache"))
+        if mine and warm:
+            add(f"{case}: second process to first result", "< 0.5", warm["to_result_s"], "s",
+                warm["to_result_s"] < 0.5)
+            r = warm["to_result_s"] / mine["to_result_s"]
+            add(f"{case}: second process / cold", "<= 0.25", r, "", r <= 0.25)
+    grad = got.get(("robertson_grad", "simlib", "cold"))
+    if grad:
+        add("first jax.grad of the Robertson solve, cold process", "< 3", grad["to_result_s"],
+            "s", grad["to_result_s"] < 3)
+    for call, seconds in cli.items():
+        add(f"simlib {call}", "< 1", seconds, "s", seconds < 1)
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     p.add_argument("--no-diffrax", action="store_true")
+    p.add_argument("--no-cli", action="store_true", help="skip the simlib command's timings")
     p.add_argument("--out", default=str(HERE / "results" / "compile.json"))
     p.add_argument("--child", nargs=2, metavar=("CASE", "TOOL"), help=argparse.SUPPRESS)
     p.add_argument("--cache", help=argparse.SUPPRESS)
@@ -273,6 +333,22 @@ def main(argv=None) -> None:
         return
     sys.path.insert(0, str(HERE))
     from _timing import fmt_load, load_average
+
+    report = _Tee()
+    with contextlib.redirect_stdout(report):
+        _measure(opts, fmt_load, load_average, report)
+
+
+class _Tee(io.StringIO):
+    """Prints what it is written, and keeps it (the results file's ``report``)."""
+
+    def write(self, text: str) -> int:
+        sys.__stdout__.write(text)
+        sys.__stdout__.flush()
+        return super().write(text)
+
+
+def _measure(opts, fmt_load, load_average, report) -> None:
 
     rows, load_start = [], load_average()
     for case in opts.cases:
@@ -305,6 +381,11 @@ def main(argv=None) -> None:
                                                           / mine["to_result_s"])
     for name, ratio in ratios.items():
         print(f"{name:35s} {ratio:6.2f}x")
+    cli = {} if opts.no_cli else cli_times()
+    targets = targets_of(rows, cli)
+    for t in targets:
+        print(f"target {t['target']}: need {t['need']}, measured {t['value']:.3g} "
+              f"{t['unit']}: {t['status']}")
     import jax
     import scipy
 
@@ -318,7 +399,8 @@ def main(argv=None) -> None:
         pass
     commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    out = dict(rows=rows, ratios=ratios, versions=versions, commit=commit,
+    out = dict(rows=rows, ratios=ratios, cli=cli, targets=targets, versions=versions,
+               commit=commit, report=report.getvalue(),
                date=time.strftime("%Y-%m-%d"), cpus=os.cpu_count(),
                load_start=load_start, load_end=load_average())
     Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
