@@ -204,14 +204,41 @@ def _pde_ensemble_row() -> list[str]:
     ]
 
 
+def _compile_row() -> list[str]:
+    """End to end in a new process (import, trace, compile, first run), from
+    ``compile.json``: the Robertson solve against scipy and diffrax, its gradient against
+    diffrax; cold (empty compilation cache) and with the cache a first process filled."""
+    d = _load("compile.json")
+    got = {(r["case"], r["tool"], r["state"]): r["to_result_s"] for r in d["rows"]
+           if "error" not in r}
+
+    def ratio(case, peer, state):
+        return _x(got[(case, peer, "cold" if peer == "scipy" else state)]
+                  / got[(case, "simlib", state)])
+
+    return [
+        "Time to first result in a new process (import, trace, compile, run): Robertson, "
+        "Rodas5P, rtol 1e-6; and `jax.grad` of it",
+        f"{ratio('robertson', 'scipy', 'cold')} cold, {ratio('robertson', 'scipy', 'cache')}"
+        " with JAX's compilation cache (Radau; scipy compiles nothing)",
+        f"{ratio('robertson', 'diffrax', 'cold')} cold, "
+        f"{ratio('robertson', 'diffrax', 'cache')} cached (Kvaerno5); gradient "
+        f"{ratio('robertson_grad', 'diffrax', 'cold')} cold, "
+        f"{ratio('robertson_grad', 'diffrax', 'cache')} cached",
+        "n/a",
+        f"`benchmarks/compile.py` -> `compile.json` ({_commit(d)})",
+    ]
+
+
 def comparison_table() -> str:
     """The README's comparison table, as markdown (between the BEGIN and END markers)."""
     head = ["task", "vs scipy", "vs diffrax", "vs jax-md", "script -> file (simlib commit, date)"]
     rows = [*_ode_rows(), _stiff_row(), _gradient_row(), _fit_row(), _particles_row(),
-            _pde_row(), _pde_ensemble_row()]
+            _pde_row(), _pde_ensemble_row(), _compile_row()]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    note = ("Ratio = peer time / simlib time (> 1: simlib is faster), compile time excluded, "
+    note = ("Ratio = peer time / simlib time (> 1: simlib is faster), compile time excluded "
+            "(except in the time-to-first-result row), "
             "float64 unless stated, on the 2-core CPU machine of each run; the files under "
             "`benchmarks/results/` hold the versions, loads and every timing.")
     return "\n".join([BEGIN, *lines, "", note, END])
