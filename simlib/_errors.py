@@ -521,7 +521,7 @@ def _message_table(caller: str, max_steps, n_detail: int, messages) -> tuple[tup
 _NATIVE = None
 
 
-def _native_library():
+def native_library():
     global _NATIVE
     if _NATIVE is None:
         from pathlib import Path
@@ -537,7 +537,7 @@ def uses_native_check() -> bool:
     """Whether in-graph failure checks traced now are native custom calls (cacheable
     programs) rather than Python host callbacks: on the CPU backend, when the native
     library builds (``SIMLIB_NATIVE=0`` turns it off)."""
-    return jax.default_backend() == "cpu" and _native_library().load() is not None
+    return jax.default_backend() == "cpu" and native_library().load() is not None
 
 
 def _in_graph_check(table: tuple[tuple[int, str], ...]):

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -686,12 +687,39 @@ def info() -> dict[str, str]:
                                           "(`simlib info --native` builds them now)")
             else:
                 rows["native kernels"] = _native_loaded(lib)
+    rows["failure check"] = _failure_check(build=False)
     return rows
 
 
-def _native_loaded(lib: Path) -> str:
-    import warnings
+def _failure_check(build: bool) -> str:
+    """How a failing solve inside a user's ``jit`` raises: the native custom call (its
+    programs can be kept in JAX's compilation cache) or the Python host callback."""
+    import jax
 
+    from simlib import _errors
+    from simlib._native import disabled
+
+    if disabled():
+        return "host callback (SIMLIB_NATIVE=0; throw=True programs are not cached)"
+    if jax.default_backend() != "cpu":
+        return "host callback (the native check is a CPU kernel)"
+    library = _errors.native_library()
+    try:
+        path = library.library_path()
+    except RuntimeError as err:
+        return f"host callback (no compiler: {err})"
+    if not (build or path.exists()):
+        return (f"native, not built yet: built on first use into {path} "
+                "(`simlib info --native` builds it now)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = library.load()
+    if loaded is None:
+        return f"host callback (not loaded: {library.unavailable_reason()})"
+    return f"native custom call, cacheable: {path}"
+
+
+def _native_loaded(lib: Path) -> str:
     from simlib.particles import _native
 
     with warnings.catch_warnings():
@@ -721,6 +749,8 @@ def _cmd_info(argv: list[str]) -> int:
         from simlib.particles import _native
 
         rows["native kernels"] = _native_loaded(_native.library_path())
+    if opts.native:
+        rows["failure check"] = _failure_check(build=True)
     width = max(map(len, rows))
     for key, value in rows.items():
         print(f"{key:{width}s}  {value}")
