@@ -33,19 +33,23 @@ def _substitute(lu: Array, rhs: Array, lower: bool, unit: bool, transpose: bool)
     Computations*, 4th ed., 2013, 3.1.1-3.1.2): ``O(n^2)`` element-wise operations that XLA
     fuses, batched without a loop under ``vmap``. ``rhs`` is ``(n, k)``."""
     n = lu.shape[0]
+    # the entries and rows as arrays of their own, split off in one operation each: one
+    # indexing operation per entry would be traced (and lowered) n^2 times per solve
+    entry = lax.split(lu.reshape(n * n), (1,) * (n * n))
+    rows = lax.split(rhs, (1,) * n)
 
-    def t(i, j):  # T[i, j] of the (possibly transposed) triangle
-        return lu[j, i] if transpose else lu[i, j]
+    def t(i, j):  # T[i, j] of the (possibly transposed) triangle, shape (1,)
+        return entry[j * n + i] if transpose else entry[i * n + j]
 
     forward = lower != transpose  # a lower triangle (after the transpose) goes forward
     order = range(n) if forward else range(n - 1, -1, -1)
     x: list = [None] * n
     for i in order:
-        s = rhs[i]
+        s = rows[i]
         for j in (range(i) if forward else range(i + 1, n)):
             s = s - t(i, j) * x[j]
-        x[i] = s if unit else s / lu[i, i]
-    return jnp.stack(x)
+        x[i] = s if unit else s / entry[i * n + i]
+    return jnp.concatenate(x)
 
 
 def exact_lu_solve(lu: Array, perm: Array, b: Array, transpose: bool = False) -> Array:
