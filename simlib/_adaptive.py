@@ -30,6 +30,7 @@ from ._stepping import (
     not_done,
     save_dense,
     solver_init,
+    solver_step,
     stats_of,
 )
 from ._util import buffer, convert_closure, time_dtype, where_rows, write
@@ -216,7 +217,7 @@ def _replayed_outputs(f, solver, mode, max_steps, recs, c, t0, y0, ts, direction
             y1, dense = y, jax.tree_util.tree_map(lambda r: r[m], recs[6])
         else:
             state = solver_init(f, solver, t, y, args, rtol, atol)
-            y1, _, dense, _ = solver.step(f, t, y, h, args, state)
+            y1, _, dense, _ = solver_step(f, solver, t, y, h, args, state)
         theta = (s - t) / jnp.where(h == 0, 1.0, h)
         return solver.interpolate(f, args, t, y, h, y1, dense, theta)
 
