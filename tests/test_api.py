@@ -239,3 +239,34 @@ def test_simulate_signature():
     for kw in ("space", "dt", "n_steps", "integrator", "save_every", "neighbors", "key",
                "throw", "adjoint"):
         assert params[kw].kind is inspect.Parameter.KEYWORD_ONLY, kw
+
+
+def test_import_is_lazy_and_every_public_name_resolves():
+    """``import simlib`` loads neither JAX nor any submodule but ``_version``; ``sl.solve``
+    loads the ODE core without the particle engine, files or plotting; ``from simlib.fit
+    import ...`` before
+    ``sl.fit`` leaves ``sl.fit`` the function; every name in ``__all__`` resolves, and each
+    lazy entry is the object its module defines (a fresh process: this one has loaded all)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, importlib, types\n"
+        "import simlib as sl\n"
+        "assert 'jax' not in sys.modules, 'jax'\n"
+        "assert [m for m in sys.modules if m.startswith('simlib.')] == ['simlib._version']\n"
+        "sl.solve\n"
+        "loaded = {m for m in sys.modules if m.startswith('simlib')}\n"
+        "for heavy in ('simlib.particles', 'simlib.io', 'simlib.plot', 'simlib.fit'):\n"
+        "    assert heavy not in loaded, heavy\n"
+        "from simlib.fit import FitResult\n"
+        "assert callable(sl.fit) and not isinstance(sl.fit, types.ModuleType)\n"
+        "for name in sl.__all__:\n"
+        "    getattr(sl, name)\n"
+        "for name, (module, attr) in sl._LAZY.items():\n"
+        "    obj = importlib.import_module(module, 'simlib')\n"
+        "    assert getattr(sl, name) is (obj if attr is None else getattr(obj, attr)), name\n"
+        "assert set(sl._LAZY) == set(sl.__all__), set(sl._LAZY) ^ set(sl.__all__)\n"
+        "print('ok')\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.stdout.strip() == "ok", run.stderr[-2000:]
