@@ -711,23 +711,23 @@ def _failure_check(build: bool) -> str:
     if not (build or path.exists()):
         return (f"native, not built yet: built on first use into {path} "
                 "(`simlib info --native` builds it now)")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        loaded = library.load()
-    if loaded is None:
-        return f"host callback (not loaded: {library.unavailable_reason()})"
-    return f"native custom call, cacheable: {path}"
+    why = _why_not_loaded(library.load, library.unavailable_reason)
+    return f"host callback (not loaded: {why})" if why else f"native custom call, cacheable: {path}"
 
 
 def _native_loaded(lib: Path) -> str:
     from simlib.particles import _native
 
+    why = _why_not_loaded(_native.load, _native.unavailable_reason)
+    return f"not loaded: {why}" if why else f"loaded: {lib}"
+
+
+def _why_not_loaded(load: Callable[[], Any], reason: Callable[[], str | None]) -> str | None:
+    """Load a native library without its warning: ``None`` if it loaded, else why not."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        handle = _native.load()
-    if handle is None:
-        return f"not loaded: {_native.unavailable_reason()}"
-    return f"loaded: {lib}"
+        handle = load()
+    return None if handle is not None else reason()
 
 
 def _version() -> str:
