@@ -535,9 +535,13 @@ def native_library():
 
 def uses_native_check() -> bool:
     """Whether in-graph failure checks traced now are native custom calls (cacheable
-    programs) rather than Python host callbacks: on the CPU backend, when the native
-    library builds (``SIMLIB_NATIVE=0`` turns it off)."""
-    return jax.default_backend() == "cpu" and native_library().load() is not None
+    programs) rather than Python host callbacks: on the CPU backend with one device, when
+    the native library builds (``SIMLIB_NATIVE=0`` turns it off). With several devices
+    (forced host devices, or several processes) the program may be partitioned, and XLA's
+    partitioner needs a side effect's placement, which JAX gives its own callbacks only:
+    the host callback runs there."""
+    return (jax.default_backend() == "cpu" and jax.device_count() == 1
+            and native_library().load() is not None)
 
 
 def _in_graph_check(table: tuple[tuple[int, str], ...]):

@@ -292,7 +292,7 @@ def test_vmap_ensemble_jit_traced_mass_and_float32():
                                         mass_matrix=circuit_mass(jnp.asarray(PARAMS))).ys)
     with pytest.raises(sl.SolverError, match="y0 is inconsistent: the residual") as err, \
             sl.raise_solver_errors():
-        thrown(jnp.array([1.0, -0.5, 9.0]))
+        thrown(jnp.array([1.0, -0.5, 9.0])).block_until_ready()  # dispatch is asynchronous
     assert err.value.result == sl.Result.INCONSISTENT_INITIAL_CONDITIONS
     p32 = jnp.asarray(PARAMS, jnp.float32)
     for solver in (sl.Rodas5P(), sl.BDF(), sl.Kvaerno5()):
