@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import math
 import re
@@ -515,22 +516,17 @@ def _message_table(caller: str, max_steps, n_detail: int, messages) -> tuple[tup
     return tuple(table)
 
 
-# The native check (simlib/native/failure.cc): a custom call, so the programs that hold it
-# can be kept in JAX's persistent cache; where it cannot be built or the backend is not the
-# CPU, a Python host callback does the same (and the program cannot be cached).
-_NATIVE = None
-
-
+@functools.cache
 def native_library():
-    global _NATIVE
-    if _NATIVE is None:
-        from pathlib import Path
+    """The native check's library (``simlib/native/failure.cc``, a
+    :class:`simlib._native.NativeLibrary`): a custom call, so the programs that hold it can
+    be kept in JAX's persistent cache. Built on first use, once per machine."""
+    from pathlib import Path
 
-        from ._native import NativeLibrary
-        _NATIVE = NativeLibrary(Path(__file__).parent / "native", sources=("failure.cc",),
-                                targets=("simlib_failure_check",),
-                                library="libsimlib_failure.so")
-    return _NATIVE
+    from ._native import NativeLibrary
+
+    return NativeLibrary(Path(__file__).parent / "native", sources=("failure.cc",),
+                         targets=("simlib_failure_check",), library="libsimlib_failure.so")
 
 
 def uses_native_check() -> bool:
