@@ -66,16 +66,10 @@ def _release_compiled_programs_when_maps_run_high():
         jax.clear_caches()
         gc.collect()
 
-# Checks moved to the slow job (`python -m pytest tests -m slow`, CI's second step) to keep
-# the default suite under 10 minutes on CI's 2 cores. Most have a cheaper sibling left in
-# the default suite (another parameter, mode or strategy of the same check); the others
-# (SDE path reproducibility and dt-independence, the Langevin cross-check, the 8-device
-# sharding comparison) are whole checks that run in the slow job only; seconds are
-# as measured on the 2-core machine (`--durations=0`, 2026-12-03).
-def _listed_slow_tests() -> set[str]:
-    """The node ids in tests/slow_in_default.txt: the tests moved to the slow job."""
-    from pathlib import Path
 
+def _listed_slow_tests() -> set[str]:
+    """The node ids in tests/slow_in_default.txt: the default tests moved to the slow job
+    (``python -m pytest tests -m slow``, CI's second step), why each, and when."""
     lines = (Path(__file__).with_name("slow_in_default.txt").read_text().splitlines())
     return {line.split("#", 1)[0].strip() for line in lines} - {""}
 
