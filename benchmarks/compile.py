@@ -210,49 +210,29 @@ def make_call(case: str, tool: str):
 
 def child(case: str, tool: str, cache: str | None) -> None:
     """One process: import, first call (timed by stage), warm calls; prints one JSON line."""
+    from _timing import CompileWatch, best_of, timed
+
     spawned = float(os.environ.get("SIMLIB_BENCH_SPAWNED", time.time()))
     t0 = time.perf_counter()
-    stages = dict(trace=0.0, lower=0.0, compile=0.0)
-    compiles = [0]
-    if tool != "scipy":
+    if tool != "scipy" and cache:
         import jax
-        if cache:
-            jax.config.update("jax_compilation_cache_dir", cache)
-            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        names = {"/jax/core/compile/jaxpr_trace_duration": "trace",
-                 "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
-                 "/jax/core/compile/backend_compile_duration": "compile"}
-
-        def listen(event, duration, **kw):
-            if event in names:
-                stages[names[event]] += duration
-                compiles[0] += event.endswith("backend_compile_duration")
-
-        jax.monitoring.register_event_duration_secs_listener(listen)
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     call = make_call(case, tool)
     t_import = time.perf_counter() - t0
-
-    def block(x):
-        if tool != "scipy":
-            import jax
-            return jax.block_until_ready(x)
-        return x
-
-    t1 = time.perf_counter()
-    out = block(call())
-    first = time.perf_counter() - t1
+    watch = CompileWatch()
+    if tool == "scipy":
+        out, first = timed(call)
+    else:
+        with watch:
+            out, first = timed(call)
     to_result = time.time() - spawned
-    stages_first, n_first = dict(stages), compiles[0]
-    warm = []
-    for _ in range(3):
-        t2 = time.perf_counter()
-        block(call())
-        warm.append(time.perf_counter() - t2)
+    warm = best_of(call, repeats=3, warmup=False).best  # the first call was the warm-up
     import numpy as np
     print(json.dumps(dict(case=case, tool=tool, import_s=t_import, first_s=first,
-                          to_result_s=to_result, warm_s=min(warm),
-                          trace_s=stages_first["trace"], lower_s=stages_first["lower"],
-                          compile_s=stages_first["compile"], compilations=n_first,
+                          to_result_s=to_result, warm_s=warm,
+                          trace_s=watch.seconds["trace"], lower_s=watch.seconds["lower"],
+                          compile_s=watch.seconds["backend"], compilations=watch.compiles,
                           result=np.asarray(out, np.float64).ravel()[:4].tolist())))
 
 
