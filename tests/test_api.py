@@ -270,3 +270,22 @@ def test_import_is_lazy_and_every_public_name_resolves():
         "print('ok')\n")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def test_the_lazy_table_is_the_type_checking_imports():
+    """``simlib/__init__.py`` names each public object twice: in ``if TYPE_CHECKING:``
+    imports (for type checkers and the API reference) and in ``_LAZY`` (what is loaded);
+    the two must agree, name for name and module for module."""
+    import ast
+    import pathlib
+
+    tree = ast.parse(pathlib.Path(sl.__file__).read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If)
+                 and getattr(node.test, "id", None) == "TYPE_CHECKING")
+    imported = {}
+    for node in block.body:
+        module = "." * node.level + (node.module or "")
+        for alias in node.names:
+            imported[alias.asname or alias.name] = ((module, alias.name) if node.module
+                                                    else ("." + alias.name, None))
+    assert imported == {k: v for k, v in sl._LAZY.items() if k != "plot"}
