@@ -111,14 +111,11 @@ def _adaptive_forward(f, solver, mode, n_save, max_steps, y0, t0, t1, dt0, rtol,
             if progress:
                 report("solve", jnp.abs(run[0].t - t0), (i + 1) % max(1, n_save // 100) == 0)
 
-        # the run's end as one more save time: the attempts after the last save time run
-        # in the same loop, so the step is traced and compiled once; its value is dropped
-        t_ext = jnp.concatenate([jnp.asarray(ts, tdtype), t1[None]])
         ((c, ev), _), saved = save_dense(
             f, solver, args, advance, live, (carry, ev0), first_last(f, solver, carry, args),
-            t_ext, direction, on_save=on_save,
+            jnp.asarray(ts, tdtype), direction, on_save=on_save, t_end=t1,
             while_loop=lambda cond, body, init: loop(cond, body, init, lambda s: s[0][0].t))
-        return out(c, ev, jax.tree_util.tree_map(lambda b: b[:-1], saved), (None, None))
+        return out(c, ev, saved, (None, None))
 
     def body(state):
         c, ev, sts, sys_ = state

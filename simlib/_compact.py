@@ -122,13 +122,9 @@ def _advance_member(plan: _Plan, m: _Member, shared, ts, rtol, atol, budget, max
     run = (m.c, jnp.array(0, jnp.int32))
     last, saved, n_saved = m.last, m.saved, m.n_saved
     if plan.mode == "ts":
-        # the run's end as one more save time: the attempts after the last save time run
-        # in the same loop (the step is traced once), its value is dropped
-        t_ext = jnp.concatenate([ts, t1[None]])
-        old_ext = jax.tree_util.tree_map(lambda b: jnp.concatenate([b, b[-1:]]), saved)
         (run, last), saved = _stepping.save_dense(f, solver, args, advance, live, run, last,
-                                                  t_ext, direction, previous=(old_ext, n_saved))
-        saved = jax.tree_util.tree_map(lambda b: b[:-1], saved)
+                                                  ts, direction, previous=(saved, n_saved),
+                                                  t_end=t1)
         n_saved = jnp.sum(direction * (ts - run[0].t) <= 0).astype(jnp.int32)
     else:
         run = lax.while_loop(live, lambda run: advance(run)[0], run)

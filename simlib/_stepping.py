@@ -211,7 +211,8 @@ def save_dense(f: VectorField, solver: AbstractSolver, args: Any, advance: Calla
                run: tuple, last: tuple, ts: jax.Array, direction: Scalar,
                previous: tuple | None = None,
                on_save: Callable | None = None,
-               while_loop: Callable = lax.while_loop) -> tuple[tuple, PyTree]:
+               while_loop: Callable = lax.while_loop,
+               t_end: jax.Array | None = None) -> tuple[tuple, PyTree]:
     """The dense-output save loop of the adaptive drivers: a ``lax.scan`` over the save
     times, each running the attempts until one covers it, then evaluating the solver's
     dense output (``interpolate``) on the last accepted step.
@@ -230,6 +231,9 @@ def save_dense(f: VectorField, solver: AbstractSolver, args: Any, advance: Calla
         on_save: ``on_save(run, i)`` after save time ``i`` is reached (a progress report).
         while_loop: ``while_loop(cond, body, state)`` that runs the attempts up to a save
             time (``lax.while_loop``, or the driver's loop that reports progress).
+        t_end: The run's end: the attempts after the last save time run in the same scan,
+            as one more save time whose value is dropped, so that the step is traced and
+            compiled once (a second loop after the scan would hold it again).
 
     Returns:
         ``((run, last), saved)``.
@@ -255,8 +259,16 @@ def save_dense(f: VectorField, solver: AbstractSolver, args: Any, advance: Calla
                 lambda v: jnp.full_like(v, jnp.nan), value))
         return s, tree_where(reached & (i >= previous[1]), value, old)
 
+    if t_end is not None:
+        ts = jnp.concatenate([ts, jnp.asarray(t_end)[None]])
+        if previous is not None:
+            previous = (jax.tree_util.tree_map(lambda b: jnp.concatenate([b, b[-1:]]),
+                                               previous[0]), previous[1])
     index = jnp.arange(ts.shape[0], dtype=jnp.int32)
-    return lax.scan(save, (run, last), (ts, index, None if previous is None else previous[0]))
+    s, saved = lax.scan(save, (run, last), (ts, index, None if previous is None else previous[0]))
+    if t_end is not None:
+        saved = jax.tree_util.tree_map(lambda b: b[:-1], saved)
+    return s, saved
 
 
 def stats_of(c: Attempt, solver: AbstractSolver, ev: Any = None) -> tuple:
