@@ -218,6 +218,9 @@ def child(case: str, tool: str, cache: str | None) -> None:
         import jax
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        if tool == "simlib":  # the one call docs/compile-time.md gives
+            import simlib as sl
+            sl.keep_compiled_programs(cache)
     call = make_call(case, tool)
     t_import = time.perf_counter() - t0
     watch = CompileWatch()
@@ -240,6 +243,7 @@ def run_child(case: str, tool: str, cache: str | None) -> dict:
     cmd = [sys.executable, __file__, "--child", case, tool] + (["--cache", cache] if cache
                                                               else [])
     env = dict(os.environ, SIMLIB_BENCH_SPAWNED=repr(time.time()))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # a user's Python reads compiled modules
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     if run.returncode != 0:
         return dict(case=case, tool=tool, error=run.stderr[-2000:])

@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # what each name is, for type checkers and the API reference
     from ._linalg._dense import Dense as DenseLU
     from ._linalg._krylov import Krylov as NewtonKrylov
     from ._linalg._sparse import Sparse as SparseLU
+    from ._programs import keep_compiled_programs
     from ._solve import SaveAt, Solution, solve
     from ._solver import (
         BDF,
@@ -106,6 +107,7 @@ _LAZY = {
     "raise_solver_errors": ("._errors", "raise_solver_errors"),
     "Event": ("._events", "Event"),
     "EventRecord": ("._events", "EventRecord"),
+    "keep_compiled_programs": ("._programs", "keep_compiled_programs"),
     "BandedLU": ("._linalg._banded", "Banded"),
     "DenseLU": ("._linalg._dense", "Dense"),
     "NewtonKrylov": ("._linalg._krylov", "Krylov"),
@@ -247,6 +249,7 @@ __all__ = [
     "fit",
     "io",
     "init_distributed",
+    "keep_compiled_programs",
     "least_squares",
     "log_density",
     "mse_loss",

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _programs as programs
 from ._adaptive import adaptive_jit
 from ._arguments import Problem
 from ._auto import AUTOMATIC
@@ -51,9 +52,9 @@ def run_fixed(p: Problem, n_iter: int, n_grid: int | None) -> Solution:
     every = -(-n_iter // 100) if p.progress and not p.traced and n_iter > 0 else 0
     n_grid = None if n_grid is None else jnp.asarray(n_grid, jnp.int32)
     with bar(every, n_iter, "step") as shown:
-        sol = fixed_jit(p.f, p.solver, p.mode, p.saveat.t0, n_iter, p.n_save,
-                        _in_graph_check(p), p.max_steps, _adjoint(p), p.y0, p.t0, p.t1, p.dt,
-                        n_grid, p.ts, p.args, events=p.events, progress=every)
+        sol = _launch(p, fixed_jit, 9, p.f, p.solver, p.mode, p.saveat.t0, n_iter, p.n_save,
+                      _in_graph_check(p), p.max_steps, _adjoint(p), p.y0, p.t0, p.t1, p.dt,
+                      n_grid, p.ts, p.args, events=p.events, progress=every)
         if every:
             jax.block_until_ready(sol)
             shown.set(n_iter)
@@ -64,14 +65,23 @@ def run_adaptive(p: Problem) -> Solution:
     """``p`` on the adaptive driver, :func:`finish`-ed."""
     every = max(64, min(4096, p.max_steps // 100)) if p.progress and not p.traced else 0
     with bar(every, abs(float(p.t1) - float(p.t0)) if every else 0.0, "t") as shown:
-        sol = adaptive_jit(p.f, p.solver, p.mode, p.saveat.t0, p.n_save, _in_graph_check(p),
-                           p.max_steps, _adjoint(p), p.y0, p.t0, p.t1, p.dt, p.rtol, p.atol,
-                           p.ts, p.args, events=p.events, progress=every,
-                           controller=p.controller)
+        sol = _launch(p, adaptive_jit, 8, p.f, p.solver, p.mode, p.saveat.t0, p.n_save,
+                      _in_graph_check(p), p.max_steps, _adjoint(p), p.y0, p.t0, p.t1, p.dt,
+                      p.rtol, p.atol, p.ts, p.args, events=p.events, progress=every,
+                      controller=p.controller)
         if every:
             jax.block_until_ready(sol)
             shown.set(abs(float(sol.stats["t_final"]) - float(p.t0)))
     return finish(p, sol)
+
+
+def _launch(p: Problem, jitted: Any, n_static: int, *args: Any, **static: Any) -> Solution:
+    """The compiled driver called: an eager run without a progress bar through the kept
+    programs (``_programs.py``: no trace or compile when this program was built before, in
+    this process or, with :func:`simlib.keep_compiled_programs`, an earlier one)."""
+    if p.traced or static["progress"]:
+        return jitted(*args, **static)
+    return programs.call(jitted, n_static, *args, **static)
 
 
 def finish(p: Problem, sol: Solution) -> Solution:

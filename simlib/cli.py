@@ -42,7 +42,6 @@ __all__ = [
     "check_md_frames",
     "checkpoint_path",
     "finite_float",
-    "keep_compiled_programs",
     "main",
     "nonnegative_float",
     "nonnegative_int",
@@ -329,45 +328,20 @@ def _one_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
-def keep_compiled_programs() -> str | None:
-    """Turn on JAX's persistent compilation cache for this process, in simlib's cache
-    folder (``$SIMLIB_CACHE/jax``, by default ``~/.cache/simlib/jax``), so that a
-    second run of an example loads its programs instead of compiling them. Nothing
-    changes if the process already chose a cache folder, or with
-    ``SIMLIB_COMPILATION_CACHE=0``. Returns the folder in use (``None``: off).
-
-    Every example calls it (through :func:`script`); a script of your own turns the cache
-    on with the same call, ``jax.config.update("jax_compilation_cache_dir", folder)``
-    (docs/compile-time.md).
-    """
-    import jax
-
-    from ._native import cache_root
-
-    chosen = jax.config.jax_compilation_cache_dir
-    if chosen is not None:
-        return chosen
-    if os.environ.get("SIMLIB_COMPILATION_CACHE", "1").strip().lower() in ("0", "false",
-                                                                           "no", "off"):
-        return None
-    folder = str(cache_root() / "jax")
-    jax.config.update("jax_compilation_cache_dir", folder)
-    # an example's programs take 0.1 s to a minute to compile; reading one back is ~ms
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
-    return folder
-
-
 def script(main_fn: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate an example's ``main(argv)``: a failed solve becomes one line on stderr and
     exit status 1 (``SystemExit(1)``), Ctrl-C exit status 130, instead of a traceback; a
     run whose output had to be written elsewhere (:func:`save_result`) exits with 1; the
-    compiled programs are kept for the next run (:func:`keep_compiled_programs`)."""
+    compiled programs are kept for the next run
+    (:func:`simlib.keep_compiled_programs`, in ``$SIMLIB_CACHE``)."""
 
     @functools.wraps(main_fn)
     def wrapped(argv: Sequence[str] | None = None):
         import jax
 
         from simlib import SolverError
+
+        from ._programs import keep_compiled_programs
 
         prog = _program()
         keep_compiled_programs()

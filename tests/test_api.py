@@ -70,6 +70,7 @@ PUBLIC = [
     "fit",
     "io",
     "init_distributed",
+    "keep_compiled_programs",
     "least_squares",
     "log_density",
     "mse_loss",

@@ -225,16 +225,17 @@ def test_fit_gradient_test_stops_inside_a_chunk():
 
 
 def test_one_compilation_serves_all_chunks():
-    def counted(traces):
+    def counted(traces, shift):
         def loss(p):
             traces.append(1)  # runs once per trace, not per step
-            return quad(p)
+            return quad(p) + shift
 
         return loss
 
+    # two shifts: two programs (one chunk function would serve both, traced once)
     one, many = [], []
-    fit(counted(one), P0, steps=10, chunk=10, progress=False)
-    res = fit(counted(many), P0, steps=95, chunk=10, progress=False)  # 10 chunks, last partial
+    fit(counted(one, 0.0), P0, steps=10, chunk=10, progress=False)
+    res = fit(counted(many, 1.0), P0, steps=95, chunk=10, progress=False)  # 10 chunks
     assert len(many) == len(one) and res.n_steps == 95
     assert res.compile_time > 0 and res.run_time > 0
 

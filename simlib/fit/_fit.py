@@ -23,6 +23,7 @@ import optax.tree_utils as otu
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from .. import _programs as programs
 from .. import _summary
 from ..progress import bar as progress_bar
 from ._checks import as_float_tree, check_positive_int
@@ -329,7 +330,8 @@ def fit(
                                                    residuals)
     params0 = as_float_tree(params0)
     to_physical, to_unconstrained = make_maps(transforms, params0)
-    _check_loss(loss, params0)
+    if not callable(loss):
+        raise TypeError(f"loss must be callable as loss(params), got {loss!r}")
     u0 = _strong(to_unconstrained(params0))
     for name, leaf in zip(leaf_names(params0), jax.tree_util.tree_leaves(u0), strict=True):
         if not np.all(np.isfinite(np.asarray(leaf))):
@@ -340,7 +342,7 @@ def fit(
         return jnp.asarray(loss(to_physical(u))).reshape(())
 
     start = time.perf_counter()
-    loop = _compile(objective, optimizer, u0, chunk, tol)
+    loop = _compile(objective, optimizer, u0, chunk, tol, lambda: _check_loss(loss, params0))
     compile_time = time.perf_counter() - start
 
     bar = progress_bar(progress, steps, "fit", "step", leave=False)
@@ -415,8 +417,10 @@ class _Loop:
 
 
 def _compile(objective: Callable, optimizer: optax.GradientTransformation, u0: PyTree,
-             chunk: int, tol: float | None) -> _Loop:
-    """Initialise the optimiser and compile the chunk function once, for every chunk."""
+             chunk: int, tol: float | None, check: Callable[[], None]) -> _Loop:
+    """Initialise the optimiser and compile the chunk function once, for every chunk;
+    ``check()`` (the loss's checks) runs before a compilation. A chunk function built
+    before, in this process or a kept one, is loaded instead (``simlib._programs``)."""
     opt = optax.with_extra_args_support(optimizer)
     state0 = _strong(opt.init(u0))
     try:
@@ -424,14 +428,24 @@ def _compile(objective: Callable, optimizer: optax.GradientTransformation, u0: P
             otu.tree_get(state0, "grad") is not None
     except KeyError:  # several "value" fields: fall back to computing value and grad
         from_state = False
-    run = jax.jit(_make_chunk(objective, opt, chunk, from_state))
-    value_dtype = jax.eval_shape(objective, u0).dtype
+    key = programs.key(_make_chunk, objective, opt, chunk, from_state, dynamic=(u0, state0))
+    kept = programs.load(key)
+    if kept is None:
+        check()
+        value_dtype = jax.eval_shape(objective, u0).dtype
+    else:
+        value_dtype = np.dtype(kept[1]["value_dtype"])
     gtol = jnp.asarray(-1.0 if tol is None else tol, value_dtype)
     value0 = jnp.zeros((), value_dtype)
     grad0 = jax.tree_util.tree_map(jnp.zeros_like, u0)
     have0 = jnp.zeros((), bool)
-    compiled = run.lower(u0, state0, value0, grad0, have0, jnp.asarray(chunk, jnp.int32),
-                         gtol).compile()
+    if kept is None:
+        lowered = jax.jit(_make_chunk(objective, opt, chunk, from_state)).lower(
+            u0, state0, value0, grad0, have0, jnp.asarray(chunk, jnp.int32), gtol)
+        compiled = lowered.compile()
+        programs.keep(key, compiled, lowered, {"value_dtype": np.dtype(value_dtype).str})
+    else:
+        compiled = kept[0]
     return _Loop(compiled, u0, state0, (value0, grad0, have0), gtol)
 
 

@@ -35,6 +35,7 @@ import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from .. import _programs as programs
 from ._checks import as_float_tree, check_positive_int
 from ._fit import FitResult, gauss_newton_covariance
 from ._transforms import make_maps
@@ -123,14 +124,21 @@ def least_squares(
     def flat_res(u):
         return jnp.ravel(jnp.asarray(residuals(to_physical(unravel(u)))))
 
-    try:
-        n = int(jax.eval_shape(flat_res, u0).shape[0])
-    except Exception as err:  # noqa: BLE001 - re-raised with context
-        raise TypeError(f"calling residuals(params0) failed: {type(err).__name__}: {err}") \
-            from err
     settings = (tols["ftol"], tols["xtol"], tols["gtol"], factor)
     start = time.perf_counter()
-    compiled = _compile(flat_res, jacobian, u0.shape[0] <= n, steps, u0, settings)
+    key = programs.key(_lm_loop, flat_res, jacobian, steps, dynamic=(u0, *settings))
+    kept = programs.load(key)  # built before: no trace, no compile (simlib._programs)
+    if kept is None:
+        try:
+            n = int(jax.eval_shape(flat_res, u0).shape[0])
+        except Exception as err:  # noqa: BLE001 - re-raised with context
+            raise TypeError(f"calling residuals(params0) failed: {type(err).__name__}: "
+                            f"{err}") from err
+        compiled, lowered = _compile(flat_res, jacobian, u0.shape[0] <= n, steps, u0,
+                                     settings)
+        programs.keep(key, compiled, lowered, {"n": n})
+    else:
+        compiled, n = kept[0], kept[1]["n"]
     compile_time = time.perf_counter() - start
     start = time.perf_counter()
     out = jax.block_until_ready(compiled(u0, *settings))
@@ -169,18 +177,19 @@ def _check_settings(steps: Any, tol: Any, ftol: Any, xtol: Any, gtol: Any, facto
 
 
 def _compile(flat_res: Callable, jacobian: str, few_params: bool, steps: int,
-             u0: jax.Array, settings: tuple) -> Callable:
-    """The compiled Levenberg-Marquardt loop; ``jacobian="auto"`` takes forward mode for
-    ``few_params`` and falls back to reverse mode through a custom VJP."""
+             u0: jax.Array, settings: tuple) -> tuple[Callable, Any]:
+    """The compiled Levenberg-Marquardt loop and its lowering; ``jacobian="auto"`` takes
+    forward mode for ``few_params`` and falls back to reverse mode through a custom
+    VJP."""
     mode = jacobian if jacobian != "auto" else ("fwd" if few_params else "rev")
     run = jax.jit(_lm_loop(flat_res, mode, steps))
     try:
-        return run.lower(u0, *settings).compile()
+        lowered = run.lower(u0, *settings)
     except TypeError as err:
         if jacobian != "auto" or "custom_vjp" not in str(err):
             raise
-        run = jax.jit(_lm_loop(flat_res, "rev", steps))
-        return run.lower(u0, *settings).compile()
+        lowered = jax.jit(_lm_loop(flat_res, "rev", steps)).lower(u0, *settings)
+    return lowered.compile(), lowered
 
 
 def _message(code: int, out: dict, steps: int) -> str:
