@@ -63,6 +63,29 @@ _FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fno-sign
           "-fassociative-math", "-freciprocal-math", "-std=c++17", "-shared", "-fPIC")
 _COMPILE_TIMEOUT_S = 900
 
+#: Each library's maker, ``(module, function)``: a process that loads a stored program
+#: calling a library loads the library first (``simlib._programs``).
+MAKERS = {"libsimlib_failure.so": ("simlib._errors", "native_library"),
+          "libsimlib_linalg.so": ("simlib._linalg._kernels", "native_library"),
+          "libsimlib_native.so": ("simlib.particles._native", "native_library")}
+_loaded: set[str] = set()
+
+
+def loaded_libraries() -> list[str]:
+    """The file names of the native libraries loaded in this process (their FFI targets
+    registered)."""
+    return sorted(_loaded)
+
+
+def load_by_name(name: str) -> bool:
+    """Load the library ``name`` (a key of :data:`MAKERS`); whether it loaded."""
+    if name not in MAKERS:
+        return False
+    import importlib
+
+    module, function = MAKERS[name]
+    return getattr(importlib.import_module(module), function)().load() is not None
+
 
 def cache_root() -> Path:
     """simlib's cache folder: ``$SIMLIB_CACHE``, else ``$XDG_CACHE_HOME/simlib`` or
@@ -243,6 +266,7 @@ class NativeLibrary:
                 return None
             state["lib"] = handle
             state["reason"] = None
+            _loaded.add(self.library)
             return handle
 
     def unavailable_reason(self) -> str | None:

@@ -14,8 +14,10 @@ makes for itself (an eager :func:`~simlib.solve`, :func:`~simlib.fit.fit`,
   program);
 * the versions of Python, JAX, jaxlib and the other libraries named above, a hash of
   simlib's own source, the backend and its devices, JAX's tracing settings (x64 and the
-  others ``jit`` keys on), ``XLA_FLAGS``, the ``SIMLIB_*`` settings, and which failure
-  check the program holds (:func:`simlib._errors.uses_native_check`).
+  others ``jit`` keys on), ``XLA_FLAGS`` and the ``SIMLIB_*`` settings.
+
+A program traced once simlib's native kernels had loaded (the failure check, the sparse
+LU, ...) may call them; it is loaded back only where they load too.
 
 A key found in memory, or in the folder :func:`keep_compiled_programs` names, gives back
 the compiled executable (``jax.experimental.serialize_executable``): no trace and no
@@ -50,8 +52,10 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["call", "fingerprint", "keep", "keep_compiled_programs", "key", "load",
-           "program_folder"]
+from ._native import load_by_name, loaded_libraries
+
+__all__ = ["build", "call", "compiled", "fingerprint", "keep", "keep_compiled_programs", "key",
+           "load", "program_folder"]
 
 log = logging.getLogger("simlib")
 
@@ -383,15 +387,13 @@ def _setting() -> str:
     """What a program depends on besides its arguments (module docstring)."""
     from jax._src import config as jax_config  # jit keys its own cache on this
 
-    from ._errors import uses_native_check
-
     context = [x for x in jax_config.trace_context()
                if x is None or isinstance(x, bool | int | float | str | tuple | enum.Enum)]
     devices = [(d.platform, d.device_kind, d.id) for d in jax.devices()]
     simlib_env = sorted((k, v) for k, v in os.environ.items()
                         if k.startswith("SIMLIB_") and k != "SIMLIB_CACHE")
     return repr((_fixed_setting(), jax.default_backend(), devices, repr(context),
-                 os.environ.get("XLA_FLAGS", ""), simlib_env, uses_native_check()))
+                 os.environ.get("XLA_FLAGS", ""), simlib_env))
 
 
 def key(*static: Any, dynamic: Any = ()) -> str | None:
@@ -483,12 +485,20 @@ def load(k: str | None) -> tuple[Any, dict] | None:
         stored = pickle.loads(path.read_bytes())
         if stored.get("format") != _FORMAT:
             return None
+        meta = stored["meta"]
+        if not all(load_by_name(name) for name in meta.get("native", ())):
+            return None     # it may call a native kernel that does not load here
+        if meta.get("sparse_patterns"):
+            from ._linalg._kernels import register_pattern
+
+            for arrays in meta["sparse_patterns"]:
+                register_pattern(*arrays)  # looked up by key, from the process's registry
         compiled = serialize_executable.deserialize_and_load(
             stored["payload"], stored["in_tree"], stored["out_tree"])
     except Exception as err:  # noqa: BLE001 - a damaged or foreign file is a miss
         log.debug("simlib: stored program %s not loaded: %s", path.name, err)
         return None
-    entry = (compiled, stored.get("meta", {}))
+    entry = (compiled, meta)
     _memory.put(k, entry)
     return entry
 
@@ -509,15 +519,30 @@ def _has_host_callbacks(lowered: Any) -> bool:
         return True
 
 
-def keep(k: str | None, compiled: Any, lowered: Any, meta: dict | None = None) -> None:
+def _host_state() -> dict:
+    """What a program traced now may look up in this process rather than hold: the native
+    libraries loaded (its custom calls' kernels; whether it calls them depends on the
+    machine, not on the key) and the sparse patterns registered with them (by key)."""
+    state: dict[str, Any] = {"native": loaded_libraries()}
+    kernels = sys.modules.get("simlib._linalg._kernels")
+    if kernels is not None:
+        state["sparse_patterns"] = kernels.registered_patterns_arrays()
+    return state
+
+
+def keep(k: str | None, compiled: Any, lowered: Any, meta: dict | None = None, *,
+         from_jax_cache: bool = False) -> None:
     """Keep ``compiled`` (built from ``lowered``) under key ``k``: in memory, and in the
-    folder when one is set and the program holds no host callback."""
+    folder when one is set, the program holds no host callback, and it was compiled
+    rather than loaded from JAX's persistent cache (``from_jax_cache``: an executable
+    JAX loaded from its cache and serialised again fails to run, "Function
+    broadcast_add_fusion not found", jax 0.10.2)."""
     if k is None:
         return
-    meta = dict(meta or {})
+    meta = dict(meta or {}, **_host_state())
     _memory.put(k, (compiled, meta))
     folder = program_folder()
-    if folder is None or _has_host_callbacks(lowered):
+    if folder is None or from_jax_cache or _has_host_callbacks(lowered):
         return
     try:
         from jax.experimental import serialize_executable
@@ -534,23 +559,40 @@ def keep(k: str | None, compiled: Any, lowered: Any, meta: dict | None = None) -
         log.debug("simlib: program not stored: %s", err)
 
 
-def call(jitted: Callable, n_static: int, *args: Any, **static_kwargs: Any) -> Any:
-    """``jitted(*args, **static_kwargs)`` for a ``jax.jit`` function whose first
-    ``n_static`` positional arguments and keyword arguments are static, through the kept
-    programs: the key is looked up, and on a miss the program is lowered, compiled and
-    kept."""
-    dynamic = args[n_static:]
-    k = key(jitted, args[:n_static], sorted(static_kwargs.items()), dynamic=dynamic)
-    if k is None:
-        return jitted(*args, **static_kwargs)
+_jax_cache_hits = [0]
+
+
+def _count_jax_cache_hits(event: str, **kw: Any) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _jax_cache_hits[0] += 1
+
+
+jax.monitoring.register_event_listener(_count_jax_cache_hits)
+
+
+def build(k: str | None, lowered: Any, meta: dict | None = None) -> Any:
+    """``lowered.compile()``, kept under key ``k`` with ``meta`` (:func:`keep`)."""
+    before = _jax_cache_hits[0]
+    program = lowered.compile()
+    keep(k, program, lowered, meta, from_jax_cache=_jax_cache_hits[0] != before)
+    return program
+
+
+def compiled(jitted: Callable, *args: Any, n_static: int = 0, **static_kwargs: Any) -> Any:
+    """The compiled program of ``jitted(*args, **static_kwargs)``, a ``jax.jit`` function
+    whose first ``n_static`` positional arguments and keyword arguments are static, through
+    the kept programs: looked up by key, else lowered, compiled and kept. Call it with the
+    other arguments, ``args[n_static:]``."""
+    k = key(jitted, args[:n_static], sorted(static_kwargs.items()), dynamic=args[n_static:])
     found = load(k)
-    if found is None:
-        lowered = jitted.lower(*args, **static_kwargs)
-        compiled = lowered.compile()
-        keep(k, compiled, lowered)
-    else:
-        compiled = found[0]
-    return compiled(*dynamic)
+    if found is not None:
+        return found[0]
+    return build(k, jitted.lower(*args, **static_kwargs))
+
+
+def call(jitted: Callable, n_static: int, *args: Any, **static_kwargs: Any) -> Any:
+    """``jitted(*args, **static_kwargs)`` through :func:`compiled`."""
+    return compiled(jitted, *args, n_static=n_static, **static_kwargs)(*args[n_static:])
 
 
 def keep_compiled_programs(folder: str | os.PathLike | None = None) -> str | None:

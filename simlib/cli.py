@@ -380,13 +380,16 @@ def script(main_fn: Callable[..., Any]) -> Callable[..., Any]:
 def timed(fn: Callable[..., Any], *args: Any, **static: Any) -> tuple[Any, float, float]:
     """``(result, compile_s, run_s)`` of ``jax.jit(fn, static_argnames=...)(*args)``.
 
-    Compile time is ``lower(...).compile()``; run time is one call of the compiled
-    function, to ``block_until_ready``.
+    Compile time is ``lower(...).compile()``, or the load of the program kept from an
+    earlier run (:func:`simlib.keep_compiled_programs`); run time is one call of the
+    compiled function, to ``block_until_ready``.
     """
     import jax
 
+    from ._programs import compiled as kept_or_compiled
+
     start = time.perf_counter()
-    compiled = jax.jit(fn, static_argnames=tuple(static)).lower(*args, **static).compile()
+    compiled = kept_or_compiled(jax.jit(fn, static_argnames=tuple(static)), *args, **static)
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
     out = jax.block_until_ready(compiled(*args))

@@ -195,6 +195,12 @@ _SCRIPT = textwrap.dedent("""
                    saveat=sl.SaveAt(ts=ts)).ys
     dec = sl.solve(decay, jnp.array([1.0]), 0.0, 2.0, solver=sl.Tsit5(), rtol=1e-10,
                    atol=1e-12, args=1.0).ys[-1, 0]
+    # a sparse LU: its native kernel finds the pattern by key in the process's registry
+    n = 12
+    a = -2.0 * jnp.eye(n) + jnp.eye(n, k=1) + jnp.eye(n, k=-1)
+    sparse = sl.solve(lambda t, y, a: a @ y, jnp.linspace(0.0, 1.0, n), 0.0, 1.0,
+                      solver=sl.BDF(), rtol=1e-10, atol=1e-12, args=a,
+                      jac_sparsity=a != 0, linear_solver="sparse").ys[-1]
     obs = 3.0 * jnp.exp(-1.5 * ts)
     fitted = sl.least_squares(lambda p: p[0] * jnp.exp(-p[1] * ts) - obs,
                               jnp.array([1.0, 1.0])).params
@@ -205,6 +211,7 @@ _SCRIPT = textwrap.dedent("""
     except sl.SolverError as err:
         error = [err.result.name, str(err)]
     print(json.dumps(dict(rob=rob.tolist(), dec=float(dec), fitted=fitted.tolist(),
+                          sparse=sparse.tolist(),
                           error=error, seen=seen)))
 """)
 
@@ -230,6 +237,7 @@ def test_a_second_process_neither_traces_nor_compiles_and_a_change_is_seen(tmp_p
     program is built anew and its answer follows. Process 4 finds damaged files: it builds
     everything anew, and is right."""
     from scipy.integrate import solve_ivp
+    from scipy.linalg import expm
 
     first = _run(tmp_path, 1.0)
     assert first["built"] == set(_BUILT)
@@ -238,7 +246,7 @@ def test_a_second_process_neither_traces_nor_compiles_and_a_change_is_seen(tmp_p
 
     second = _run(tmp_path, 1.0)
     assert second["built"] == set()
-    for name in ("rob", "dec", "fitted", "error"):
+    for name in ("rob", "dec", "fitted", "sparse", "error"):
         assert second[name] == first[name], name
     assert first["error"][0] == "MAX_STEPS_REACHED" and "max_steps=5" in first["error"][1]
 
@@ -250,6 +258,9 @@ def test_a_second_process_neither_traces_nor_compiles_and_a_change_is_seen(tmp_p
     np.testing.assert_allclose(np.array(second["rob"]), ref.y.T, rtol=1e-5, atol=1e-12)
     assert abs(second["dec"] - np.exp(-2.0)) < 1e-9
     np.testing.assert_allclose(second["fitted"], [3.0, 1.5], rtol=1e-9)
+    a = -2.0 * np.eye(12) + np.eye(12, k=1) + np.eye(12, k=-1)
+    np.testing.assert_allclose(second["sparse"], expm(a) @ np.linspace(0.0, 1.0, 12),
+                               rtol=1e-7, atol=1e-9)
 
     third = _run(tmp_path, 2.0)
     assert "adaptive_core" in third["built"]
@@ -259,11 +270,30 @@ def test_a_second_process_neither_traces_nor_compiles_and_a_change_is_seen(tmp_p
         path.write_bytes(b"damaged")
     fourth = _run(tmp_path, 1.0)
     assert fourth["built"] == set(_BUILT)
-    for name in ("rob", "dec", "fitted", "error"):
+    for name in ("rob", "dec", "fitted", "sparse", "error"):
         assert fourth[name] == first[name], name
 
 
-def test_the_failure_check_in_use_is_part_of_the_key(monkeypatch):
-    before, native = programs.key(_decay(1.0)), _errors.uses_native_check()
-    monkeypatch.setattr(_errors, "uses_native_check", lambda: not native)
-    assert programs.key(_decay(1.0)) != before
+def test_a_program_built_with_native_kernels_loaded_needs_them_to_load(tmp_path,
+                                                                      monkeypatch):
+    """Whether a program calls simlib's native kernels (the failure check, the sparse LU)
+    depends on the machine, not on the key: a program stored while they were loaded is not
+    loaded back where they do not load (it would call a kernel nobody registered and crash
+    the process)."""
+    if not _errors.uses_native_check():
+        pytest.skip("the native failure check did not build here")
+    monkeypatch.setattr(programs, "_folder", [tmp_path])
+    monkeypatch.setattr(programs, "_memory", programs._Memory(4))
+    # a program JAX's own cache (conftest's) cannot hold yet: one loaded from it is not
+    # stored (serialised again, it fails to run)
+    scale = float(np.random.default_rng().uniform(2.0, 3.0))
+    jitted = jax.jit(lambda x: scale * x)
+    program = programs.compiled(jitted, jnp.ones(3))
+    k = programs.key(jitted, (), [], dynamic=(jnp.ones(3),))
+    assert len(list(tmp_path.iterdir())) == 1
+    programs._memory.cache_clear()
+    assert "libsimlib_failure.so" in programs.load(k)[1]["native"]
+    programs._memory.cache_clear()
+    monkeypatch.setattr(programs, "load_by_name", lambda name: False)
+    assert programs.load(k) is None
+    np.testing.assert_array_equal(program(jnp.ones(3)), scale * np.ones(3))

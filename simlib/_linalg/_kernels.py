@@ -35,6 +35,11 @@ _LIBRARY = NativeLibrary(
 )
 
 
+def native_library() -> NativeLibrary:
+    """The linear-algebra kernels' library (not loaded until :meth:`NativeLibrary.load`)."""
+    return _LIBRARY
+
+
 def load():
     """The loaded library (FFI targets registered) or ``None``."""
     return _LIBRARY.load()
@@ -158,6 +163,14 @@ def register_pattern(fp: np.ndarray, fi: np.ndarray, diag: np.ndarray,
 # not copy them), so they live, read-only, as long as the process.
 _PINNED: dict[int, tuple[np.ndarray, ...]] = {}
 _PINNED_LOCK = threading.Lock()
+
+
+def registered_patterns_arrays() -> list[tuple[np.ndarray, ...]]:
+    """The ``(fp, fi, diag, position)`` of every pattern registered in this process: what
+    a stored program's kernels look up by key (``simlib._programs`` stores them with it
+    and registers them again before loading it)."""
+    with _PINNED_LOCK:
+        return list(_PINNED.values())
 
 
 def _register(key: int, fp, fi, diag, position) -> int:

@@ -442,8 +442,7 @@ def _compile(objective: Callable, optimizer: optax.GradientTransformation, u0: P
     if kept is None:
         lowered = jax.jit(_make_chunk(objective, opt, chunk, from_state)).lower(
             u0, state0, value0, grad0, have0, jnp.asarray(chunk, jnp.int32), gtol)
-        compiled = lowered.compile()
-        programs.keep(key, compiled, lowered, {"value_dtype": np.dtype(value_dtype).str})
+        compiled = programs.build(key, lowered, {"value_dtype": np.dtype(value_dtype).str})
     else:
         compiled = kept[0]
     return _Loop(compiled, u0, state0, (value0, grad0, have0), gtol)

@@ -134,9 +134,8 @@ def least_squares(
         except Exception as err:  # noqa: BLE001 - re-raised with context
             raise TypeError(f"calling residuals(params0) failed: {type(err).__name__}: "
                             f"{err}") from err
-        compiled, lowered = _compile(flat_res, jacobian, u0.shape[0] <= n, steps, u0,
-                                     settings)
-        programs.keep(key, compiled, lowered, {"n": n})
+        compiled = programs.build(key, _lower(flat_res, jacobian, u0.shape[0] <= n, steps,
+                                              u0, settings), {"n": n})
     else:
         compiled, n = kept[0], kept[1]["n"]
     compile_time = time.perf_counter() - start
@@ -176,11 +175,10 @@ def _check_settings(steps: Any, tol: Any, ftol: Any, xtol: Any, gtol: Any, facto
     return steps, tols, factor
 
 
-def _compile(flat_res: Callable, jacobian: str, few_params: bool, steps: int,
-             u0: jax.Array, settings: tuple) -> tuple[Callable, Any]:
-    """The compiled Levenberg-Marquardt loop and its lowering; ``jacobian="auto"`` takes
-    forward mode for ``few_params`` and falls back to reverse mode through a custom
-    VJP."""
+def _lower(flat_res: Callable, jacobian: str, few_params: bool, steps: int,
+           u0: jax.Array, settings: tuple) -> Any:
+    """The lowered Levenberg-Marquardt loop; ``jacobian="auto"`` takes forward mode for
+    ``few_params`` and falls back to reverse mode through a custom VJP."""
     mode = jacobian if jacobian != "auto" else ("fwd" if few_params else "rev")
     run = jax.jit(_lm_loop(flat_res, mode, steps))
     try:
@@ -189,7 +187,7 @@ def _compile(flat_res: Callable, jacobian: str, few_params: bool, steps: int,
         if jacobian != "auto" or "custom_vjp" not in str(err):
             raise
         lowered = jax.jit(_lm_loop(flat_res, "rev", steps)).lower(u0, *settings)
-    return lowered.compile(), lowered
+    return lowered
 
 
 def _message(code: int, out: dict, steps: int) -> str:

@@ -32,6 +32,11 @@ _LIBRARY = NativeLibrary(
 )
 
 
+def native_library() -> NativeLibrary:
+    """The particle kernels' library (not loaded until :meth:`NativeLibrary.load`)."""
+    return _LIBRARY
+
+
 def load():
     """The loaded particle library with its FFI targets registered, or ``None`` (decided
     once per process; :func:`unavailable_reason` says why)."""
