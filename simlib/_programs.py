@@ -578,21 +578,36 @@ def build(k: str | None, lowered: Any, meta: dict | None = None) -> Any:
     return program
 
 
+def _lookup(jitted: Callable, args: tuple, n_static: int, static_kwargs: dict
+            ) -> tuple[str | None, Any]:
+    """``(key, kept program or None)`` of ``jitted(*args, **static_kwargs)``."""
+    k = key(jitted, args[:n_static], sorted(static_kwargs.items()), dynamic=args[n_static:])
+    found = load(k)
+    return k, None if found is None else found[0]
+
+
 def compiled(jitted: Callable, *args: Any, n_static: int = 0, **static_kwargs: Any) -> Any:
     """The compiled program of ``jitted(*args, **static_kwargs)``, a ``jax.jit`` function
     whose first ``n_static`` positional arguments and keyword arguments are static, through
     the kept programs: looked up by key, else lowered, compiled and kept. Call it with the
-    other arguments, ``args[n_static:]``."""
-    k = key(jitted, args[:n_static], sorted(static_kwargs.items()), dynamic=args[n_static:])
-    found = load(k)
-    if found is not None:
-        return found[0]
-    return build(k, jitted.lower(*args, **static_kwargs))
+    other arguments, ``args[n_static:]``. For eager calls only: a function closing over a
+    tracer has no key, and its program takes the tracer as one more input."""
+    k, program = _lookup(jitted, args, n_static, static_kwargs)
+    if program is None:
+        program = build(k, jitted.lower(*args, **static_kwargs))
+    return program
 
 
 def call(jitted: Callable, n_static: int, *args: Any, **static_kwargs: Any) -> Any:
-    """``jitted(*args, **static_kwargs)`` through :func:`compiled`."""
-    return compiled(jitted, *args, n_static=n_static, **static_kwargs)(*args[n_static:])
+    """``jitted(*args, **static_kwargs)`` through the kept programs (:func:`compiled`);
+    through ``jitted`` itself when there is no key (e.g. a tracer closed over: the call is
+    then part of a trace after all)."""
+    k, program = _lookup(jitted, args, n_static, static_kwargs)
+    if k is None:
+        return jitted(*args, **static_kwargs)
+    if program is None:
+        program = build(k, jitted.lower(*args, **static_kwargs))
+    return program(*args[n_static:])
 
 
 def keep_compiled_programs(folder: str | os.PathLike | None = None) -> str | None:
