@@ -5,9 +5,14 @@ the library, tracing, lowering and compiling, and the first run; then what a sec
 process pays when JAX's persistent compilation cache holds the programs. Each contender
 runs in processes of its own (``--child``), so every figure is a cold process's:
 
-* ``cold``: a new process and an empty compilation cache folder;
+* ``cold``: a new process and an empty cache folder;
 * ``cache``: a second new process over the folder the cold one filled (simlib and diffrax;
-  scipy compiles nothing, so its second process is its first).
+  scipy compiles nothing, so its second process is its first). Both turn on JAX's
+  persistent compilation cache there; simlib also calls ``sl.keep_compiled_programs``,
+  which stores the programs of its eager calls whole (no trace, no compile).
+
+The children read compiled modules (``.pyc``), as an installed package's are: the parent
+compiles simlib's, and ``PYTHONDONTWRITEBYTECODE`` is dropped from their environment.
 
 Per process: ``import_s`` (the imports), ``trace_s``, ``lower_s`` and ``compile_s`` (XLA)
 of the first call (from ``jax.monitoring``; the compile figure of a cache hit is the
@@ -334,6 +339,8 @@ class _Tee(io.StringIO):
 
 def _measure(opts, fmt_load, load_average, report) -> None:
 
+    import compileall  # the children read compiled modules, as an installed package's are
+    compileall.compile_dir(str(HERE.parent / "simlib"), quiet=1)
     rows, load_start = [], load_average()
     for case in opts.cases:
         for tool in TOOLS[case]:

@@ -207,7 +207,8 @@ def _pde_ensemble_row() -> list[str]:
 def _compile_row() -> list[str]:
     """End to end in a new process (import, trace, compile, first run), from
     ``compile.json``: the Robertson solve against scipy and diffrax, its gradient against
-    diffrax; cold (empty compilation cache) and with the cache a first process filled."""
+    diffrax; cold (empty caches) and with the caches a first process filled (simlib's
+    stored programs and JAX's compilation cache)."""
     d = _load("compile.json")
     got = {(r["case"], r["tool"], r["state"]): r["to_result_s"] for r in d["rows"]
            if "error" not in r}
@@ -220,7 +221,7 @@ def _compile_row() -> list[str]:
         "Time to first result in a new process (import, trace, compile, run): Robertson, "
         "Rodas5P, rtol 1e-6; and `jax.grad` of it",
         f"{ratio('robertson', 'scipy', 'cold')} cold, {ratio('robertson', 'scipy', 'cache')}"
-        " with JAX's compilation cache (Radau; scipy compiles nothing)",
+        " with `sl.keep_compiled_programs()` (Radau; scipy compiles nothing)",
         f"{ratio('robertson', 'diffrax', 'cold')} cold, "
         f"{ratio('robertson', 'diffrax', 'cache')} cached (Kvaerno5); gradient "
         f"{ratio('robertson_grad', 'diffrax', 'cold')} cold, "

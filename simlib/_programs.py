@@ -14,7 +14,7 @@ makes for itself (an eager :func:`~simlib.solve`, :func:`~simlib.fit.fit`,
   program);
 * the versions of Python, JAX, jaxlib and the other libraries named above, a hash of
   simlib's own source, the backend and its devices, JAX's tracing settings (x64 and the
-  others ``jit`` keys on), ``XLA_FLAGS`` and the ``SIMLIB_*`` settings.
+  others ``jit`` keys on), ``XLA_FLAGS`` and ``SIMLIB_NATIVE``.
 
 A program traced once simlib's native kernels had loaded (the failure check, the sparse
 LU, ...) may call them; it is loaded back only where they load too.
@@ -390,10 +390,8 @@ def _setting() -> str:
     context = [x for x in jax_config.trace_context()
                if x is None or isinstance(x, bool | int | float | str | tuple | enum.Enum)]
     devices = [(d.platform, d.device_kind, d.id) for d in jax.devices()]
-    simlib_env = sorted((k, v) for k, v in os.environ.items()
-                        if k.startswith("SIMLIB_") and k != "SIMLIB_CACHE")
     return repr((_fixed_setting(), jax.default_backend(), devices, repr(context),
-                 os.environ.get("XLA_FLAGS", ""), simlib_env))
+                 os.environ.get("XLA_FLAGS", ""), os.environ.get("SIMLIB_NATIVE", "")))
 
 
 def key(*static: Any, dynamic: Any = ()) -> str | None:

@@ -103,6 +103,16 @@ def test_the_arguments_count_by_structure_shape_and_dtype_not_value():
     assert key(dynamic=(1.0, None)) != key(dynamic=(None, 1.0))
 
 
+def test_only_the_settings_that_change_a_program_are_in_the_key(monkeypatch):
+    before = programs.key(_decay(1.0))
+    monkeypatch.setenv("SIMLIB_SOMETHING_ELSE", "1")   # e.g. a benchmark's own variable
+    assert programs.key(_decay(1.0)) == before
+    monkeypatch.setenv("SIMLIB_NATIVE", "0")            # the pure-JAX kernels instead
+    assert programs.key(_decay(1.0)) != before
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    assert programs.key(_decay(1.0)) != before
+
+
 def test_what_cannot_be_accounted_for_gives_no_key():
     lock = threading.Lock()
     assert fingerprint(lambda t, y, a: y if lock else -y) is None   # an unknown native object
