@@ -41,6 +41,20 @@ from jax import lax
 
 from .._static import Settings
 
+
+class LazyModule:
+    """A module imported on its first attribute access. ``scipy.sparse`` and its
+    ``csgraph`` and ``linalg`` take about 0.2 s to import, and only the sparse and banded
+    linear solvers use them: a dense solve need not pay it."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(self._name), attr)
+
 Array = jax.Array
 Field = Callable[[Any, Array], Array]  # g(t, v) on the flattened state
 

@@ -16,9 +16,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.sparse as sp
 
-from ._base import Array
+from ._base import Array, LazyModule
+
+sp = LazyModule("scipy.sparse")  # imported on first use (0.2 s)
 
 
 def as_pattern(jac_sparsity, n: int | None = None) -> sp.csr_matrix:

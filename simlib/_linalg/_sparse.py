@@ -25,16 +25,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.sparse as sp
-import scipy.sparse.csgraph as csgraph
-import scipy.sparse.linalg as spla
 from jax import lax
 
 from .._static import register_static
 from . import _kernels
-from ._base import Array, Factorisation, Field, LinearSolver
+from ._base import Array, Factorisation, Field, LazyModule, LinearSolver
 from ._coloring import CompressedPattern, index_constant
 from ._sparsity import jacobian_sparsity
+
+sp = LazyModule("scipy.sparse")
+csgraph = LazyModule("scipy.sparse.csgraph")
+spla = LazyModule("scipy.sparse.linalg")
 
 ORDERINGS = ("auto", "nd", "mmd", "rcm", "natural")
 ND_LEAF = 16  # nested dissection keeps subgraphs of this size in natural order
