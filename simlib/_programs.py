@@ -218,7 +218,7 @@ class _Walk:
         if a.dtype.hasobject:
             raise Unkeyable("an object array")
         self.put("array", type(x).__name__, a.dtype.str, a.shape, weak)
-        self.hash.update(np.ascontiguousarray(a).tobytes())
+        self.hash.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))  # ~1 GB/s
 
     def _code(self, code: types.CodeType) -> None:
         self.put("code", code.co_code, code.co_argcount, code.co_posonlyargcount,
