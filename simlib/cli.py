@@ -193,7 +193,7 @@ output_path = _path_with_suffix(None, "the output")
 def _check_writable(path: Path) -> str | None:
     """Why ``path`` cannot be written, or ``None``: a temporary file beside it (and any
     missing folders above it) is created and removed again, as the final write will do."""
-    from .particles._checkpoint import check_writable
+    from ._files import check_writable
 
     try:
         check_writable(path)
@@ -451,14 +451,15 @@ def save_result(path: str | os.PathLike, meta: dict | None = None, *, trajectory
     ``.h5``: with ``trajectory`` (a particle trajectory) an H5MD file written by
     :func:`simlib.io.save` (readable by MDAnalysis and OVITO; ``box``: the periodic space);
     otherwise the arrays as HDF5 datasets, metadata as attributes. Parent folders are
-    created, and the file is written to a temporary file beside it, then renamed. Prints
+    created, and the file is written to a temporary file beside it, then renamed (with the
+    mode ``open(path, "w")`` would give: 0666 less the umask). Prints
     ``wrote PATH`` unless ``quiet``. If ``path`` cannot be written, the result goes to a
     temporary folder instead, named in an error line (and :func:`script` exits 1).
     Returns the path written.
     """
     import numpy as np
 
-    from .particles._checkpoint import atomic_write
+    from ._files import atomic_write
 
     path = Path(path)
     meta = dict(meta or {})
@@ -514,7 +515,7 @@ def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 120, *,
     """Save a matplotlib figure (format from the extension), creating parent folders;
     written and renamed like :func:`save_result`, with the same fallback if ``path``
     cannot be written. Prints ``wrote PATH`` unless ``quiet``."""
-    from .particles._checkpoint import atomic_write
+    from ._files import atomic_write
 
     path = Path(path)
     fmt = path.suffix.lower().lstrip(".")

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from ._files import atomic_write
 from ._version import __version__
-from .particles._checkpoint import atomic_write
 
 __all__ = ["FileFormatError", "Loaded", "load", "save", "version_metadata"]
 

@@ -163,3 +163,22 @@ def test_mdanalysis_reads_the_h5md_file(trajectory, tmp_path):
         np.testing.assert_allclose(ts.dimensions, [float(space.box)] * 3 + [90] * 3,
                                    rtol=1e-6)
         assert ts.time == pytest.approx(0.005 * 5 * i)
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_files_get_the_mode_open_would_give(solution, trajectory, tmp_path, umask, mode):
+    """Files are written to a temporary file and renamed; they still get 0666 less the
+    umask, as ``open(path, "w")`` gives (tempfile.mkstemp's 0600 did not)."""
+    import os
+    import stat
+
+    traj, space = trajectory
+    old = os.umask(umask)
+    try:
+        paths = [save(tmp_path / "sol.npz", solution),
+                 save(tmp_path / "traj.h5", traj, box=space),
+                 save(tmp_path / "traj.xyz", traj, box=space)]
+    finally:
+        os.umask(old)
+    for path in paths:
+        assert stat.S_IMODE(path.stat().st_mode) == mode, path

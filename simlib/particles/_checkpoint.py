@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -27,53 +26,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._files import atomic_write
+
 FORMAT = "simlib-simulate-checkpoint-2"  # 2: frames hold the integrator records
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read (truncated, corrupt) or does not fit the run."""
-
-
-def _temporary(path: Path) -> str:
-    """A new empty file beside ``path`` (``.NAME.XXXXXXXX.tmp``), for writing then renaming."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    return tmp
-
-
-def atomic_write(path: Path, write) -> None:
-    """``write(tmp)`` to a temporary file beside ``path``, flushed to disk, then renamed onto
-    ``path``: a reader (or a resumed run) sees the old file or the new one, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary(path)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def check_writable(path) -> None:
-    """Raise the ``OSError`` that :func:`atomic_write` would meet at ``path``, without
-    writing it: the missing parent folders and a temporary file beside ``path`` are created
-    and removed again. For a long run, to find an unwritable output before the work."""
-    path = Path(path).absolute()
-    created = []
-    try:
-        for folder in reversed(path.parents):
-            if not folder.exists():
-                folder.mkdir()
-                created.append(folder)
-        os.unlink(_temporary(path))
-    finally:
-        for folder in reversed(created):
-            with contextlib.suppress(OSError):
-                folder.rmdir()
 
 
 def digest(tree) -> str:
