@@ -165,6 +165,35 @@ def test_linear_solver_is_a_setting_of_the_solver():
         sl.BDF(jac="rev", linear_solver=sl.BandedLU(2, 2))
 
 
+def test_a_jac_sparsity_of_the_wrong_shape_is_named_with_its_shape():
+    """The error names jac_sparsity and its shape, with the state's number of components
+    where it is known (solve knows it), never "a state of None components"."""
+    from simlib._linalg._coloring import as_pattern
+
+    def decay(t, y, args):
+        return -y
+
+    def message(call):
+        with pytest.raises(ValueError) as err:
+            call()
+        return str(err.value)
+
+    def solve(pattern):
+        return sl.solve(decay, jnp.ones(3), 0.0, 1.0, solver=sl.BDF(), rtol=1e-6,
+                        jac_sparsity=pattern)
+
+    square, oblong = np.ones((5, 5), bool), np.ones((5, 4), bool)
+    for text, shape in ((message(lambda: as_pattern(square, 3)), "(5, 5)"),
+                        (message(lambda: as_pattern(oblong, 3)), "(5, 4)"),
+                        (message(lambda: solve(square)), "(5, 5)"),
+                        (message(lambda: solve(oblong)), "(5, 4)")):
+        assert text.startswith("jac_sparsity must be (3, 3) for a state of 3 components"), text
+        assert shape in text, text
+    for text in (message(lambda: as_pattern(oblong)), message(lambda: sl.SparseLU(oblong))):
+        assert text.startswith("jac_sparsity must be square") and "(5, 4)" in text, text
+        assert "None" not in text, text
+
+
 # ---------------------------------------------------------------------- fixed step
 
 M = 10  # heat equation: u_t = u_xx on (0, 1), Dirichlet zero, M interior points

@@ -22,9 +22,18 @@ from ._base import Array, LazyModule
 sp = LazyModule("scipy.sparse")  # imported on first use (0.2 s)
 
 
+def wrong_shape(shape: tuple[int, ...], n: int | None = None) -> ValueError:
+    """The error for a ``jac_sparsity`` of ``shape`` that is not ``(n, n)``, ``n`` the
+    number of state components (``None``: not known here; then it says square)."""
+    want = (f"({n}, {n}) for a state of {n} components" if n is not None
+            else "square (a row and a column per state component)")
+    return ValueError(f"jac_sparsity must be {want}; got shape {tuple(shape)}")
+
+
 def as_pattern(jac_sparsity, n: int | None = None) -> sp.csr_matrix:
     """``jac_sparsity`` (a boolean array or a scipy sparse matrix, as scipy's
-    ``solve_ivp`` takes it) as a boolean CSR matrix with sorted indices, checked square."""
+    ``solve_ivp`` takes it) as a boolean CSR matrix with sorted indices, checked square,
+    and ``(n, n)`` when ``n`` (the number of state components) is given."""
     if sp.issparse(jac_sparsity):
         m = sp.csr_matrix(jac_sparsity, dtype=bool)
     else:
@@ -36,9 +45,7 @@ def as_pattern(jac_sparsity, n: int | None = None) -> sp.csr_matrix:
     m.eliminate_zeros()
     m.sort_indices()
     if m.shape[0] != m.shape[1] or (n is not None and m.shape[0] != n):
-        want = f"({n}, {n})" if n is not None else "square"
-        raise ValueError(f"jac_sparsity must be {want} for a state of {n} components; "
-                         f"got shape {m.shape}")
+        raise wrong_shape(m.shape, n)
     return m
 
 

@@ -461,10 +461,7 @@ def configure(solver, f: VectorField, y0: PyTree, t0, args, *, jac_sparsity=None
     if jac_sparsity is not None:
         from .._linalg._coloring import as_pattern
 
-        shape = as_pattern(jac_sparsity).shape
-        if shape != (n, n):
-            raise ValueError(f"jac_sparsity must be ({n}, {n}) for a state of {n} "
-                             f"components; got {shape}")
+        as_pattern(jac_sparsity, n)  # names the shape and the state's size if they differ
 
     def pattern():
         return detect_sparsity(f, y0, t0, args) if jac_sparsity is None else jac_sparsity
