@@ -4,6 +4,9 @@ eagerly and NaN under jit/vmap, and (slow, with openmm installed) OpenMM's PME."
 
 from __future__ import annotations
 
+import re
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -256,6 +259,51 @@ def test_construction_refuses_bad_arguments():
         sp.ewald_parameters(2.0, 0.9, 1.5)
     with pytest.raises(ValueError, match="order"):
         sp.pme(sp.periodic(2.0), 0.9, order=2)
+
+
+def test_tolerance_whose_grid_does_not_fit_is_refused_before_allocating(monkeypatch):
+    """Issue 41: tolerance=1e-15 on a 16-ion box sized a 43740^3 PME grid (1.6 PB asked of
+    XLA). The builders refuse it eagerly, naming the tolerance, the grid and its memory and
+    suggesting a tolerance that fits; nothing is allocated (the builder never reaches JAX
+    arrays), and it takes milliseconds."""
+    import time
+
+    from simlib.particles import _electrostatics
+
+    def no_allocation(*args, **kwargs):
+        raise AssertionError("the reciprocal-space arrays were built")
+
+    monkeypatch.setattr(_electrostatics, "_spread_pure", no_allocation)
+    monkeypatch.setattr(_electrostatics, "_half_kvectors", no_allocation)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"tolerance=1e-15.*43740x43740x43740 grid") as info:
+        sp.pme(sp.periodic(2.0), r_cut=0.9, tolerance=1e-15)
+    with pytest.raises(ValueError, match=r"tolerance=1e-06.*kmax=\(370, 370, 370\)"):
+        sp.ewald(sp.periodic(40.0), r_cut=0.5, tolerance=1e-6)
+    assert time.perf_counter() - start < 0.5
+    message = str(info.value)
+    assert "GiB" in message or "PiB" in message or "TiB" in message
+    suggested = float(re.search(r"tolerance=(\S+) is the smallest", message).group(1))
+    monkeypatch.undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                       # near the limit: it warns
+        grid = sp.pme(sp.periodic(2.0), r_cut=0.9, tolerance=suggested).grid
+    assert 256**3 < np.prod(grid) and 1e-15 < suggested < 1e-6
+
+
+def test_large_grid_warns_and_usual_tolerances_are_quiet():
+    """Above 256^3 grid points (27 waters' box at tolerance 1e-7: 288^3) a UserWarning gives
+    the grid and its memory; the usual tolerances build silently, and an explicit grid is
+    the caller's choice."""
+    with pytest.warns(UserWarning, match=r"tolerance=1e-07.*288x288x288 grid.*MiB"):
+        sp.pme(sp.periodic(0.93), r_cut=0.45, tolerance=1e-7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for tolerance in (1e-4, 1e-5, 1e-6):
+            sp.pme(sp.periodic(0.93), r_cut=0.45, tolerance=tolerance)
+            sp.ewald(sp.periodic(0.93), r_cut=0.45, tolerance=tolerance)
+        sp.ewald(sp.periodic(1.0), r_cut=0.5, tolerance=1e-12)
+        assert sp.pme(sp.periodic(2.0), 0.9, tolerance=1e-15, grid=32).grid == (32, 32, 32)
 
 
 def _openmm(x, q, L, alpha, grid, r_cut, exclusions, platform="Reference"):

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -65,16 +67,23 @@ class EwaldParameters(NamedTuple):
 
 
 def _fft_size(n: int) -> int:
-    """The smallest integer >= ``n`` with no prime factor above 7 (fast FFT sizes)."""
+    """The smallest integer >= ``n`` with no prime factor above 7 (fast FFT sizes): the
+    least :math:`7^a 5^b 3^c 2^d \\ge n`, with the smallest :math:`d` for each
+    :math:`(a, b, c)` (fast for any ``n``, so that a tiny tolerance reaches the memory
+    check instead of a long search)."""
     n = max(int(n), 1)
-    while True:
-        m = n
-        for p in (2, 3, 5, 7):
-            while m % p == 0:
-                m //= p
-        if m == 1:
-            return n
-        n += 1
+    best = 1 << (n - 1).bit_length()                  # a power of 2
+    p7 = 1
+    while p7 < best:
+        p5 = p7
+        while p5 < best:
+            p3 = p5
+            while p3 < best:
+                best = min(best, p3 << (-(-n // p3) - 1).bit_length())
+                p3 *= 3
+            p5 *= 5
+        p7 *= 7
+    return best
 
 
 def _box3(box) -> np.ndarray:
@@ -144,6 +153,64 @@ def _reciprocal_sizes(b, r_cut, alpha, tolerance, order) -> EwaldParameters:
     spacing = min(0.5, (0.5 * tolerance / c) ** (1 / (order - 1))) / alpha     # h <= 0.5/alpha
     grid = tuple(_fft_size(max(math.ceil(length / spacing), order + 1)) for length in b)
     return EwaldParameters(alpha, tuple(kmax), grid)
+
+
+# Reciprocal-space arrays sized from a tolerance (issue 41: tolerance=1e-15 on a 16-ion box
+# asked XLA for 1.6 PB): ewald and pme warn above this many PME grid points or candidate
+# Ewald wave vectors, and refuse above this many bytes, before anything is allocated
+_RECIPROCAL_WARN_POINTS = 256**3
+_RECIPROCAL_MEMORY_LIMIT = 2 * 1024**3
+# what the refusal suggests instead: 1e-16, 2e-16, 5e-16, 1e-15, ..., 0.5
+_SUGGESTED_TOLERANCES = tuple(float(f"{m}e-{e}") for e in range(16, 0, -1) for m in (1, 2, 5))
+
+
+def _memory(n: float) -> str:
+    """``n`` bytes for a message: ``"3.52 GiB"``."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024:
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} PiB"
+
+
+def _reciprocal_cost(name: str, params: EwaldParameters) -> tuple[str, int, int]:
+    """``(description, points, bytes)`` of the reciprocal-space arrays ``params`` imply.
+    PME holds about three arrays of the grid's size in the default float dtype (the
+    charges, their transform and the influence function); Ewald picks its wave vectors from
+    :math:`(k_x+1)(2k_y+1)(2k_z+1)` candidate int64 triples (and then needs :math:`O(nK)`
+    per call)."""
+    if name == "pme":
+        points = math.prod(params.grid)
+        itemsize = jnp.dtype(jnp.result_type(float)).itemsize
+        return f"a {'x'.join(map(str, params.grid))} grid", points, 3 * itemsize * points
+    kx, ky, kz = params.kmax
+    points = (kx + 1) * (2 * ky + 1) * (2 * kz + 1)
+    return f"kmax={params.kmax} ({points:,} candidate wave vectors)", points, 24 * points
+
+
+def _check_reciprocal(name: str, tolerance: float,
+                      parameters: Callable[[float], EwaldParameters]) -> None:
+    """Refuse (``ValueError``) reciprocal-space arrays sized from ``tolerance`` above
+    ``_RECIPROCAL_MEMORY_LIMIT`` bytes, suggesting the smallest tolerance that fits, and
+    warn above ``_RECIPROCAL_WARN_POINTS`` points; ``parameters(tolerance)`` sizes them.
+    Eager: nothing is allocated."""
+    what, points, size = _reciprocal_cost(name, parameters(tolerance))
+    limit = _RECIPROCAL_MEMORY_LIMIT
+    if size > limit:
+        fits = (t for t in _SUGGESTED_TOLERANCES
+                if t > tolerance and _reciprocal_cost(name, parameters(t))[2] <= limit)
+        fit = next(fits, None)
+        hint = (f"tolerance={fit:g} is the smallest that fits" if fit is not None
+                else "no tolerance fits")
+        other = "give grid= explicitly" if name == "pme" else "use pme for large boxes"
+        raise ValueError(
+            f"{name}: tolerance={tolerance!r} needs {what}, about {_memory(size)} of memory, "
+            f"over the limit of {_memory(limit)}; {hint} (1e-4 to 1e-6 is typical), or "
+            f"{other}")
+    if points > _RECIPROCAL_WARN_POINTS:
+        warnings.warn(f"{name}: tolerance={tolerance!r} needs {what}, about {_memory(size)} "
+                      f"of memory; 1e-4 to 1e-6 is typical and far cheaper", UserWarning,
+                      stacklevel=3)
 
 
 def _erfc_coulomb(r, params):
@@ -635,7 +702,8 @@ def ewald(space: Space, r_cut: float, *, tolerance: float = 1e-6, alpha: float |
             ``2 * r_cut``.
         r_cut: Real-space cutoff (a neighbour list must reach it).
         tolerance: Requested relative force error (see :func:`ewald_parameters`); sets
-            ``alpha`` and ``kmax`` where they are not given.
+            ``alpha`` and ``kmax`` where they are not given. Wave vectors that would need
+            more than 2 GiB are refused (``ValueError``), more than :math:`256^3` warn.
         alpha: The splitting parameter (1/length), a leaf (may be traced or differentiated).
         kmax: Largest wave index per axis (an int for all three).
         exclusions: ``(m, 2)`` pairs whose Coulomb interaction is removed (bonded atoms).
@@ -662,6 +730,8 @@ def ewald(space: Space, r_cut: float, *, tolerance: float = 1e-6, alpha: float |
         if len(kmax) != 3 or min(kmax) < 1:
             raise ValueError(f"ewald: kmax must be a positive int or three, got {kmax!r}")
     else:
+        _check_reciprocal("ewald", tolerance, lambda t: _concrete_box(
+            "ewald", space, float(r_cut), t, 5, alpha))
         kmax = params.kmax
     excl, scale = _exclusions(exclusions, exclusion_scale)
     return Ewald(space, float(r_cut), params.alpha, _Static(_half_kvectors(kmax)),
@@ -900,7 +970,8 @@ def pme(space: Space, r_cut: float, *, tolerance: float = 1e-6, alpha: float | N
         space, r_cut, tolerance, alpha, exclusions, exclusion_scale, coulomb_constant, tile:
             As for :func:`ewald`.
         grid: Grid points per axis (an int for all three); by default from the tolerance
-            (:func:`ewald_parameters`).
+            (:func:`ewald_parameters`), refused (``ValueError``) where it would need more than
+            2 GiB and warned about above :math:`256^3` points.
         order: B-spline order :math:`p` (interpolation of degree :math:`p-1`), at least 3.
 
     Example:
@@ -923,6 +994,8 @@ def pme(space: Space, r_cut: float, *, tolerance: float = 1e-6, alpha: float | N
             raise ValueError(f"pme: grid must have three sizes of at least order={order}, "
                              f"got {grid!r}")
     else:
+        _check_reciprocal("pme", tolerance, lambda t: _concrete_box(
+            "pme", space, float(r_cut), t, int(order), alpha))
         grid = params.grid
     excl, scale = _exclusions(exclusions, exclusion_scale)
     return PME(space, float(r_cut), params.alpha, grid, int(order), coulomb_constant, excl,
