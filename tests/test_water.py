@@ -134,6 +134,16 @@ def test_spce_water_builder():
         sp.spce_water(8, density=-1.0)
 
 
+@pytest.mark.parametrize("density", [5.0, 0.2, 1.6, 0.49])
+def test_spce_water_refuses_unphysical_density(density):
+    """Issue 41: density=5.0 (g/cm³) was accepted and packed the molecules into each other;
+    liquid water is refused outside 0.5 to 1.5 g/cm³, and the ends are accepted."""
+    with pytest.raises(ValueError, match=r"density.*0\.5 to 1\.5 g/cm³"):
+        sp.spce_water(27, density=density)
+    assert abs(sp.spce_water(8, density=0.5).density - 0.5) < 1e-12
+    assert abs(sp.spce_water(8, density=1.5).density - 1.5) < 1e-12
+
+
 def test_settle_refuses_bad_arguments():
     with pytest.raises(ValueError, match="molecules"):
         sp.Settle(np.array([[0, 1]]), 0.1, 0.16)

@@ -82,6 +82,9 @@ def _rotations(n: int, key) -> np.ndarray:
 _DIPOLE = np.array([1.0, 2.0, 3.0]) / math.sqrt(14.0)
 _ACROSS = np.cross(_DIPOLE, [1.0, 0.0, 0.0])
 _ACROSS /= np.linalg.norm(_ACROSS)
+# densities spce_water accepts (g/cm³): liquid water, well beyond its range in pressure and
+# temperature; outside it the lattice packs molecules into each other or leaves a gas
+_DENSITY_RANGE = (0.5, 1.5)
 
 
 def spce_water(n_molecules: int, *, density: float = 0.997, key: jax.Array | None = None,
@@ -94,7 +97,8 @@ def spce_water(n_molecules: int, *, density: float = 0.997, key: jax.Array | Non
     intermolecular pair closer than 0.19 nm at the default density), or, with ``key``,
     each gets a uniformly random one (then pairs may come closer: relax before a run).
     Velocities are not set: draw them with :func:`maxwell_boltzmann` and project them
-    with :meth:`Settle.constrain_velocities`.
+    with :meth:`Settle.constrain_velocities`. ``density`` must lie in 0.5 to 1.5 g/cm³
+    (liquid water; ``ValueError`` otherwise).
 
     Example:
         >>> from simlib import particles as sp
@@ -105,9 +109,10 @@ def spce_water(n_molecules: int, *, density: float = 0.997, key: jax.Array | Non
     w = int(n_molecules)
     if w < 1:
         raise ValueError(f"spce_water: n_molecules must be positive, got {n_molecules!r}")
-    if not (density > 0 and math.isfinite(density)):
-        raise ValueError(f"spce_water: density must be positive and finite (g/cm³), "
-                         f"got {density!r}")
+    low, high = _DENSITY_RANGE
+    if not low <= density <= high:
+        raise ValueError(f"spce_water: density must be {low} to {high} g/cm³ (liquid water; "
+                         f"0.997 at 25 °C), got {density!r}")
     p = SPCE
     m_water = p["m_o"] + 2 * p["m_h"]
     box = (w * m_water / AVOGADRO / density) ** (1.0 / 3.0) * 1e7          # cm -> nm
