@@ -152,6 +152,27 @@ def test_malformed_files_name_the_file_and_line(tmp_path, edit, match):
     assert str(path) in str(info.value)
 
 
+def test_missing_masses_section_is_refused_unless_masses_are_given(tmp_path):
+    """Issue 41: a file without a Masses section gave NaN masses silently. It is refused,
+    naming the file and the types without a mass, unless ``masses`` gives them."""
+    start = DATA.index("Masses")
+    path = tmp_path / "no_masses.data"
+    path.write_text(DATA[:start] + DATA[DATA.index("Pair Coeffs"):])
+    with pytest.raises(ValueError, match=r"no Masses section.*atom types \[1, 2, 3\].*masses=")\
+            as info:
+        sp.read_lammps_data(path)
+    assert str(path) in str(info.value)
+    with pytest.raises(ValueError, match=r"no mass for atom types \[3\]"):
+        sp.read_lammps_data(path, masses={1: 15.035, 2: 14.027})
+    top = sp.read_lammps_data(path, masses={1: 15.035, 2: 14.027, 3: 15.9994})
+    assert top.masses.tolist() == [15.035, 14.027, 14.027, 15.035] + [15.9994] * 3
+    # given masses take precedence over the file's
+    full = tmp_path / "system.data"
+    full.write_text(DATA)
+    top = sp.read_lammps_data(full, masses={3: 16.0})
+    assert top.masses.tolist() == [15.035, 14.027, 14.027, 15.035] + [16.0] * 3
+
+
 def test_missing_file_and_bad_style(tmp_path):
     with pytest.raises(FileNotFoundError, match="no file"):
         sp.read_lammps_data(tmp_path / "nope.data")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
@@ -51,7 +51,7 @@ class Topology(NamedTuple):
         box: ``(3,)`` side lengths; ``origin``: ``(3,)`` lower corner.
         types, molecules: ``(n,)`` atom types and molecule ids (0 without molecules).
         charges: ``(n,)`` (zeros for styles without charges).
-        masses: ``(n,)`` per atom, from the ``Masses`` section (NaN if absent).
+        masses: ``(n,)`` per atom, from the ``Masses`` section or ``masses=``.
         velocities: ``(n, 3)`` or ``None``.
         bonds, angles, dihedrals, impropers: ``(m, 2)``, ``(m, 3)``, ``(m, 4)``, ``(m, 4)``
             atom indices; ``bond_types`` etc.: ``(m,)``.
@@ -104,7 +104,8 @@ def _strip(line: str) -> tuple[str, str]:
     return body.strip(), comment.strip()
 
 
-def read_lammps_data(path: str | os.PathLike, atom_style: str = "full") -> Topology:
+def read_lammps_data(path: str | os.PathLike, atom_style: str = "full", *,
+                     masses: Mapping[int, float] | None = None) -> Topology:
     """Read a LAMMPS data file (orthorhombic box) into a :class:`Topology`.
 
     Args:
@@ -113,10 +114,14 @@ def read_lammps_data(path: str | os.PathLike, atom_style: str = "full") -> Topol
             the usual one for molecules), ``"molecular"``, ``"charge"``, ``"atomic"``,
             ``"bond"`` or ``"angle"``. A style comment after ``Atoms`` (``Atoms # full``,
             as ``write_data`` writes) overrides it.
+        masses: Mass by atom type, ``{type: mass}``, for a file without a ``Masses``
+            section (an input script's ``mass`` commands); they take precedence over the
+            file's.
 
     Raises:
         TopologyError: naming the file and line, for a missing or malformed section, a
-            count that does not match the header, a triclinic box, an unknown atom id.
+            count that does not match the header, a triclinic box, an unknown atom id, an
+            atom type without a mass (in the file or ``masses``).
     """
     if atom_style not in _ATOM_STYLES:
         raise ValueError(f"read_lammps_data: atom_style must be one of "
@@ -159,7 +164,7 @@ def read_lammps_data(path: str | os.PathLike, atom_style: str = "full") -> Topol
         except (KeyError, ValueError):
             fail(lineno, f"no atom with id {word!r}")
 
-    masses = _read_masses(sections, types, fail)
+    masses = _read_masses(sections, types, masses, path, fail)
     velocities = _read_velocities(sections, n, atom, fail)
     terms = _read_terms(sections, counts, atom, fail)
     return Topology(
@@ -268,20 +273,26 @@ def _read_atoms(section: _Section, n: int, atom_style: str, fail: _Fail
     return table, images, np.argsort(ids)
 
 
-def _read_masses(sections: dict[str, _Section], types: np.ndarray, fail: _Fail
-                 ) -> np.ndarray:
-    """Per-atom masses from the Masses section (NaN without one)."""
-    if "Masses" not in sections:
-        return np.full(types.shape[0], np.nan)
+def _read_masses(sections: dict[str, _Section], types: np.ndarray,
+                 given: Mapping[int, float] | None, path: Path, fail: _Fail) -> np.ndarray:
+    """Per-atom masses from the Masses section, overridden by ``given`` (by type)."""
     per_type = {}
-    for lineno, words in sections["Masses"][2]:
+    for lineno, words in sections.get("Masses", (0, "", []))[2]:
         try:
             per_type[int(words[0])] = float(words[1])
         except (ValueError, IndexError):
             fail(lineno, f"a Masses line is 'type mass', got {' '.join(words)!r}")
+    per_type.update({int(t): float(m) for t, m in (given or {}).items()})
     missing = sorted(set(types.tolist()) - set(per_type))
-    if missing:
+    if missing and "Masses" in sections:
         fail(sections["Masses"][0], f"no mass for atom types {missing}")
+    if missing and given:
+        raise TopologyError(f"{path}: no mass for atom types {missing} (no Masses section, "
+                            f"and masses= gives types {sorted(given)})")
+    if missing:
+        raise TopologyError(f"{path}: no Masses section, so no mass for atom types "
+                            f"{missing}; add one to the file or pass masses={{type: mass}} "
+                            f"to read_lammps_data")
     return np.asarray([per_type[t] for t in types.tolist()])
 
 
