@@ -7,6 +7,8 @@ the closed form of the exponential decay, and (tests marked slow, or with the op
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -212,6 +214,51 @@ def test_bad_functions_fail_loudly():
         sl.log_density(lambda k: (-k**2, None))(1.0)
     with pytest.raises(TypeError, match="integer"):
         sl.log_density(lambda k: (-k**2, jnp.float64(0.0)))(1.0)
+
+
+# --------------------------------------------------------------------------------------
+# data that no parameter can fit (nan, inf): refused where they arrive
+
+
+def decay_log_lik(k, obs, sigma=0.05):
+    sol = log_lik_decay(k)[1]
+    return -0.5 * jnp.sum(((sol.ys[:, 0] - obs) / sigma) ** 2), sol
+
+
+def test_non_finite_data_read_from_the_closure_are_refused_by_name():
+    # a NaN observation made every parameter -inf, and numpyro said "Cannot find valid
+    # initial parameters", which never points at the data
+    obs = OBS.copy()
+    obs[[3, 7]] = np.nan
+    with pytest.raises(ValueError, match=r"obs holds 2 non-finite entries \(nan or inf\) of "
+                       r"10, the first obs\[3\] = nan"):
+        sl.log_density(lambda k: decay_log_lik(k, obs))
+    sigma = np.full((1, TS.size), 0.05)
+    sigma[0, 4] = np.inf
+    with pytest.raises(ValueError, match=r"sigma holds 1 non-finite entry .* the first "
+                       r"sigma\[0, 4\] = inf"):
+        sl.log_density(lambda k: decay_log_lik(k, OBS, sigma))
+    # a functools.partial's arguments, by their keyword
+    with pytest.raises(ValueError, match=r"obs holds 1 non-finite entry .* obs\[2\] = -inf"):
+        sl.log_density(functools.partial(decay_log_lik, obs=jnp.asarray(OBS).at[2].set(-jnp.inf)))
+
+
+def test_non_finite_data_passed_to_logp_are_refused_eagerly_and_nan_in_the_graph():
+    obs = jnp.asarray(OBS * (1.0 + 0.05 * np.sin(np.arange(TS.size))))
+    bad = obs.at[1].set(jnp.nan)
+    logp = sl.log_density(decay_log_lik)  # the data as keyword arguments of logp
+    with pytest.raises(ValueError, match=r"obs holds 1 non-finite entry .* obs\[1\] = nan"):
+        logp(1.1, obs=np.asarray(bad))
+    # traced data (a jit taking them, a vmap over data sets): NaN, not the -inf of a
+    # rejected proposal, and a zero gradient; the good data set is untouched
+    grad = jax.jit(jax.vmap(jax.value_and_grad(lambda k, obs: logp(k, obs=obs))))
+    values, grads = grad(jnp.array([1.1, 1.1]), jnp.stack([obs, bad]))
+    assert np.isnan(float(values[1])) and float(grads[1]) == 0.0
+    y = np.exp(-1.1 * TS)  # the closed form of decay
+    r = (y - np.asarray(obs)) / 0.05
+    assert float(values[0]) == pytest.approx(-0.5 * np.sum(r**2), rel=1e-6)
+    assert float(grads[0]) == pytest.approx(np.sum(r / 0.05 * TS * y), rel=1e-5)
+    assert np.isnan(float(jax.jit(lambda obs: logp(1.1, obs=obs))(bad)))
 
 
 # --------------------------------------------------------------------------------------
