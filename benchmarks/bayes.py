@@ -178,6 +178,7 @@ def main(argv=None) -> int:
                         help="leave XLA:CPU's small-loop limit at its default")
     parser.add_argument("--json", type=Path, default=RESULTS_PATH)
     opts = parser.parse_args(argv)
+    sir_example.require_bayes_extra(parser, "numpyro")  # one line and exit 1 without them
     if opts.quick:
         opts.chains, opts.warmup, opts.samples, opts.reps = 1, 200, 200, 20
     wall = Timer().start()

@@ -17,6 +17,8 @@ errors beside the posterior.
 
     python examples/robertson_bayes.py --plot out/robertson.png
     python examples/robertson_bayes.py --sampler blackjax --solver Rodas5
+
+The samplers and ArviZ are the optional extra: pip install 'simlib[bayes]'.
 """
 
 from __future__ import annotations
@@ -169,7 +171,9 @@ def parse(argv):
                    help="step budget of each solve (a proposal that needs more is rejected)")
     p.add_argument("--seed", type=cli.seed, default=0, help="PRNG seed of the sampler")
     cli.add_output_options(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    _sampling_helpers().require_bayes_extra(p, args.sampler)
+    return args
 
 
 @cli.script

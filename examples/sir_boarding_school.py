@@ -20,11 +20,14 @@ standard errors beside the posterior.
 
     python examples/sir_boarding_school.py --plot out/sir.png          # numpyro
     python examples/sir_boarding_school.py --sampler blackjax
+
+The samplers and ArviZ are the optional extra: pip install 'simlib[bayes]'.
 """
 
 from __future__ import annotations
 
 import csv
+import importlib
 import time
 import warnings
 from pathlib import Path
@@ -239,6 +242,21 @@ def plot(path, draws, cases, bands, sampler, quiet):
     cli.save_figure(fig, path, quiet=quiet)
 
 
+def require_bayes_extra(parser, sampler: str) -> None:
+    """Exit with status 1 and one line, before any work, when the sampler or ArviZ (the
+    optional ``bayes`` extra) is not installed."""
+    for name in (sampler, "arviz"):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # ArviZ's notice of its refactor
+                importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name != name:  # installed, but broken: its own traceback says more
+                raise
+            parser.exit(1, f"{parser.prog}: error: needs {name}: "
+                        "pip install 'simlib[bayes]'\n")
+
+
 def parse(argv):
     p = cli.ExampleParser(__doc__)
     p.add_argument("--sampler", choices=["numpyro", "blackjax"], default="numpyro",
@@ -253,7 +271,9 @@ def parse(argv):
                    "more is rejected)")
     p.add_argument("--seed", type=cli.seed, default=0, help="PRNG seed of the sampler")
     cli.add_output_options(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    require_bayes_extra(p, args.sampler)
+    return args
 
 
 @cli.script

@@ -297,6 +297,42 @@ def test_a_failed_solve_is_one_line_and_exit_1(capsys):
         assert "error: solve: the step budget max_steps=2 was exhausted" in err, err
 
 
+def _hide(monkeypatch, module: str) -> None:
+    """Make ``import module`` fail as it does when the package is not installed."""
+    for name in [m for m in sys.modules if m.startswith(f"{module}.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, module, None)
+
+
+@pytest.mark.parametrize("name, argv, module", [
+    ("robertson_bayes", [], "numpyro"),
+    ("robertson_bayes", ["--sampler", "blackjax"], "blackjax"),
+    ("sir_boarding_school", [], "numpyro"),
+    ("sir_boarding_school", ["--sampler", "blackjax"], "arviz"),
+])
+def test_a_missing_bayes_extra_is_one_line_and_exit_1(examples, capsys, monkeypatch, name,
+                                                       argv, module):
+    """Issue 41: a raw ModuleNotFoundError traceback, after the data were read."""
+    _hide(monkeypatch, module)
+    with pytest.raises(SystemExit) as stop:
+        examples[name].main([*argv, "--chains", "1", "--warmup", "1", "--samples", "1"])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.endswith(f": error: needs {module}: pip install 'simlib[bayes]'\n"), err
+
+
+def test_simlib_run_without_numpyro_says_how_to_install_it():
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    code = ("import sys; sys.modules['numpyro'] = None; from simlib import cli; "
+            "sys.exit(cli.main(['run', 'robertson_bayes']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120, cwd=ROOT)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == ("simlib run robertson_bayes: error: needs numpyro: "
+                           "pip install 'simlib[bayes]'\n")
+
+
 # --------------------------------------------------------------------------------------
 # outputs: opened before the work, and never lost at the end
 
@@ -339,6 +375,27 @@ def test_save_result_writes_atomically_and_quietly(capsys, tmp_path):
     cli.save_result(path, dict(seed=1), quiet=True, ys=np.ones(2))
     assert capsys.readouterr().out == ""
     assert [p.name for p in tmp_path.iterdir()] == ["r.npz"]  # no temporary file left
+
+
+def test_outputs_get_the_mode_open_would_give(tmp_path):
+    """Issue 41: results and figures are 0666 less the umask, as ``open(path, "w")``
+    makes them, not the 0600 of the temporary file they are renamed from."""
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    fig.add_subplot().plot([0, 1], [1, 0])
+    old = os.umask(0o022)
+    try:
+        for umask, mode in ((0o022, 0o644), (0o027, 0o640)):
+            os.umask(umask)
+            folder = tmp_path / oct(umask)
+            written = [cli.save_result(folder / "r.npz", dict(seed=1), quiet=True,
+                                       ys=np.ones(2)),
+                       cli.save_figure(fig, folder / "f.png", quiet=True)]
+            for path in written:
+                assert path.stat().st_mode & 0o777 == mode, (path, oct(path.stat().st_mode))
+    finally:
+        os.umask(old)
 
 
 def test_validate_opens_its_report_before_running(capsys, tmp_path):
