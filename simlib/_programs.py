@@ -44,6 +44,7 @@ import pickle
 import sys
 import sysconfig
 import tempfile
+import threading
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -420,21 +421,25 @@ class _Memory:
         self.size = size
         self.programs: collections.OrderedDict[str, tuple[Any, dict]] = \
             collections.OrderedDict()
+        self.lock = threading.Lock()  # solves may run in several threads
 
     def get(self, k: str) -> tuple[Any, dict] | None:
-        entry = self.programs.get(k)
-        if entry is not None:
-            self.programs.move_to_end(k)
-        return entry
+        with self.lock:
+            entry = self.programs.get(k)
+            if entry is not None:
+                self.programs.move_to_end(k)
+            return entry
 
     def put(self, k: str, entry: tuple[Any, dict]) -> None:
-        self.programs[k] = entry
-        self.programs.move_to_end(k)
-        while len(self.programs) > self.size:
-            self.programs.popitem(last=False)
+        with self.lock:
+            self.programs[k] = entry
+            self.programs.move_to_end(k)
+            while len(self.programs) > self.size:
+                self.programs.popitem(last=False)
 
     def cache_clear(self) -> None:
-        self.programs.clear()
+        with self.lock:
+            self.programs.clear()
 
     def cache_info(self) -> str:
         return f"{len(self.programs)} programs"
